@@ -1,0 +1,120 @@
+"""Who holds which GPU, kept consistent under one lock.
+
+JupyterHub runs every spawner of a hub in one process, one spawner object per
+user server. They all consult the same :class:`Ledger` (see
+:func:`shared_ledger`) so that two concurrent spawns can never be given the
+same GPU: choosing GPUs and recording them happen under one lock.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable
+
+from gpuspawner.gpu import GPU
+from gpuspawner.placement import GPURequest, place
+
+__all__ = ["Ledger", "set_shared_ledger", "shared_ledger"]
+
+
+class Ledger:
+    """In-flight reservations and allocations, under one lock, so concurrent spawns never share a GPU.
+
+    Two maps are kept in step: owner -> UUIDs and UUID -> owner. An owner
+    appears only while it holds at least one GPU.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._by_owner: dict[str, tuple[str, ...]] = {}
+        self._by_uuid: dict[str, str] = {}
+
+    def reserve(self, inventory: Iterable[GPU], request: GPURequest) -> tuple[GPU, ...]:
+        """Place ``request`` on GPUs nobody holds and record them for its owner.
+
+        Raises :class:`~gpuspawner.placement.PlacementError` when the request
+        cannot be placed (nothing is recorded then), and :class:`ValueError`
+        when the owner already holds GPUs: callers release first. A request
+        for 0 GPUs returns ``()`` and records nothing.
+        """
+        gpus = tuple(inventory)  # materialise outside the lock
+        with self._lock:
+            if request.owner in self._by_owner:
+                raise ValueError(
+                    f"{request.owner!r} already holds GPUs "
+                    f"{', '.join(self._by_owner[request.owner])}; release them first"
+                )
+            chosen = place(gpus, self._by_uuid.keys(), request)
+            if chosen:
+                self._record(request.owner, tuple(gpu.uuid for gpu in chosen))
+            return chosen
+
+    def adopt(self, owner: str, uuids: Iterable[str]) -> tuple[str, ...]:
+        """Restore ``owner``'s allocation after a hub restart.
+
+        UUIDs come from spawner state or container labels. Those already held
+        by another owner are not taken over; they are returned, so the caller
+        can log the conflict. Adopting UUIDs the owner already holds changes
+        nothing, and new ones are added to what the owner holds.
+        """
+        wanted = tuple(dict.fromkeys(uuids))  # unique, in order
+        with self._lock:
+            refused = tuple(u for u in wanted if self._by_uuid.get(u, owner) != owner)
+            current = self._by_owner.get(owner, ())
+            added = tuple(u for u in wanted if u not in refused and u not in self._by_uuid)
+            if added:
+                self._record(owner, current + added)
+            return refused
+
+    def release(self, owner: str) -> tuple[str, ...]:
+        """Free everything ``owner`` holds and return those UUIDs; ``()`` if nothing."""
+        with self._lock:
+            uuids = self._by_owner.pop(owner, ())
+            for uuid in uuids:
+                del self._by_uuid[uuid]
+            return uuids
+
+    def holder(self, uuid: str) -> str | None:
+        """The owner holding ``uuid``, or ``None``."""
+        with self._lock:
+            return self._by_uuid.get(uuid)
+
+    def allocations(self) -> dict[str, tuple[str, ...]]:
+        """A copy of owner -> held UUIDs."""
+        with self._lock:
+            return dict(self._by_owner)
+
+    def held(self) -> frozenset[str]:
+        """Every UUID held by anyone."""
+        with self._lock:
+            return frozenset(self._by_uuid)
+
+    def _record(self, owner: str, uuids: tuple[str, ...]) -> None:
+        """Set ``owner``'s UUIDs, updating both maps; the lock must be held."""
+        self._by_owner[owner] = uuids
+        for uuid in uuids:
+            self._by_uuid[uuid] = owner
+
+
+_shared: Ledger | None = None
+_shared_lock = threading.Lock()
+
+
+def shared_ledger() -> Ledger:
+    """The process-wide ledger every spawner in this hub shares (created on first use)."""
+    global _shared
+    with _shared_lock:
+        if _shared is None:
+            _shared = Ledger()
+        return _shared
+
+
+def set_shared_ledger(ledger: Ledger | None) -> Ledger | None:
+    """Replace the process-wide ledger (for tests); ``None`` means a fresh one next time.
+
+    Returns the ledger that was shared before, so a test can put it back.
+    """
+    global _shared
+    with _shared_lock:
+        previous, _shared = _shared, ledger
+        return previous
