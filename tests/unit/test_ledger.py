@@ -1,0 +1,322 @@
+"""Tests for gpuspawner.ledger: reservations never overlap and never leak."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from gpuspawner import ledger as ledger_module
+from gpuspawner.gpu import GPU
+from gpuspawner.ledger import Ledger, set_shared_ledger, shared_ledger
+from gpuspawner.placement import GPURequest, PlacementError
+
+A100 = "NVIDIA A100-SXM4-80GB"
+T4 = "Tesla T4"
+
+
+def host(name: str, model: str, n: int) -> list[GPU]:
+    """``n`` healthy GPUs of one model on one host."""
+    return [GPU(name, i, f"{name}-{i}", model) for i in range(n)]
+
+
+@pytest.fixture
+def ledger() -> Ledger:
+    return Ledger()
+
+
+# --------------------------------------------------------------------------
+# Basic behaviour
+# --------------------------------------------------------------------------
+
+
+def test_reserve_records_chosen_gpus(ledger):
+    chosen = ledger.reserve(host("h1", A100, 4), GPURequest("alice", 2))
+    assert [g.uuid for g in chosen] == ["h1-0", "h1-1"]
+    assert ledger.allocations() == {"alice": ("h1-0", "h1-1")}
+    assert ledger.held() == frozenset({"h1-0", "h1-1"})
+    assert ledger.holder("h1-1") == "alice"
+    assert ledger.holder("h1-2") is None
+
+
+def test_second_reserve_gets_other_gpus(ledger):
+    inventory = host("h1", A100, 4)
+    ledger.reserve(inventory, GPURequest("alice", 2))
+    chosen = ledger.reserve(inventory, GPURequest("bob", 2))
+    assert [g.uuid for g in chosen] == ["h1-2", "h1-3"]
+
+
+def test_reserve_accepts_a_generator(ledger):
+    chosen = ledger.reserve(iter(host("h1", A100, 2)), GPURequest("alice", 1))
+    assert [g.uuid for g in chosen] == ["h1-0"]
+
+
+def test_reserve_zero_records_nothing(ledger):
+    assert ledger.reserve(host("h1", A100, 1), GPURequest("alice", 0)) == ()
+    assert ledger.allocations() == {}
+
+
+def test_reserve_twice_for_same_owner_is_value_error(ledger):
+    inventory = host("h1", A100, 4)
+    ledger.reserve(inventory, GPURequest("alice", 1))
+    with pytest.raises(ValueError, match="release them first"):
+        ledger.reserve(inventory, GPURequest("alice", 1))
+    assert ledger.allocations() == {"alice": ("h1-0",)}
+
+
+def test_refused_reserve_changes_nothing(ledger):
+    inventory = host("h1", A100, 2)
+    ledger.reserve(inventory, GPURequest("alice", 1))
+    with pytest.raises(PlacementError, match="at most 1 is free"):
+        ledger.reserve(inventory, GPURequest("bob", 2))
+    assert ledger.allocations() == {"alice": ("h1-0",)}
+    assert ledger.holder("h1-1") is None
+
+
+def test_release_returns_uuids_and_frees_them(ledger):
+    inventory = host("h1", A100, 2)
+    ledger.reserve(inventory, GPURequest("alice", 2))
+    assert ledger.release("alice") == ("h1-0", "h1-1")
+    assert ledger.held() == frozenset()
+    assert ledger.allocations() == {}
+    assert len(ledger.reserve(inventory, GPURequest("bob", 2))) == 2
+
+
+def test_release_unknown_owner_returns_empty(ledger):
+    assert ledger.release("nobody") == ()
+
+
+def test_allocations_is_a_copy(ledger):
+    ledger.adopt("alice", ["u1"])
+    snapshot = ledger.allocations()
+    snapshot["mallory"] = ("u2",)
+    assert ledger.allocations() == {"alice": ("u1",)}
+
+
+def test_adopt_restores_allocation_and_blocks_reuse(ledger):
+    inventory = host("h1", A100, 3)
+    assert ledger.adopt("alice", ["h1-0", "h1-1"]) == ()
+    chosen = ledger.reserve(inventory, GPURequest("bob", 1))
+    assert [g.uuid for g in chosen] == ["h1-2"]
+
+
+def test_adopt_refuses_gpus_held_by_another_owner(ledger):
+    ledger.adopt("alice", ["u1"])
+    assert ledger.adopt("bob", ["u1", "u2"]) == ("u1",)
+    assert ledger.allocations() == {"alice": ("u1",), "bob": ("u2",)}
+
+
+def test_adopt_is_idempotent_for_same_owner(ledger):
+    assert ledger.adopt("alice", ["u1", "u2", "u1"]) == ()
+    assert ledger.adopt("alice", ["u2", "u1"]) == ()
+    assert ledger.allocations() == {"alice": ("u1", "u2")}
+
+
+def test_adopt_adds_to_existing_allocation(ledger):
+    ledger.adopt("alice", ["u1"])
+    ledger.adopt("alice", ["u2"])
+    assert ledger.allocations() == {"alice": ("u1", "u2")}
+    assert ledger.release("alice") == ("u1", "u2")
+
+
+def test_adopt_nothing_records_no_owner(ledger):
+    assert ledger.adopt("alice", []) == ()
+    assert ledger.allocations() == {}
+
+
+# --------------------------------------------------------------------------
+# Shared ledger
+# --------------------------------------------------------------------------
+
+
+@pytest.fixture
+def restore_shared():
+    previous = set_shared_ledger(None)
+    yield
+    set_shared_ledger(previous)
+
+
+def test_shared_ledger_is_one_instance(restore_shared):
+    assert shared_ledger() is shared_ledger()
+
+
+def test_shared_ledger_can_be_replaced(restore_shared):
+    mine = Ledger()
+    set_shared_ledger(mine)
+    assert shared_ledger() is mine
+    assert set_shared_ledger(None) is mine
+    assert shared_ledger() is not mine
+
+
+def test_shared_ledger_created_once_under_concurrency(restore_shared):
+    seen: list[Ledger] = []
+    threads = [threading.Thread(target=lambda: seen.append(shared_ledger())) for _ in range(20)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len({id(x) for x in seen}) == 1
+    assert ledger_module._shared is seen[0]
+
+
+# --------------------------------------------------------------------------
+# Concurrency
+# --------------------------------------------------------------------------
+
+
+def test_concurrent_reserves_never_share_a_gpu(ledger):
+    inventory = host("h1", A100, 8) + host("h2", A100, 8)
+    start = threading.Barrier(50)
+    results: dict[str, tuple[str, ...]] = {}
+    refusals: list[str] = []
+    guard = threading.Lock()
+
+    def spawn(owner: str) -> None:
+        start.wait()
+        try:
+            chosen = ledger.reserve(inventory, GPURequest(owner, 2))
+        except PlacementError:
+            with guard:
+                refusals.append(owner)
+            return
+        with guard:
+            results[owner] = tuple(g.uuid for g in chosen)
+
+    threads = [threading.Thread(target=spawn, args=(f"user{i}",)) for i in range(50)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+
+    assert len(results) == 8
+    assert len(refusals) == 42
+    taken = [uuid for uuids in results.values() for uuid in uuids]
+    assert len(taken) == len(set(taken)) == 16
+    assert all(len({u.split("-")[0] for u in uuids}) == 1 for uuids in results.values())
+    assert ledger.allocations() == results
+
+
+# --------------------------------------------------------------------------
+# Properties over random histories
+# --------------------------------------------------------------------------
+
+MODELS = [A100, T4, "NVIDIA H100 80GB HBM3"]
+OWNERS = [f"user{i}" for i in range(6)]
+
+
+@st.composite
+def inventories(draw) -> list[GPU]:
+    """Several hosts, each with one or two models, a few unhealthy GPUs."""
+    gpus: list[GPU] = []
+    for h in range(draw(st.integers(1, 4))):
+        models = draw(st.lists(st.sampled_from(MODELS), min_size=1, max_size=2, unique=True))
+        index = 0
+        for model in models:
+            for _ in range(draw(st.integers(1, 8))):
+                healthy = draw(st.integers(0, 9)) > 0
+                reason = None if healthy else "GPU is lost"
+                gpus.append(GPU(f"h{h}", index, f"h{h}-{index}", model, healthy=healthy, reason=reason))
+                index += 1
+    return gpus
+
+
+class LedgerMachine(RuleBasedStateMachine):
+    """Random reserve / adopt / release / health changes against a simple model."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ledger = Ledger()
+        self.inventory: list[GPU] = []
+        self.model: dict[str, set[str]] = {}
+
+    @rule(gpus=inventories())
+    def set_inventory(self, gpus):
+        if not self.inventory:
+            self.inventory = gpus
+
+    @precondition(lambda self: self.inventory)
+    @rule(data=st.data())
+    def toggle_health(self, data):
+        i = data.draw(st.integers(0, len(self.inventory) - 1))
+        g = self.inventory[i]
+        self.inventory[i] = GPU(g.host, g.index, g.uuid, g.name, healthy=not g.healthy)
+
+    @precondition(lambda self: self.inventory)
+    @rule(
+        owner=st.sampled_from(OWNERS),
+        count=st.integers(0, 9),
+        models=st.lists(st.sampled_from(["a100", "t4", "h100", "any", "b200"]), max_size=2),
+    )
+    def reserve(self, owner, count, models):
+        before = self.ledger.allocations()
+        held_before = self.ledger.held()
+        request = GPURequest(owner, count, tuple(models))
+        try:
+            chosen = self.ledger.reserve(self.inventory, request)
+        except (PlacementError, ValueError) as error:
+            assert isinstance(error, ValueError) == (owner in before)
+            assert self.ledger.allocations() == before
+            return
+        current = {g.uuid: g for g in self.inventory}
+        for gpu in chosen:
+            assert current[gpu.uuid] == gpu and gpu.healthy
+            assert gpu.uuid not in held_before
+        assert len({(g.host, g.model) for g in chosen}) <= 1
+        assert len(chosen) == count
+        if chosen:
+            self.model[owner] = {g.uuid for g in chosen}
+
+    @precondition(lambda self: self.inventory)
+    @rule(owner=st.sampled_from(OWNERS), data=st.data())
+    def adopt(self, owner, data):
+        all_uuids = sorted(g.uuid for g in self.inventory)
+        wanted = data.draw(st.lists(st.sampled_from(all_uuids), max_size=4))
+        refused = self.ledger.adopt(owner, wanted)
+        others = {u for o, us in self.model.items() if o != owner for u in us}
+        assert set(refused) == set(wanted) & others
+        accepted = set(wanted) - others
+        if accepted or owner in self.model:
+            self.model[owner] = self.model.get(owner, set()) | accepted
+
+    @rule(owner=st.sampled_from(OWNERS))
+    def release(self, owner):
+        freed = self.ledger.release(owner)
+        assert set(freed) == self.model.pop(owner, set())
+        assert not (set(freed) & self.ledger.held())
+
+    @rule()
+    def release_everyone(self):
+        for owner in list(self.ledger.allocations()):
+            self.ledger.release(owner)
+        self.model.clear()
+        assert self.ledger.held() == frozenset()
+        assert self.ledger.allocations() == {}
+
+    @invariant()
+    def matches_model_and_maps_agree(self):
+        allocations = self.ledger.allocations()
+        assert {o: set(us) for o, us in allocations.items()} == self.model
+        flat = [u for us in allocations.values() for u in us]
+        assert len(flat) == len(set(flat)), "a GPU is held twice"
+        assert self.ledger.held() == frozenset(flat)
+        assert all(us for us in allocations.values()), "owner recorded with no GPUs"
+        for owner, us in allocations.items():
+            assert all(self.ledger.holder(u) == owner for u in us)
+
+    @invariant()
+    def held_gpus_are_in_inventory(self):
+        known = {g.uuid for g in self.inventory}
+        assert self.ledger.held() <= known
+
+    def teardown(self) -> None:
+        for owner in list(self.ledger.allocations()):
+            self.ledger.release(owner)
+        assert self.ledger.held() == frozenset()
+        assert self.ledger.allocations() == {}
+
+
+LedgerMachine.TestCase.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
+TestLedgerHistories = LedgerMachine.TestCase
