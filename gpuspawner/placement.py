@@ -267,42 +267,67 @@ def place(inventory: Iterable[GPU], held: Collection[str], request: GPURequest) 
 
 @dataclass
 class _Shortfall:
-    """What the inventory looks like from the point of view of one request."""
+    """What the inventory looks like from the point of view of one request.
 
-    names: dict[str, str]
+    Filled in one pass over the inventory; ``free``/``healthy`` count per model
+    slug, ``size``/``free_size`` per (host, slug) group.
+    """
+
+    names: dict[str, str] = field(default_factory=dict)
     matching: set[str] = field(default_factory=set)
-    free: int = 0
-    total: int = 0
+    free_count: dict[str, int] = field(default_factory=dict)
+    healthy: dict[str, int] = field(default_factory=dict)
     reasons: Counter[str] = field(default_factory=Counter)
-    size: Counter[tuple[str, str]] = field(default_factory=Counter)
-    free_size: Counter[tuple[str, str]] = field(default_factory=Counter)
+    size: dict[tuple[str, str], int] = field(default_factory=dict)
+    free_size: dict[tuple[str, str], int] = field(default_factory=dict)
+
+    @property
+    def free(self) -> int:
+        return sum(self.free_count.get(slug, 0) for slug in self.matching)
+
+    @property
+    def total(self) -> int:
+        return sum(self.healthy.get(slug, 0) for slug in self.matching)
 
     @property
     def unavailable(self) -> int:
         return sum(self.reasons.values())
 
-    def biggest(self, counter: Counter[tuple[str, str]], slugs: set[str]) -> int:
+    def by_model(self) -> dict[str, tuple[int, int]]:
+        """Same shape as :func:`free_by_model`."""
+        return {
+            slug: (self.free_count.get(slug, 0), self.healthy.get(slug, 0))
+            for slug in sorted(self.names)
+        }
+
+    def biggest(self, counter: dict[tuple[str, str], int], slugs: set[str]) -> int:
         return max((n for (_, slug), n in counter.items() if slug in slugs), default=0)
 
 
 def _survey(gpus: Sequence[GPU], held: AbstractSet[str], request: GPURequest) -> _Shortfall:
     """Count free, healthy and broken GPUs per model and per (host, model)."""
-    survey = _Shortfall(names=model_names(gpus))
+    survey = _Shortfall()
+    names, size, free_size = survey.names, survey.size, survey.free_size
+    healthy, free_count = survey.healthy, survey.free_count
     for gpu in gpus:
         slug = _slug(gpu.name)
+        known = names.get(slug)
+        if known is None:
+            if _preference(request.models, slug) is not None:
+                survey.matching.add(slug)
+        if known is None or gpu.name < known:
+            names[slug] = gpu.name
         key = (gpu.host, slug)
-        survey.size[key] += 1
-        is_free = gpu.healthy and gpu.uuid not in held
-        if is_free:
-            survey.free_size[key] += 1
-        if _preference(request.models, slug) is None:
-            continue
-        survey.matching.add(slug)
+        size[key] = size.get(key, 0) + 1
         if not gpu.healthy:
-            survey.reasons[_reason_text(gpu.reason)] += 1
+            if slug in survey.matching:
+                survey.reasons[_reason_text(gpu.reason)] += 1
             continue
-        survey.total += 1
-        survey.free += int(is_free)
+        healthy[slug] = healthy.get(slug, 0) + 1
+        if gpu.uuid not in held:
+            free_count[slug] = free_count.get(slug, 0) + 1
+            free_size[key] = free_size.get(key, 0) + 1
+    survey.names = dict(sorted(names.items()))
     return survey
 
 
@@ -383,7 +408,7 @@ def explain_refusal(
         unavailable=survey.unavailable,
         max_free_on_one_host=survey.biggest(survey.free_size, survey.matching),
         max_on_one_host=survey.biggest(survey.size, survey.matching),
-        free_by_model=free_by_model(gpus, held_set),
+        free_by_model=survey.by_model(),
     )
     code, message = _refusal_message(survey, request)
     return PlacementError(message, code=code, **fields)  # type: ignore[arg-type]
@@ -414,20 +439,20 @@ def _refusal_message(survey: _Shortfall, request: GPURequest) -> tuple[str, str]
         return "none_usable", (
             f"No {subject} is usable right now: {n} of {n} {_plural(n, 'is', 'are')} "
             f"unavailable ({_reasons(survey)}).{alternatives} "
-            f"{_next_step(alternatives, fewer=False)}"
+            f"{_next_step(alternatives)}"
         )
     broken = _unavailable_sentence(survey, "more ")
     if survey.free == 0:
         return "none_free", (
             f"No {subject} is free right now: 0 of {survey.total} free.{broken}{alternatives} "
-            f"{_next_step(alternatives, fewer=False)}"
+            f"{_next_step(alternatives)}"
         )
     best = survey.biggest(survey.free_size, survey.matching)
     return "not_enough_on_one_host", (
         f"{_amount(count, subject)} were requested but at most {best} "
         f"{_plural(best, 'is', 'are')} free{_one_model(survey)} on one machine "
         f"({survey.free} of {survey.total} free in all).{broken}{alternatives} "
-        f"{_next_step(alternatives, fewer=True)}"
+        f"{_next_step(alternatives, fewer=best)}"
     )
 
 
@@ -441,11 +466,11 @@ def _many(subject: str) -> str:
     return "GPUs" if subject == "GPU" else subject
 
 
-def _next_step(alternatives: str, *, fewer: bool) -> str:
-    """The closing advice of a refusal."""
+def _next_step(alternatives: str, *, fewer: int = 0) -> str:
+    """The closing advice of a refusal; ``fewer`` is the most that fits now, if any."""
     options = []
     if fewer:
-        options.append("ask for fewer GPUs")
+        options.append(f"ask for at most {fewer}")
     if alternatives:
         options.append("pick another model")
     options.append("try again later")
