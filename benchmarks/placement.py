@@ -6,6 +6,7 @@ share already held. Two measurements:
 
 1. one placement decision (:func:`gpuspawner.placement.place`) at 10, 1,000
    and 10,000 GPUs, over a mix of requests, median and p99;
+   plus the refusal path (building the explanation) at 10,000 GPUs;
 2. 1,000 queued requests placed one after another through a
    :class:`gpuspawner.ledger.Ledger` on 10,000 GPUs, total and per request.
 """
@@ -108,6 +109,24 @@ def time_decisions(n: int, repeats: int, rng: random.Random) -> tuple[list[int],
     return samples, refused
 
 
+def time_refusals(n: int, repeats: int, rng: random.Random) -> list[int]:
+    """Nanoseconds per refused :func:`place` call (8 GPUs asked, 95% held)."""
+    gpus = inventory(n, rng)
+    held = held_share(gpus, rng, share=0.95)
+    request = GPURequest("late", GPUS_PER_HOST, ("a100",))
+    samples: list[int] = []
+    gc.collect()
+    for _ in range(repeats):
+        start = time.perf_counter_ns()
+        try:
+            place(gpus, held, request)
+        except PlacementError as error:
+            str(error)
+        samples.append(time.perf_counter_ns() - start)
+    samples.sort()
+    return samples
+
+
 def time_queue(n: int, k: int, rng: random.Random) -> tuple[int, int, int]:
     """Total nanoseconds for ``k`` reserves in a row, placed and refused counts."""
     gpus = inventory(n, rng)
@@ -140,6 +159,11 @@ def main() -> None:
             f"{n:>7,} {repeats:>6} {refused:>8} {ms(statistics.median(samples)):>12} "
             f"{ms(percentile(samples, 0.99)):>12} {ms(samples[-1]):>12}"
         )
+    samples = time_refusals(10_000, 100, rng)
+    print(
+        f"{10_000:>7,} {100:>6} {'all':>8} {ms(statistics.median(samples)):>12} "
+        f"{ms(percentile(samples, 0.99)):>12} {ms(samples[-1]):>12}   (refusal path: 8 x A100, 95% held)"
+    )
     total, placed, refused = time_queue(10_000, QUEUED, rng)
     print(f"\nLedger: {QUEUED:,} queued requests, one after another, on 10,000 GPUs (empty at start)")
     print(f"  placed {placed}, refused {refused}")
