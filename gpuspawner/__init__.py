@@ -1,0 +1,3 @@
+"""gpuspawner: exclusive GPUs for JupyterHub users."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,172 @@
+"""Where GPUs come from: NVML on this host, or a static list in configuration.
+
+An inventory source has one job: ``read()`` returns an :class:`InventoryReading`
+(the GPUs, healthy or not, and the problems met while reading). Reading may be
+slow (NVML, an API), so the hub reads through :class:`CachedInventory`, which
+runs the read in a worker thread and keeps the result for a few seconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Iterable, Protocol
+
+from . import nvml
+from .gpu import GPU
+
+
+@dataclass(frozen=True)
+class InventoryReading:
+    gpus: tuple[GPU, ...] = ()
+    problems: tuple[str, ...] = ()  # e.g. "NVML: NVIDIA driver is not loaded"
+    simulated: bool = False
+
+    @property
+    def healthy(self) -> tuple[GPU, ...]:
+        return tuple(g for g in self.gpus if g.healthy)
+
+
+class InventorySource(Protocol):
+    def read(self) -> InventoryReading: ...
+
+
+def _tuple_or_none(value):
+    return tuple(value) if value is not None else None
+
+
+@dataclass
+class NVMLInventory:
+    """The GPUs of the host this process runs on, read through NVML."""
+
+    host: str = field(default_factory=socket.gethostname)
+    simulated: bool = False
+
+    def read(self) -> InventoryReading:
+        reason = nvml.init_reason()
+        if reason is not None:
+            return InventoryReading(problems=(f"NVML: {reason}",), simulated=self.simulated)
+        count = nvml.query("nvmlDeviceGetCount")
+        if not count.ok:
+            return InventoryReading(problems=(f"NVML: {count.reason}",), simulated=self.simulated)
+        driver = nvml.query("nvmlSystemGetDriverVersion").value
+        cuda = nvml.query("nvmlSystemGetCudaDriverVersion").value
+        gpus, problems = [], []
+        for index in range(count.value):
+            gpu, problem = self._read_device(index, driver, cuda)
+            if gpu is not None:
+                gpus.append(gpu)
+            if problem:
+                problems.append(problem)
+        return InventoryReading(tuple(gpus), tuple(problems), self.simulated)
+
+    def _read_device(self, index: int, driver, cuda) -> tuple[GPU | None, str | None]:
+        handle = nvml.query("nvmlDeviceGetHandleByIndex", index)
+        if not handle.ok:
+            # Without a handle there is no UUID: the GPU cannot be named, so not placed.
+            return None, f"GPU {index} on {self.host}: {handle.reason}"
+        h = handle.value
+        uuid = nvml.query("nvmlDeviceGetUUID", h)
+        if not uuid.ok:
+            return None, f"GPU {index} on {self.host}: {uuid.reason}"
+        name = nvml.query("nvmlDeviceGetName", h)
+        memory = nvml.query("nvmlDeviceGetMemoryInfo", h)
+        cc = nvml.query("nvmlDeviceGetCudaComputeCapability", h)
+        mig = nvml.query("nvmlDeviceGetMigMode", h)
+        # A GPU that answers its UUID but fails basic reads is not fit to hand out.
+        lost = [r.reason for r in (name, memory) if not r.ok and "lost" in (r.reason or "")]
+        gpu = GPU(
+            host=self.host,
+            index=index,
+            uuid=uuid.value,
+            name=name.value or "Unknown GPU",
+            memory_total=memory.value.total if memory.ok else None,
+            compute_capability=_tuple_or_none(cc.value),
+            driver_version=driver,
+            cuda_driver_version=cuda,
+            mig_mode=bool(mig.value[0]) if mig.ok else None,
+            healthy=not lost,
+            reason=lost[0] if lost else None,
+        )
+        problem = f"GPU {index} on {self.host}: {gpu.reason}" if lost else None
+        return gpu, problem
+
+
+@dataclass
+class StaticInventory:
+    """GPUs declared in configuration, for a hub that cannot run NVML on the GPU host.
+
+    Each entry is a dict with at least ``uuid`` and ``name``; ``index`` defaults
+    to the entry's position on its host and ``host`` to ``"localhost"``.
+    """
+
+    entries: Iterable[dict] = ()
+
+    def read(self) -> InventoryReading:
+        return InventoryReading(tuple(gpus_from_config(self.entries)))
+
+
+_GPU_KEYS = {f for f in GPU.__dataclass_fields__}
+
+
+def gpus_from_config(entries: Iterable[dict]) -> list[GPU]:
+    """Turn configuration dicts into GPU records; raise ValueError naming a bad entry."""
+    gpus: list[GPU] = []
+    per_host: dict[str, int] = {}
+    seen: set[str] = set()
+    for n, entry in enumerate(entries):
+        if not isinstance(entry, dict):
+            raise ValueError(f"static GPU entry {n} must be a dict, not {type(entry).__name__}")
+        unknown = set(entry) - _GPU_KEYS
+        if unknown:
+            raise ValueError(f"static GPU entry {n} has unknown keys: {', '.join(sorted(unknown))}")
+        for key in ("uuid", "name"):
+            if not isinstance(entry.get(key), str) or not entry[key]:
+                raise ValueError(f"static GPU entry {n} needs a '{key}' string")
+        if entry["uuid"] in seen:
+            raise ValueError(f"static GPU entry {n} repeats uuid {entry['uuid']}")
+        seen.add(entry["uuid"])
+        host = entry.get("host", "localhost")
+        values = dict(entry, host=host, index=entry.get("index", per_host.get(host, 0)))
+        per_host[host] = values["index"] + 1
+        if values.get("compute_capability") is not None:
+            values["compute_capability"] = tuple(values["compute_capability"])
+        gpus.append(GPU(**values))
+    return gpus
+
+
+class CachedInventory:
+    """Reads a source off the event loop and keeps the reading for ``ttl`` seconds.
+
+    Concurrent callers share one read in flight.
+    """
+
+    def __init__(self, source: InventorySource, ttl: float = 5.0) -> None:
+        self.source = source
+        self.ttl = ttl
+        self._reading: InventoryReading | None = None
+        self._at = 0.0
+        self._lock = threading.Lock()
+        self._pending: asyncio.Future | None = None
+
+    def read_now(self) -> InventoryReading:
+        """A blocking, cached read (for threads and tests, never the event loop)."""
+        with self._lock:
+            if self._reading is None or time.monotonic() - self._at > self.ttl:
+                self._reading = self.source.read()
+                self._at = time.monotonic()
+            return self._reading
+
+    async def read(self) -> InventoryReading:
+        if self._reading is not None and time.monotonic() - self._at <= self.ttl:
+            return self._reading
+        if self._pending is None or self._pending.done():
+            self._pending = asyncio.ensure_future(asyncio.to_thread(self.read_now))
+        return await asyncio.shield(self._pending)
+
+    def invalidate(self) -> None:
+        with self._lock:
+            self._reading = None
