@@ -1,0 +1,103 @@
+"""What the spawn form shows: profiles, GPU models with live free/total, counts.
+
+Pure: from the profiles, an inventory reading and the held GPU UUIDs to a
+plain dict the Jinja2 template renders. No I/O here.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any, Collection, Mapping
+
+from .gpu import GPU
+from .inventory import InventoryReading
+from .profiles import Profile, default_profile
+
+
+@dataclass(frozen=True)
+class ModelAvailability:
+    slug: str
+    name: str
+    free: int
+    total: int
+    largest: int  # most free GPUs of this model on one host: the biggest request that fits now
+
+    @property
+    def label(self) -> str:
+        return f"{self.name} - {self.free} of {self.total} free"
+
+
+def model_availability(gpus: Collection[GPU], held: Collection[str]) -> list[ModelAvailability]:
+    """Free/total per model, in a stable order (by name)."""
+    names: dict[str, str] = {}
+    total: Counter[str] = Counter()
+    free: Counter[str] = Counter()
+    free_on_host: Counter[tuple[str, str]] = Counter()
+    for gpu in gpus:
+        names.setdefault(gpu.model, gpu.name)
+        total[gpu.model] += 1
+        if gpu.healthy and gpu.uuid not in held:
+            free[gpu.model] += 1
+            free_on_host[(gpu.model, gpu.host)] += 1
+    largest: Counter[str] = Counter()
+    for (model, _host), n in free_on_host.items():
+        largest[model] = max(largest[model], n)
+    return sorted(
+        (ModelAvailability(m, names[m], free[m], total[m], largest[m]) for m in total),
+        key=lambda a: (a.name, a.slug),
+    )
+
+
+def _profile_context(profile: Profile, models: list[ModelAvailability], chosen: Mapping[str, Any]) -> dict:
+    offered = [m for m in models if profile.allows_model(m.slug)]
+    largest = {"any": max((m.largest for m in offered), default=0)}
+    largest.update({m.slug: m.largest for m in offered})
+    selected_model = chosen.get("gpu_model", "any")
+    if selected_model not in largest:
+        selected_model = "any"
+    selected_gpus = chosen.get("gpus", profile.default_gpus)
+    if selected_gpus not in profile.gpu_counts:
+        selected_gpus = profile.default_gpus
+    counts = [
+        {
+            "value": n,
+            "label": "no GPU" if n == 0 else f"{n} GPU" + ("s" if n > 1 else ""),
+            "disabled": n > largest[selected_model],
+            "selected": n == selected_gpus,
+        }
+        for n in profile.gpu_counts
+    ]
+    images = list(profile.images)
+    return {
+        "profile": profile,
+        "gpu_choice": profile.max_gpus > 0,
+        "models": offered,
+        "selected_model": selected_model,
+        "largest": largest,
+        "counts": counts,
+        "images": images,
+        "selected_image": chosen.get("image") if chosen.get("image") in images else (images[0] if images else None),
+    }
+
+
+def form_context(
+    profiles: tuple[Profile, ...],
+    reading: InventoryReading,
+    held: Collection[str],
+    previous: Mapping[str, Any] | None = None,
+) -> dict:
+    """Everything form.html needs. ``previous`` pre-selects the user's last choice."""
+    previous = previous or {}
+    models = model_availability(reading.gpus, held)
+    slugs = {p.slug for p in profiles}
+    selected = previous.get("profile") if previous.get("profile") in slugs else default_profile(profiles).slug
+    return {
+        "profiles": [
+            _profile_context(p, models, previous if p.slug == selected else {}) for p in profiles
+        ],
+        "selected_profile": selected,
+        "simulated": reading.simulated,
+        "problems": list(reading.problems),
+        "no_gpus": not reading.gpus,
+    }

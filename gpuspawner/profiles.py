@@ -1,0 +1,298 @@
+"""GPU profiles and the user_options contract.
+
+Admins describe profiles in configuration (``c.GPUSpawner.gpu_profiles``);
+:func:`load_profiles` checks them once at hub start and turns them into
+:class:`Profile` values. Users choose through the spawn form or the REST API;
+both give the same ``user_options`` dict, which :func:`parse_options` checks
+against the profiles and the GPU models present, giving a :class:`Choice` or an
+:class:`OptionsError` that names the field.
+
+The contract (identical for the form and ``POST /hub/api/users/NAME/server``):
+
+=============  ======================================================
+``profile``    a profile slug (default: the profile marked default)
+``gpus``       an integer >= 0, one of the profile's ``gpu_counts``
+``gpu_model``  a model slug shown in the form, or ``"any"``
+``image``      optional, one of the profile's ``images``
+=============  ======================================================
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping
+
+from .gpu import slug_matches
+
+OPTION_KEYS = ("profile", "gpus", "gpu_model", "image")
+_SLUG = re.compile(r"^[a-z0-9](?:[a-z0-9-]{0,62})$")
+_IMAGE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/:@-]{0,254}$")
+MAX_GPUS = 1024  # more than any machine holds; anything larger is nonsense input
+
+
+class OptionsError(ValueError):
+    """A user choice or a profile definition that cannot be accepted."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+
+
+@dataclass(frozen=True)
+class Profile:
+    slug: str
+    display_name: str
+    description: str = ""
+    gpu_models: tuple[str, ...] = ("any",)
+    gpu_counts: tuple[int, ...] = (0,)
+    default_gpus: int = 0
+    images: tuple[str, ...] = ()
+    cpu_limit: float | None = None
+    mem_limit: str | int | None = None
+    default: bool = False
+    capabilities: tuple[str, ...] = ("compute", "utility")
+
+    @property
+    def max_gpus(self) -> int:
+        return max(self.gpu_counts)
+
+    def allows_model(self, slug: str) -> bool:
+        return any(slug_matches(p, slug) for p in self.gpu_models)
+
+
+@dataclass(frozen=True)
+class Choice:
+    """A validated user choice."""
+
+    profile: Profile
+    gpus: int
+    gpu_model: str = "any"
+    image: str | None = None
+
+    @property
+    def models(self) -> tuple[str, ...]:
+        """Model patterns placement may use, in preference order."""
+        if self.gpu_model != "any":
+            return (self.gpu_model,)
+        if "any" in self.profile.gpu_models:
+            return ()
+        return self.profile.gpu_models
+
+    def to_options(self) -> dict[str, Any]:
+        options: dict[str, Any] = {"profile": self.profile.slug, "gpus": self.gpus, "gpu_model": self.gpu_model}
+        if self.image:
+            options["image"] = self.image
+        return options
+
+
+# ---------------------------------------------------------------- configuration
+
+DEFAULT_PROFILES: tuple[dict, ...] = (
+    {
+        "slug": "cpu",
+        "display_name": "CPU only",
+        "description": "No GPU: for data preparation and light work.",
+        "gpu_counts": [0],
+    },
+    {
+        "slug": "gpu",
+        "display_name": "GPU notebook",
+        "description": "Exclusive GPUs of the model you pick, visible only to your server.",
+        "gpu_models": ["any"],
+        "gpu_counts": [1, 2, 4],
+        "default_gpus": 1,
+        "default": True,
+    },
+)
+
+_PROFILE_KEYS = {
+    "slug", "display_name", "description", "gpu_models", "gpu_counts", "default_gpus",
+    "images", "cpu_limit", "mem_limit", "default", "capabilities",
+    # KubeSpawner-style profile_list entries
+    "kubespawner_override",
+}
+
+
+def _slugify(text: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")[:63] or "profile"
+
+
+def _from_kubespawner_override(override: Mapping) -> dict:
+    """The parts of a KubeSpawner profile override that a GPU profile understands."""
+    values: dict[str, Any] = {}
+    limits = override.get("extra_resource_limits") or {}
+    if "nvidia.com/gpu" in limits:
+        values["gpu_counts"] = [int(limits["nvidia.com/gpu"])]
+        values["default_gpus"] = values["gpu_counts"][0]
+    for key in ("cpu_limit", "mem_limit"):
+        if key in override:
+            values[key] = override[key]
+    if "image" in override:
+        values["images"] = [override["image"]]
+    return values
+
+
+def profile_from_config(entry: Mapping, position: int = 0) -> Profile:
+    """Check one configured profile; raise OptionsError naming the bad key."""
+    where = f"gpu_profiles[{position}]"
+    if not isinstance(entry, Mapping):
+        raise OptionsError(where, f"must be a dict, not {type(entry).__name__}")
+    unknown = set(entry) - _PROFILE_KEYS
+    if unknown:
+        raise OptionsError(where, f"unknown keys {sorted(unknown)}; known keys: {sorted(_PROFILE_KEYS)}")
+    values = dict(entry)
+    values.update(_from_kubespawner_override(values.pop("kubespawner_override", None) or {}))
+    display = values.get("display_name")
+    if not isinstance(display, str) or not display.strip():
+        raise OptionsError(where, "needs a 'display_name' string")
+    slug = values.get("slug") or _slugify(display)
+    if not isinstance(slug, str) or not _SLUG.match(slug):
+        raise OptionsError(where, f"slug {slug!r} must be lowercase letters, digits and dashes")
+    where = f"profile '{slug}'"
+    counts = values.get("gpu_counts", [0])
+    if (not isinstance(counts, (list, tuple)) or not counts
+            or any(type(c) is not int or not 0 <= c <= MAX_GPUS for c in counts)):
+        raise OptionsError(where, f"gpu_counts must be a non-empty list of integers 0..{MAX_GPUS}")
+    counts = tuple(sorted(set(counts)))
+    default_gpus = values.get("default_gpus", counts[0])
+    if default_gpus not in counts:
+        raise OptionsError(where, f"default_gpus {default_gpus!r} is not one of gpu_counts {list(counts)}")
+    models = values.get("gpu_models", ["any"])
+    if isinstance(models, str):
+        models = [models]
+    if not models or any(not isinstance(m, str) or not _SLUG.match(m.lower()) for m in models):
+        raise OptionsError(where, "gpu_models must be a list of model slugs such as 'a100' or 'any'")
+    images = values.get("images", [])
+    if any(not isinstance(i, str) or not _IMAGE.match(i) for i in images):
+        raise OptionsError(where, "images must be a list of image names")
+    capabilities = values.get("capabilities", ["compute", "utility"])
+    if any(not isinstance(c, str) or not _SLUG.match(c) for c in capabilities):
+        raise OptionsError(where, "capabilities must be a list of words such as 'compute'")
+    return Profile(
+        slug=slug,
+        display_name=display.strip(),
+        description=str(values.get("description", "")),
+        gpu_models=tuple(m.lower() for m in models),
+        gpu_counts=counts,
+        default_gpus=default_gpus,
+        images=tuple(images),
+        cpu_limit=values.get("cpu_limit"),
+        mem_limit=values.get("mem_limit"),
+        default=bool(values.get("default", False)),
+        capabilities=tuple(capabilities),
+    )
+
+
+def load_profiles(entries: Iterable[Mapping]) -> tuple[Profile, ...]:
+    """Check a whole profile list: unique slugs, at most one default."""
+    profiles = tuple(profile_from_config(e, n) for n, e in enumerate(entries or DEFAULT_PROFILES))
+    slugs = [p.slug for p in profiles]
+    duplicate = {s for s in slugs if slugs.count(s) > 1}
+    if duplicate:
+        raise OptionsError("gpu_profiles", f"slugs must be unique; repeated: {sorted(duplicate)}")
+    if sum(p.default for p in profiles) > 1:
+        raise OptionsError("gpu_profiles", "at most one profile may be the default")
+    return profiles
+
+
+def default_profile(profiles: tuple[Profile, ...]) -> Profile:
+    return next((p for p in profiles if p.default), profiles[0])
+
+
+# ---------------------------------------------------------------- user choices
+
+
+def _text(options: Mapping, key: str, pattern: re.Pattern, what: str) -> str | None:
+    if key not in options:
+        return None
+    value = options[key]
+    if not isinstance(value, str):
+        raise OptionsError(key, f"must be a string ({what}), not {type(value).__name__}")
+    if not pattern.match(value):
+        shown = value if len(value) <= 40 else value[:40] + "..."
+        raise OptionsError(key, f"{shown!r} is not a valid {what}")
+    return value
+
+
+def parse_options(
+    options: Any, profiles: tuple[Profile, ...], models_present: Iterable[str] = ()
+) -> Choice:
+    """Check user_options against the profiles; return a Choice or raise OptionsError.
+
+    ``models_present`` are the model slugs of the inventory (what the form shows).
+    """
+    if options is None:
+        options = {}
+    if not isinstance(options, Mapping):
+        raise OptionsError("user_options", f"must be a JSON object, not {type(options).__name__}")
+    unknown = [str(k) for k in options if k not in OPTION_KEYS]
+    if unknown:
+        shown = ", ".join(repr(k[:40]) for k in sorted(unknown)[:5])
+        raise OptionsError(unknown[0][:40], f"unknown option {shown}; allowed options: {', '.join(OPTION_KEYS)}")
+
+    slug = _text(options, "profile", _SLUG, "profile slug")
+    by_slug = {p.slug: p for p in profiles}
+    if slug is None:
+        profile = default_profile(profiles)
+    elif slug in by_slug:
+        profile = by_slug[slug]
+    else:
+        raise OptionsError("profile", f"no profile {slug!r}; choose one of: {', '.join(by_slug)}")
+
+    gpus = options.get("gpus", profile.default_gpus)
+    if type(gpus) is not int:  # bool is an int subclass: refuse it too
+        raise OptionsError("gpus", f"must be an integer, not {type(gpus).__name__}")
+    if gpus not in profile.gpu_counts:
+        shown = gpus if abs(gpus) < 10**6 else "that number"
+        raise OptionsError(
+            "gpus", f"{shown} is not allowed in profile '{profile.slug}'; allowed: "
+            + ", ".join(map(str, profile.gpu_counts)))
+
+    model = _text(options, "gpu_model", _SLUG, "GPU model") or "any"
+    if model != "any":
+        offered = sorted({m for m in models_present if profile.allows_model(m)})
+        if model not in offered:
+            raise OptionsError(
+                "gpu_model", f"{model!r} is not offered in profile '{profile.slug}'; choose one of: "
+                + ", ".join(["any", *offered]))
+
+    image = _text(options, "image", _IMAGE, "image name")
+    if image is not None and image not in profile.images:
+        allowed = ", ".join(profile.images) if profile.images else "none (this profile has a fixed image)"
+        raise OptionsError("image", f"{image!r} is not offered in profile '{profile.slug}'; allowed: {allowed}")
+    return Choice(profile, gpus, model, image)
+
+
+def options_from_form(form: Mapping[str, list[str]]) -> dict[str, Any]:
+    """Turn spawn-form fields into the same user_options a REST client sends.
+
+    The form names per-profile fields ``gpus-<slug>`` (so it works without
+    JavaScript); plain ``gpus``/``gpu_model``/``image`` are accepted too.
+    Only types are converted here; :func:`parse_options` does the checking.
+    """
+
+    def one(key: str) -> str | None:
+        values = form.get(key)
+        if not values:
+            return None
+        if len(values) != 1:
+            raise OptionsError(key, "was given more than once")
+        return values[0]
+
+    options: dict[str, Any] = {}
+    profile = one("profile")
+    if profile is not None:
+        options["profile"] = profile
+    for key in ("gpus", "gpu_model", "image"):
+        value = one(f"{key}-{profile}") if profile else None
+        if value is None:
+            value = one(key)
+        if value is None or value == "":
+            continue
+        if key == "gpus":
+            if not re.fullmatch(r"\d{1,4}", value.strip()):
+                raise OptionsError("gpus", f"{value[:20]!r} is not a whole number")
+            value = int(value)
+        options[key] = value
+    return options
