@@ -1,0 +1,293 @@
+"""The mixin every gpuspawner backend shares.
+
+It owns what is the same whatever runs the server: profiles and the spawn form,
+checking user_options, reserving exact GPUs in the hub's ledger before start,
+keeping them in spawner state across hub restarts, and giving them back on
+stop and on every failed start. A backend subclass only turns
+``self.gpu_allocation`` into its runtime's options (environment variables,
+device requests, pod resources).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+from jinja2 import Environment, PackageLoader, select_autoescape
+from tornado import web
+from traitlets import Bool, Dict, Float, List, Unicode, default, validate
+from traitlets.config import Configurable
+from traitlets import TraitError
+
+from ..form import form_context
+from ..gpu import GPU
+from ..inventory import CachedInventory, NVMLInventory, StaticInventory
+from ..ledger import Ledger, shared_ledger
+from ..placement import GPURequest, PlacementError
+from ..profiles import (
+    Choice,
+    OptionsError,
+    Profile,
+    load_profiles,
+    options_from_form,
+    parse_options,
+)
+
+_templates = Environment(
+    loader=PackageLoader("gpuspawner", "templates"),
+    autoescape=select_autoescape(["html"]),
+)
+
+# One cached inventory per source configuration, shared by every spawner of the hub.
+_inventories: dict[str, CachedInventory] = {}
+
+
+def user_error(status: int, message: str) -> web.HTTPError:
+    """An HTTP error whose message JupyterHub shows to the user as it is."""
+    error = web.HTTPError(status, "%s", message)
+    error.jupyterhub_message = message
+    return error
+
+
+class GPUSpawnerMixin(Configurable):
+    """GPU profiles, placement and the GPU ledger for any JupyterHub spawner."""
+
+    gpu_profiles = List(
+        Dict(),
+        help="""
+        The profiles users choose from. Each is a dict with:
+        ``slug``, ``display_name``, ``description``, ``gpu_models`` (model slugs such
+        as ``"a100"`` or ``"t4"``, or ``["any"]``), ``gpu_counts`` (e.g. ``[0, 1, 2, 4]``),
+        ``default_gpus``, ``images`` (optional list a user may pick from),
+        ``cpu_limit``, ``mem_limit``, ``default`` (bool) and ``capabilities``
+        (NVIDIA driver capabilities, default ``["compute", "utility"]``).
+        KubeSpawner-style ``profile_list`` entries (``display_name``, ``slug``,
+        ``description``, ``default``, ``kubespawner_override``) are accepted too.
+        Empty: a CPU-only profile and a GPU profile of 1, 2 or 4 GPUs of any model.
+        """,
+    ).tag(config=True)
+
+    gpu_inventory = Unicode(
+        "nvml",
+        help="""
+        Where the hub learns which GPUs exist: ``"nvml"`` (the GPUs of the host the
+        hub runs on) or ``"static"`` (the list in ``static_gpus``, for a hub whose
+        GPUs are on another host).
+        """,
+    ).tag(config=True)
+
+    static_gpus = List(
+        Dict(),
+        help="""GPUs for ``gpu_inventory = "static"``: dicts with ``uuid``, ``name`` and
+        optionally ``host``, ``index``, ``memory_total`` (bytes), ``compute_capability``,
+        ``driver_version``, ``cuda_driver_version``.""",
+    ).tag(config=True)
+
+    gpu_inventory_ttl = Float(
+        5.0, help="Seconds an inventory reading is reused before the GPUs are read again."
+    ).tag(config=True)
+
+    simulated_gpus = Bool(
+        False,
+        help="Set when the GPUs come from the stand-in NVML library; the form says they are simulated.",
+    ).tag(config=True)
+
+    @validate("gpu_profiles")
+    def _check_profiles(self, proposal):
+        try:
+            load_profiles(proposal["value"])
+        except OptionsError as e:
+            raise TraitError(f"Invalid GPU profile configuration: {e}") from e
+        return proposal["value"]
+
+    @validate("gpu_inventory")
+    def _check_inventory(self, proposal):
+        if proposal["value"] not in ("nvml", "static"):
+            raise TraitError(f"gpu_inventory must be 'nvml' or 'static', not {proposal['value']!r}")
+        return proposal["value"]
+
+    # ------------------------------------------------------------ collaborators
+
+    ledger: Ledger | None = None  # set by tests; default: the hub-wide ledger
+
+    def _ledger(self) -> Ledger:
+        return self.ledger or shared_ledger()
+
+    @property
+    def inventory(self) -> CachedInventory:
+        if self.gpu_inventory == "static":
+            key = "static:" + json.dumps(self.static_gpus, sort_keys=True)
+            make = lambda: StaticInventory(self.static_gpus)  # noqa: E731
+        else:
+            key = f"nvml:{self.simulated_gpus}"
+            make = lambda: NVMLInventory(simulated=self.simulated_gpus)  # noqa: E731
+        if key not in _inventories:
+            _inventories[key] = CachedInventory(make(), ttl=self.gpu_inventory_ttl)
+        return _inventories[key]
+
+    @property
+    def profiles(self) -> tuple[Profile, ...]:
+        return load_profiles(self.gpu_profiles)
+
+    @property
+    def gpu_owner(self) -> str:
+        """The ledger key of this server: one per user server."""
+        return f"{self.user.name}/{self.name}"
+
+    # ------------------------------------------------------------ runtime state
+
+    gpu_choice: Choice | None = None
+    gpu_allocation: tuple[GPU, ...] = ()
+    _gpu_events: list
+
+    @property
+    def gpu_uuids(self) -> tuple[str, ...]:
+        return tuple(g.uuid for g in self.gpu_allocation)
+
+    # ------------------------------------------------------------ the form
+
+    @default("options_form")
+    def _default_options_form(self):
+        return self._render_options_form
+
+    async def _render_options_form(self, spawner=None) -> str:
+        reading = await self.inventory.read()
+        previous = self.user_options or {}
+        context = form_context(self.profiles, reading, self._ledger().held(), previous)
+        return _templates.get_template("form.html").render(**context)
+
+    def options_from_form(self, formdata):
+        try:
+            return options_from_form(formdata)
+        except OptionsError as e:
+            raise user_error(400, str(e)) from e
+
+    # ------------------------------------------------------------ user options
+
+    @default("apply_user_options")
+    def _default_apply_user_options(self):
+        return type(self)._apply_gpu_options
+
+    async def _apply_gpu_options(self, user_options: dict[str, Any]) -> None:
+        """Check user_options (form or REST) and apply the profile; 400 on bad input."""
+        reading = await self.inventory.read()
+        models = {g.model for g in reading.gpus}
+        try:
+            choice = parse_options(user_options, self.profiles, models)
+        except OptionsError as e:
+            raise user_error(400, str(e)) from e
+        self.gpu_choice = choice
+        self.apply_profile(choice)
+
+    def apply_profile(self, choice: Choice) -> None:
+        """Copy the profile's limits and image to the spawner; backends extend this."""
+        if choice.profile.cpu_limit is not None:
+            self.cpu_limit = float(choice.profile.cpu_limit)
+        if choice.profile.mem_limit is not None:
+            self.mem_limit = choice.profile.mem_limit
+
+    # ------------------------------------------------------------ progress
+
+    def gpu_event(self, message: str, progress: int) -> None:
+        """Record a plain-words step for JupyterHub's progress bar."""
+        if not hasattr(self, "_gpu_events"):
+            self._gpu_events = []
+        self._gpu_events.append({"progress": progress, "message": message})
+        self.log.info("%s: %s", self._log_name, message)
+
+    async def progress(self):
+        sent = 0
+        while True:
+            events = getattr(self, "_gpu_events", [])
+            while sent < len(events):
+                yield events[sent]
+                sent += 1
+            if not self._spawn_pending:
+                break
+            await asyncio.sleep(0.2)
+
+    # ------------------------------------------------------------ lifecycle
+
+    async def reserve_gpus(self) -> tuple[GPU, ...]:
+        """Place this server's request and hold the GPUs; a refusal becomes HTTP 409."""
+        choice = self.gpu_choice
+        if choice is None:  # spawned without apply_user_options (should not happen on JupyterHub >= 5.3)
+            await self._apply_gpu_options(self.user_options or {})
+            choice = self.gpu_choice
+        self._gpu_events = []
+        self.gpu_event(f"Placing {self.describe_request(choice)}", 10)
+        reading = await self.inventory.read()
+        ledger = self._ledger()
+        ledger.release(self.gpu_owner)  # a failed earlier start of this server holds nothing
+        request = GPURequest(owner=self.gpu_owner, count=choice.gpus, models=choice.models)
+        try:
+            self.gpu_allocation = ledger.reserve(reading.gpus, request)
+        except PlacementError as e:
+            self.gpu_event(f"Refused: {e}", 100)
+            raise user_error(409, str(e)) from e
+        if self.gpu_allocation:
+            names = ", ".join(f"{g.name} #{g.index} ({g.uuid})" for g in self.gpu_allocation)
+            self.gpu_event(f"Reserved {len(self.gpu_allocation)} GPU(s) on {self.gpu_allocation[0].host}: {names}", 30)
+        return self.gpu_allocation
+
+    @staticmethod
+    def describe_request(choice: Choice) -> str:
+        if choice.gpus == 0:
+            return "a CPU-only server (no GPU)"
+        model = "any model" if choice.gpu_model == "any" else choice.gpu_model
+        return f"{choice.gpus} GPU(s), {model}"
+
+    def release_gpus(self) -> None:
+        freed = self._ledger().release(self.gpu_owner)
+        if freed:
+            self.log.info("%s: released GPUs %s", self._log_name, ", ".join(freed))
+        self.gpu_allocation = ()
+
+    async def start(self):
+        await self.reserve_gpus()
+        try:
+            return await super().start()
+        except BaseException:
+            self.release_gpus()
+            raise
+
+    async def stop(self, now: bool = False):
+        try:
+            await super().stop(now=now)
+        finally:
+            self.release_gpus()
+
+    # ------------------------------------------------------------ state
+
+    def get_state(self) -> dict:
+        state = super().get_state()
+        if self.gpu_allocation:
+            state["gpus"] = [g.to_dict() for g in self.gpu_allocation]
+        return state
+
+    def load_state(self, state: dict) -> None:
+        super().load_state(state)
+        records = state.get("gpus") or []
+        if not records:
+            return
+        gpus = tuple(_gpu_from_state(r) for r in records)
+        refused = self._ledger().adopt(self.gpu_owner, [g.uuid for g in gpus])
+        if refused:
+            self.log.error(
+                "%s: state says it holds GPUs %s, but another server holds them",
+                self._log_name, ", ".join(refused),
+            )
+        self.gpu_allocation = tuple(g for g in gpus if g.uuid not in refused)
+
+    def clear_state(self) -> None:
+        super().clear_state()
+        if self.gpu_allocation:
+            self.release_gpus()
+
+
+def _gpu_from_state(record: dict) -> GPU:
+    values = {k: v for k, v in record.items() if k in GPU.__dataclass_fields__}
+    if values.get("compute_capability") is not None:
+        values["compute_capability"] = tuple(values["compute_capability"])
+    return GPU(**values)

@@ -1,0 +1,76 @@
+"""The runnable default: a JupyterHub at http://127.0.0.1:8000 with GPU profiles.
+
+Real GPUs when NVML finds some; otherwise 2 x A100 80GB and 2 x Tesla T4
+simulated through the stand-in NVML library. Log in with any user name and
+the password in GPUSPAWNER_PASSWORD (default "gpu"); "admin" is an admin.
+Servers run as local processes with CUDA_VISIBLE_DEVICES set to their GPUs.
+
+Start it with ``./run`` (which installs what is missing and builds the
+stand-in library), or ``jupyterhub -f jupyterhub_config.py`` once built.
+"""
+
+import os
+from pathlib import Path
+
+from gpuspawner.simulation import SIMULATION_ENV, real_or_simulated
+
+c = get_config()  # noqa: F821 (provided by JupyterHub)
+
+here = Path(__file__).resolve().parent
+state = Path(os.environ.get("GPUSPAWNER_STATE_DIR", here / "build" / "hub"))
+state.mkdir(parents=True, exist_ok=True)
+
+simulated = real_or_simulated(
+    library_dir=Path(os.environ.get("GPUSPAWNER_FAKENVML_DIR", here / "build" / "fakenvml")),
+    state_dir=state,
+)
+
+c.JupyterHub.bind_url = os.environ.get("GPUSPAWNER_BIND_URL", "http://127.0.0.1:8000")
+c.JupyterHub.db_url = f"sqlite:///{state / 'jupyterhub.sqlite'}"
+c.JupyterHub.cookie_secret_file = str(state / "jupyterhub_cookie_secret")
+c.ConfigurableHTTPProxy.pid_file = str(state / "proxy.pid")
+
+# Login: any name, one shared password; "admin" administers the hub.
+c.JupyterHub.authenticator_class = "dummy"
+c.DummyAuthenticator.password = os.environ.get("GPUSPAWNER_PASSWORD", "gpu")
+c.Authenticator.allow_all = True
+c.Authenticator.admin_users = {"admin"}
+
+# Servers: local processes in per-user folders, on exactly their GPUs.
+c.JupyterHub.spawner_class = "gpu-local-simple"
+c.SimpleLocalProcessSpawner.home_dir_template = str(state / "users" / "{username}")
+c.Spawner.default_url = "/lab"
+if os.geteuid() == 0:
+    c.Spawner.args = ["--allow-root"]
+c.GPUSpawnerMixin.simulated_gpus = simulated
+if simulated:
+    c.LocalProcessSpawner.env_keep = list(c.LocalProcessSpawner.env_keep or [
+        "PATH", "PYTHONPATH", "CONDA_ROOT", "CONDA_DEFAULT_ENV", "VIRTUAL_ENV", "LANG", "LC_ALL",
+        "JUPYTERHUB_SINGLEUSER_APP",
+    ]) + list(SIMULATION_ENV)
+
+c.GPUSpawnerMixin.gpu_profiles = [
+    {
+        "slug": "cpu",
+        "display_name": "CPU only",
+        "description": "No GPU: data preparation, plotting, light work.",
+        "gpu_counts": [0],
+    },
+    {
+        "slug": "gpu",
+        "display_name": "GPU notebook",
+        "description": "Exclusive GPUs of the model you pick. TensorFlow and PyTorch see only them.",
+        "gpu_models": ["any"],
+        "gpu_counts": [1, 2, 4],
+        "default_gpus": 1,
+        "default": True,
+    },
+    {
+        "slug": "t4-small",
+        "display_name": "Small: 1 x T4",
+        "description": "One Tesla T4 for inference and teaching.",
+        "gpu_models": ["t4"],
+        "gpu_counts": [1],
+        "default_gpus": 1,
+    },
+]
