@@ -1,0 +1,17 @@
+"""Shared fixtures: the stand-in NVML library, built once per test session."""
+
+import sys
+from pathlib import Path
+
+import pytest
+
+TESTS = Path(__file__).resolve().parent
+sys.path.insert(0, str(TESTS))  # makes `fakenvml` (the stand-in's Python helpers) importable
+
+
+@pytest.fixture(scope="session")
+def fakenvml_libdir(tmp_path_factory) -> Path:
+    """Directory holding the stand-in libnvidia-ml.so.1, compiled from tests/fakenvml."""
+    import fakenvml
+
+    return fakenvml.build(tmp_path_factory.mktemp("fakenvml"))

@@ -1,0 +1,219 @@
+"""A real JupyterHub process for integration tests, on loopback, stopped by pid."""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import requests
+
+VENV_BIN = Path(sys.executable).parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # a zombie is not alive for our purposes
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except OSError:
+        return False
+
+
+def process_env(pid: int) -> dict[str, str]:
+    """The environment a process was started with, as the kernel holds it."""
+    raw = Path(f"/proc/{pid}/environ").read_bytes()
+    pairs = (item.split(b"=", 1) for item in raw.split(b"\0") if b"=" in item)
+    return {k.decode(): v.decode() for k, v in pairs}
+
+
+HUB_CONFIG = """
+import os, json
+c = get_config()
+settings = json.loads(os.environ["GPUSPAWNER_TEST_HUB"])
+c.JupyterHub.bind_url = settings["bind_url"]
+c.JupyterHub.hub_bind_url = settings["hub_bind_url"]
+c.ConfigurableHTTPProxy.api_url = settings["proxy_api_url"]
+c.ConfigurableHTTPProxy.pid_file = settings["dir"] + "/proxy.pid"
+c.JupyterHub.db_url = "sqlite:///" + settings["dir"] + "/hub.sqlite"
+c.JupyterHub.cookie_secret_file = settings["dir"] + "/cookie_secret"
+c.JupyterHub.cleanup_servers = False
+c.JupyterHub.authenticator_class = "dummy"
+c.DummyAuthenticator.password = "test-password"
+c.Authenticator.allow_all = True
+c.JupyterHub.services = [{"name": "tests", "api_token": settings["token"]}]
+c.JupyterHub.load_roles = [{
+    "name": "tests",
+    "scopes": ["admin:users", "admin:servers", "admin:server_state", "list:users", "read:users"],
+    "services": ["tests"],
+}]
+c.JupyterHub.spawner_class = "gpu-local-simple"
+c.SimpleLocalProcessSpawner.home_dir_template = settings["dir"] + "/users/{username}"
+c.Spawner.cmd = [settings["singleuser"]]
+c.Spawner.args = ["--allow-root"] if os.geteuid() == 0 else []
+c.Spawner.start_timeout = 60
+c.Spawner.http_timeout = 60
+c.LocalProcessSpawner.env_keep = ["PATH", "LANG", "LD_LIBRARY_PATH", "FAKENVML_CONFIG"]
+c.GPUSpawnerMixin.simulated_gpus = True
+c.GPUSpawnerMixin.gpu_inventory_ttl = 0.5
+c.GPUSpawnerMixin.gpu_profiles = settings["profiles"]
+"""
+
+
+class Hub:
+    """Start, restart and drive one JupyterHub through its REST API."""
+
+    def __init__(self, directory: Path, nvml_env: dict[str, str], profiles: list[dict]) -> None:
+        self.dir = Path(directory)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.token = secrets.token_hex(16)
+        port = free_port()
+        self.url = f"http://127.0.0.1:{port}"
+        self.settings = {
+            "dir": str(self.dir),
+            "bind_url": self.url,
+            "hub_bind_url": f"http://127.0.0.1:{free_port()}",
+            "proxy_api_url": f"http://127.0.0.1:{free_port()}",
+            "token": self.token,
+            "profiles": profiles,
+            "singleuser": str(VENV_BIN / "jupyterhub-singleuser"),
+        }
+        (self.dir / "jupyterhub_config.py").write_text(HUB_CONFIG)
+        self.env = {
+            **{k: v for k, v in os.environ.items() if not k.startswith("JUPYTERHUB_")},
+            **nvml_env,
+            "PATH": f"{VENV_BIN}:{os.environ['PATH']}",
+            "GPUSPAWNER_TEST_HUB": json.dumps(self.settings),
+        }
+        self.proc: subprocess.Popen | None = None
+        self.server_pids: set[int] = set()
+        self.log_path = self.dir / "hub.log"
+
+    # ------------------------------------------------------------ process
+
+    def start(self, timeout: float = 60) -> None:
+        log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(
+            [str(VENV_BIN / "jupyterhub"), "-f", str(self.dir / "jupyterhub_config.py")],
+            cwd=self.dir, env=self.env, stdout=log, stderr=subprocess.STDOUT,
+        )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"hub exited with {self.proc.returncode}:\n{self.log()}")
+            try:
+                if requests.get(self.url + "/hub/api/", timeout=2).ok:
+                    return
+            except requests.ConnectionError:
+                pass
+            time.sleep(0.3)
+        raise TimeoutError(f"hub did not answer within {timeout}s:\n{self.log()}")
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 30) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.send_signal(sig)
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self._stop_proxy()
+
+    def _stop_proxy(self) -> None:
+        pid_file = self.dir / "proxy.pid"
+        if sig_pid := (pid_file.read_text().strip() if pid_file.exists() else ""):
+            pid = int(sig_pid)
+            if pid_alive(pid) and b"configurable-http-proxy" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                os.kill(pid, signal.SIGTERM)
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
+
+    def close(self) -> None:
+        """Stop every server this hub started, then the hub, all by pid."""
+        if self.proc is not None and self.proc.poll() is None:
+            for name in self.user_names():
+                self.api("DELETE", f"/users/{name}/server")
+        for pid in list(self.server_pids):
+            if pid_alive(pid):
+                os.kill(pid, signal.SIGTERM)
+        self.stop()
+        deadline = time.monotonic() + 10
+        for pid in self.server_pids:
+            while pid_alive(pid) and time.monotonic() < deadline:
+                time.sleep(0.1)
+            if pid_alive(pid):
+                os.kill(pid, signal.SIGKILL)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")[-6000:]
+
+    # ------------------------------------------------------------ REST API
+
+    def api(self, method: str, path: str, **kwargs) -> requests.Response:
+        headers = {"Authorization": f"token {self.token}"}
+        return requests.request(method, self.url + "/hub/api" + path, headers=headers, timeout=90, **kwargs)
+
+    def user_names(self) -> list[str]:
+        r = self.api("GET", "/users")
+        return [u["name"] for u in r.json()] if r.ok else []
+
+    def add_users(self, *names: str) -> None:
+        r = self.api("POST", "/users", json={"usernames": list(names)})
+        assert r.status_code in (201, 409), r.text
+
+    def user(self, name: str) -> dict:
+        r = self.api("GET", f"/users/{name}")
+        r.raise_for_status()
+        return r.json()
+
+    def spawn(self, name: str, options: object) -> requests.Response:
+        """POST a server request with a JSON body (which may be deliberately malformed)."""
+        data = options if isinstance(options, (str, bytes)) else json.dumps(options)
+        return self.api("POST", f"/users/{name}/server", data=data)
+
+    def wait_ready(self, name: str, timeout: float = 90) -> dict:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            server = self.user(name)["servers"].get("")
+            if server and server.get("ready"):
+                pid = server.get("state", {}).get("pid")
+                if pid:
+                    self.server_pids.add(pid)
+                return server
+            if not server:
+                raise RuntimeError(f"{name}'s server went away while starting:\n{self.log()}")
+            time.sleep(0.3)
+        raise TimeoutError(f"{name}'s server not ready within {timeout}s:\n{self.log()}")
+
+    def stop_server(self, name: str, timeout: float = 30) -> None:
+        r = self.api("DELETE", f"/users/{name}/server")
+        assert r.status_code in (202, 204), r.text
+        deadline = time.monotonic() + timeout
+        while self.user(name)["servers"] and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not self.user(name)["servers"], f"{name}'s server did not stop"
+
+    def server_env(self, name: str) -> dict[str, str]:
+        """The environment of the user's running server process."""
+        server = self.user(name)["servers"][""]
+        pid = server["state"]["pid"]
+        self.server_pids.add(pid)
+        return process_env(pid)
