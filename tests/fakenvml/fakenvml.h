@@ -1,0 +1,157 @@
+/*
+ * Internal declarations of the stand-in libnvidia-ml.so.1 (see README.md).
+ *
+ * The library is split in three parts:
+ *   config.c  - reads the JSON device file (cJSON) into an fk_config, applies
+ *               container visibility, maps NVML error names;
+ *   counts.c  - per-function call counters in a shared, mmap'ed file;
+ *   api.c     - the exported NVML functions (prototypes from the official nvml.h).
+ *
+ * Everything here has hidden visibility (the build uses -fvisibility=hidden);
+ * only the NVML entry points in api.c are exported.
+ */
+#ifndef FAKENVML_INTERNAL_H
+#define FAKENVML_INTERNAL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <nvml.h>
+
+#define FK_MAX_GPUS 64
+#define FK_MAX_MIG 7
+#define FK_MAX_PROCS 128
+#define FK_MAX_MIG_PROCS 32
+#define FK_MAX_FAULTS 32
+#define FK_STR 96 /* NVML_DEVICE_UUID_V2_BUFFER_SIZE == NVML_DEVICE_NAME_V2_BUFFER_SIZE */
+#define FK_FN_NAME 64
+
+/* NVML_VALUE_NOT_AVAILABLE for the unsigned fields of nvmlProcessInfo_t. */
+#define FK_NA_U32 0xFFFFFFFFu
+#define FK_NA_U64 0xFFFFFFFFFFFFFFFFull
+
+typedef struct {
+    char fn[FK_FN_NAME]; /* function name, base name (no _vN) or "*" */
+    nvmlReturn_t rc;
+} fk_fault;
+
+typedef struct {
+    int n;
+    fk_fault f[FK_MAX_FAULTS];
+} fk_faults;
+
+typedef struct {
+    unsigned int pid;
+    unsigned long long used_memory; /* FK_NA_U64 when the config says null */
+    unsigned int gpu_instance_id;   /* FK_NA_U32 outside MIG */
+    unsigned int compute_instance_id;
+} fk_proc;
+
+typedef struct {
+    char uuid[FK_STR];
+    char name[FK_STR];
+    int has_memory;
+    unsigned long long memory_total, memory_used, memory_reserved;
+    unsigned int gpu_instance_id, compute_instance_id;
+    int nprocs;
+    fk_proc procs[FK_MAX_MIG_PROCS];
+    fk_faults faults;
+    /* derived by visibility */
+    int visible;
+    unsigned int vis_index;
+} fk_mig;
+
+enum { FK_CLK_GRAPHICS, FK_CLK_SM, FK_CLK_MEM, FK_CLK_VIDEO, FK_CLK_N };
+
+typedef struct {
+    char uuid[FK_STR];
+    char name[FK_STR];
+    int has_serial;
+    char serial[FK_STR];
+
+    char pci_bus_id[NVML_DEVICE_PCI_BUS_ID_BUFFER_SIZE];
+    unsigned int pci_domain, pci_bus, pci_device;
+    unsigned int pci_device_id, pci_subsystem_id;
+    unsigned int pci_base_class, pci_sub_class;
+    unsigned int minor_number;
+
+    int has_memory;
+    unsigned long long memory_total, memory_used, memory_reserved;
+
+    int has_cc;
+    int cc_major, cc_minor;
+
+    int has_util;
+    unsigned int util_gpu, util_memory;
+
+    int has_temp, has_temp_max;
+    unsigned int temp, temp_max;
+
+    int has_power_usage, has_power_limit, has_enforced_limit;
+    unsigned int power_usage, power_limit, enforced_limit;
+
+    int has_clock[FK_CLK_N], has_max_clock[FK_CLK_N];
+    unsigned int clock[FK_CLK_N], max_clock[FK_CLK_N];
+
+    int has_fan;
+    unsigned int fan;
+
+    nvmlBrandType_t brand;
+    int has_arch;
+    nvmlDeviceArchitecture_t arch;
+
+    int mig_supported; /* "mig_mode" present and not null */
+    unsigned int mig_mode, mig_pending;
+    unsigned int max_mig;
+    int nmig;
+    fk_mig mig[FK_MAX_MIG];
+
+    int nprocs;
+    fk_proc procs[FK_MAX_PROCS];
+    int ngprocs;
+    fk_proc gprocs[FK_MAX_PROCS];
+
+    fk_faults faults;
+
+    /* derived by visibility */
+    int visible;
+    unsigned int vis_index;
+} fk_gpu;
+
+typedef struct {
+    char driver_version[FK_STR];
+    char nvml_version[FK_STR];
+    int has_cuda_version;
+    int cuda_version;
+    int container;
+    fk_faults faults;
+    int ngpus;
+    fk_gpu gpu[FK_MAX_GPUS];
+    /* derived by visibility: host slots of the visible GPUs, in host order */
+    unsigned int nvis;
+    unsigned int vis[FK_MAX_GPUS];
+} fk_config;
+
+/* config.c */
+#define FK_DEFAULT_DRIVER_VERSION "550.54.15"
+#define FK_DEFAULT_NVML_VERSION "12.550.54.15"
+#define FK_DEFAULT_CUDA_VERSION 12040
+
+/* Parses JSON text into a freshly allocated config (NULL + message on error). */
+fk_config *fk_config_parse(const char *text, char *err, size_t errlen);
+/* Applies container visibility (config flag / FAKENVML_CONTAINER + env lists). */
+void fk_config_apply_visibility(fk_config *cfg);
+/* Container mode: "container": true in the file, or FAKENVML_CONTAINER=1. */
+int fk_container_mode(const fk_config *cfg);
+/* Fault for a function: exact name, then name without _vN suffix, then "*". */
+nvmlReturn_t fk_fault_lookup(const fk_faults *faults, const char *fn);
+/* "NOT_SUPPORTED" / "NVML_ERROR_NOT_SUPPORTED" / number -> code; -1 if unknown. */
+long fk_error_from_name(const char *name);
+const char *fk_error_string(nvmlReturn_t rc);
+
+/* counts.c */
+typedef struct fk_counter fk_counter;
+/* Adds one to the counter of fn; *cache keeps the slot for the next call. */
+void fk_count(const char *fn, fk_counter **cache);
+
+#endif
