@@ -49,6 +49,15 @@ static fk_file_key g_cfg_key; /* what g_cfg was read from */
 static fk_file_key g_bad_key; /* last file that failed to parse (reported once) */
 static unsigned int g_refcount;
 
+/* A child forked while another thread held the lock must not inherit it held. */
+static void fork_prepare(void) { pthread_mutex_lock(&g_lock); }
+static void fork_release(void) { pthread_mutex_unlock(&g_lock); }
+
+__attribute__((constructor)) static void fakenvml_load(void)
+{
+    pthread_atfork(fork_prepare, fork_release, fork_release);
+}
+
 #define FK_COUNT()                                                                                            \
     do {                                                                                                      \
         static fk_counter *fk_slot_;                                                                          \
@@ -265,6 +274,7 @@ nvmlReturn_t nvmlShutdown(void)
     pthread_mutex_lock(&g_lock);
     if (g_refcount == 0)
         return leave(NVML_ERROR_UNINITIALIZED);
+    load_config(0);
     nvmlReturn_t rc = fk_fault_lookup(&g_cfg->faults, __func__);
     if (!rc)
         g_refcount--;

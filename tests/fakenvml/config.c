@@ -379,7 +379,7 @@ static void parse_mig(ctx *c, const cJSON *m, const fk_gpu *parent, int gpu_inde
         snprintf(out->uuid, sizeof out->uuid, "MIG-fa4e%04x-0000-4000-8000-%012x", gpu_index, index);
     opt_str(c, m, "profile", w, profile, sizeof profile);
     if (!opt_str(c, m, "name", w, out->name, sizeof out->name)) {
-        char parent_name[61];
+        char parent_name[60];
         snprintf(parent_name, sizeof parent_name, "%s", parent->name);
         snprintf(out->name, sizeof out->name, "%s MIG%s%s", parent_name, *profile ? " " : "", profile);
     }
