@@ -1,0 +1,461 @@
+"""Tests for gpuspawner.form and templates/form.html: what a user sees in the spawn form."""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+from html.parser import HTMLParser
+
+import pytest
+from jinja2 import Environment, PackageLoader
+
+from gpuspawner.form import ModelAvailability, form_context, model_availability
+from gpuspawner.gpu import GPU, model_slug
+from gpuspawner.inventory import InventoryReading
+from gpuspawner.profiles import load_profiles, options_from_form, parse_options
+
+A100_NAME = "NVIDIA A100-SXM4-80GB"
+T4_NAME = "Tesla T4"
+A100 = model_slug(A100_NAME)
+T4 = model_slug(T4_NAME)
+
+IMG_SCIPY = "jupyter/scipy-notebook:2024-01-01"
+IMG_TORCH = "ghcr.io/example/torch:2.3"
+
+PROFILES = load_profiles([
+    {"slug": "cpu", "display_name": "CPU only", "description": "No GPU at all", "gpu_counts": [0]},
+    {
+        "slug": "gpu",
+        "display_name": "GPU notebook",
+        "gpu_counts": [1, 2, 4],
+        "default_gpus": 1,
+        "default": True,
+        "images": [IMG_SCIPY, IMG_TORCH],
+    },
+    {"slug": "big", "display_name": "Big", "gpu_models": ["a100", "t4"], "gpu_counts": [0, 1, 2, 8], "default_gpus": 1},
+    {"slug": "hopper", "display_name": "Hopper only", "gpu_models": ["h100"], "gpu_counts": [1, 2]},
+])
+
+
+def gpu(host: str, index: int, name: str = A100_NAME, healthy: bool = True) -> GPU:
+    return GPU(host, index, f"{host}-{index}", name, healthy=healthy, reason=None if healthy else "GPU is lost")
+
+
+# Two hosts:
+#   h1: A100 x2 (h1-0 held), T4 x1
+#   h2: A100 x4 (h2-0 held, h2-1 unhealthy, h2-2 and h2-3 free), T4 x1 (unhealthy)
+INVENTORY = (
+    gpu("h1", 0),
+    gpu("h1", 1),
+    gpu("h1", 2, T4_NAME),
+    gpu("h2", 0),
+    gpu("h2", 1, healthy=False),
+    gpu("h2", 2),
+    gpu("h2", 3),
+    gpu("h2", 4, T4_NAME, healthy=False),
+)
+HELD = frozenset({"h1-0", "h2-0"})
+READING = InventoryReading(INVENTORY)
+
+ENV = Environment(loader=PackageLoader("gpuspawner", "templates"), autoescape=True)
+
+
+def render(context: dict) -> str:
+    return ENV.get_template("form.html").render(**context)
+
+
+def text(html: str) -> str:
+    """The visible words, whitespace collapsed."""
+    return re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", html)).strip()
+
+
+class FormParser(HTMLParser):
+    """Collects the form controls as a browser would see them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.radios: list[dict] = []
+        self.selects: dict[str, dict] = {}
+        self._select: dict | None = None
+        self._option: dict | None = None
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        if tag == "input" and a.get("type") == "radio":
+            self.radios.append(a)
+        elif tag == "select":
+            self._select = {"attrs": a, "options": []}
+            self.selects[a["name"]] = self._select
+        elif tag == "option" and self._select is not None:
+            self._option = {"value": a.get("value"), "selected": "selected" in a, "disabled": "disabled" in a, "text": ""}
+            self._select["options"].append(self._option)
+
+    def handle_data(self, data):
+        if self._option is not None:
+            self._option["text"] += data
+
+    def handle_endtag(self, tag):
+        if tag == "option" and self._option is not None:
+            self._option["text"] = " ".join(self._option["text"].split())
+            self._option = None
+        elif tag == "select":
+            self._select = None
+
+
+def controls(html: str) -> FormParser:
+    parser = FormParser()
+    parser.feed(html)
+    parser.close()
+    return parser
+
+
+def submit(html: str) -> dict[str, list[str]]:
+    """The form fields a browser posts for the form as rendered (no user change)."""
+    parsed = controls(html)
+    form: dict[str, list[str]] = {}
+    for radio in parsed.radios:
+        if "checked" in radio:
+            form.setdefault(radio["name"], []).append(radio["value"])
+    for name, select in parsed.selects.items():
+        options = select["options"]
+        chosen = [o for o in options if o["selected"]][-1:] or [o for o in options if not o["disabled"]][:1]
+        if chosen and not chosen[0]["disabled"]:
+            form[name] = [chosen[0]["value"]]
+    return form
+
+
+def by_slug(context: dict, slug: str) -> dict:
+    (p,) = [p for p in context["profiles"] if p["profile"].slug == slug]
+    return p
+
+
+def counts(profile_context: dict) -> dict[int, tuple[bool, bool]]:
+    """count -> (disabled, selected)"""
+    return {c["value"]: (c["disabled"], c["selected"]) for c in profile_context["counts"]}
+
+
+# ==========================================================================
+# model_availability
+# ==========================================================================
+
+
+def test_availability_one_held_of_two():
+    (a,) = model_availability([gpu("h1", 0), gpu("h1", 1)], {"h1-0"})
+    assert a == ModelAvailability(A100, A100_NAME, free=1, total=2, largest=1)
+    assert a.label == "NVIDIA A100-SXM4-80GB - 1 of 2 free"
+
+
+def test_availability_two_hosts_held_and_unhealthy():
+    a100, t4 = model_availability(INVENTORY, HELD)
+    assert a100 == ModelAvailability(A100, A100_NAME, free=3, total=6, largest=2)
+    assert t4 == ModelAvailability(T4, T4_NAME, free=1, total=2, largest=1)
+    assert a100.label == "NVIDIA A100-SXM4-80GB - 3 of 6 free"
+    assert t4.label == "Tesla T4 - 1 of 2 free"
+
+
+def test_largest_is_per_host_not_total():
+    # 2 free A100s, but one on each host: a 2-GPU request does not fit anywhere.
+    gpus = [gpu("h1", 0), gpu("h1", 1), gpu("h2", 0), gpu("h2", 1)]
+    (a,) = model_availability(gpus, {"h1-0", "h2-0"})
+    assert (a.free, a.total, a.largest) == (2, 4, 1)
+
+
+def test_all_held_or_unhealthy():
+    gpus = [gpu("h1", 0), gpu("h1", 1, healthy=False)]
+    (a,) = model_availability(gpus, {"h1-0", "h1-1"})  # held and unhealthy is not counted twice
+    assert (a.free, a.total, a.largest) == (0, 2, 0)
+    assert a.label.endswith("0 of 2 free")
+
+
+def test_held_uuids_not_in_inventory_are_ignored():
+    (a,) = model_availability([gpu("h1", 0)], {"elsewhere-0", "h9-1"})
+    assert (a.free, a.total, a.largest) == (1, 1, 1)
+
+
+def test_empty_inventory():
+    assert model_availability([], set()) == []
+    assert model_availability([], {"h1-0"}) == []
+
+
+def test_order_is_stable_by_name():
+    shuffled = list(INVENTORY)
+    random.Random(7).shuffle(shuffled)
+    assert model_availability(shuffled, HELD) == model_availability(INVENTORY, HELD)
+    names = [a.name for a in model_availability(INVENTORY + (gpu("h3", 0, "NVIDIA H100 80GB HBM3"),), HELD)]
+    assert names == sorted(names) == [A100_NAME, "NVIDIA H100 80GB HBM3", T4_NAME]
+
+
+# ==========================================================================
+# form_context
+# ==========================================================================
+
+
+def test_default_profile_and_counts_for_any_model():
+    context = form_context(PROFILES, READING, HELD)
+    assert context["selected_profile"] == "gpu"
+    assert [p["profile"].slug for p in context["profiles"]] == ["cpu", "gpu", "big", "hopper"]
+    gpu_ctx = by_slug(context, "gpu")
+    assert gpu_ctx["selected_model"] == "any"
+    assert gpu_ctx["largest"] == {"any": 2, A100: 2, T4: 1}
+    # 4 GPUs do not fit on one host now; 1 (the default) is selected
+    assert counts(gpu_ctx) == {1: (False, True), 2: (False, False), 4: (True, False)}
+    assert [m.slug for m in gpu_ctx["models"]] == [A100, T4]
+    assert gpu_ctx["gpu_choice"] is True
+    assert gpu_ctx["images"] == [IMG_SCIPY, IMG_TORCH]
+    assert gpu_ctx["selected_image"] == IMG_SCIPY
+    assert context["simulated"] is False and context["no_gpus"] is False and context["problems"] == []
+
+
+def test_count_labels():
+    labels = [c["label"] for c in by_slug(form_context(PROFILES, READING, HELD), "big")["counts"]]
+    assert labels == ["no GPU", "1 GPU", "2 GPUs", "8 GPUs"]
+
+
+def test_counts_follow_the_previously_chosen_model():
+    context = form_context(PROFILES, READING, HELD, {"profile": "gpu", "gpus": 1, "gpu_model": T4})
+    gpu_ctx = by_slug(context, "gpu")
+    assert gpu_ctx["selected_model"] == T4
+    assert counts(gpu_ctx) == {1: (False, True), 2: (True, False), 4: (True, False)}
+
+
+def test_zero_gpus_is_never_disabled():
+    nothing_free = form_context(PROFILES, READING, {g.uuid for g in INVENTORY})
+    assert counts(by_slug(nothing_free, "big")) == {
+        0: (False, False), 1: (True, True), 2: (True, False), 8: (True, False)
+    }
+    assert counts(by_slug(nothing_free, "cpu")) == {0: (False, True)}
+
+
+def test_cpu_profile_has_no_gpu_choice():
+    cpu = by_slug(form_context(PROFILES, READING, HELD), "cpu")
+    assert cpu["gpu_choice"] is False
+    assert cpu["images"] == [] and cpu["selected_image"] is None
+
+
+def test_restricted_profile_offers_only_its_models():
+    hopper = by_slug(form_context(PROFILES, READING, HELD), "hopper")
+    assert hopper["models"] == []
+    assert hopper["largest"] == {"any": 0}
+    assert counts(hopper) == {1: (True, True), 2: (True, False)}
+    big = by_slug(form_context(PROFILES, READING, HELD), "big")
+    assert [m.slug for m in big["models"]] == [A100, T4]
+
+
+def test_previous_choice_is_preselected():
+    previous = {"profile": "gpu", "gpus": 2, "gpu_model": A100, "image": IMG_TORCH}
+    context = form_context(PROFILES, READING, HELD, previous)
+    assert context["selected_profile"] == "gpu"
+    gpu_ctx = by_slug(context, "gpu")
+    assert gpu_ctx["selected_model"] == A100
+    assert counts(gpu_ctx) == {1: (False, False), 2: (False, True), 4: (True, False)}
+    assert gpu_ctx["selected_image"] == IMG_TORCH
+
+
+def test_previous_choice_of_another_profile():
+    context = form_context(PROFILES, READING, HELD, {"profile": "big", "gpus": 8, "gpu_model": T4})
+    assert context["selected_profile"] == "big"
+    big = by_slug(context, "big")
+    assert big["selected_model"] == T4
+    assert counts(big)[8] == (True, True)
+    # The previous choice only applies to its own profile; the others show their defaults.
+    gpu_ctx = by_slug(context, "gpu")
+    assert gpu_ctx["selected_model"] == "any" and counts(gpu_ctx)[1] == (False, True)
+
+
+@pytest.mark.parametrize(
+    "previous",
+    [
+        {"profile": "nope"},
+        {"profile": None},
+        {"profile": 5},
+        {"profile": "GPU"},
+        {},
+        None,
+    ],
+)
+def test_unknown_previous_profile_falls_back_to_default(previous):
+    context = form_context(PROFILES, READING, HELD, previous)
+    assert context["selected_profile"] == "gpu"
+    assert counts(by_slug(context, "gpu"))[1] == (False, True)
+
+
+@pytest.mark.xfail(
+    reason="BUG: form.py:94 (`previous.get('profile') in slugs`) and form.py:57 (`selected_model not in "
+    "largest`) test membership in a set/dict, so a previous user_options value that is a list or dict raises "
+    "TypeError: unhashable type. JupyterHub saves user_options to the database before apply_user_options "
+    "refuses them, so one bad REST body such as {\"gpu_model\": [\"t4\"]} makes the spawn form fail to "
+    "render for that user from then on",
+    strict=True,
+)
+@pytest.mark.parametrize(
+    "previous",
+    [{"profile": ["gpu"]}, {"profile": {"$ne": ""}}, {"profile": "gpu", "gpu_model": [T4]},
+     {"profile": "gpu", "gpu_model": {"$ne": ""}}],
+    ids=repr,
+)
+def test_unhashable_previous_values_fall_back_to_defaults(previous):
+    context = form_context(PROFILES, READING, HELD, previous)
+    assert context["selected_profile"] == "gpu"
+    assert by_slug(context, "gpu")["selected_model"] == "any"
+
+
+def test_previous_values_of_wrong_type_fall_back_to_defaults():
+    previous = {"profile": "gpu", "gpus": [2], "image": [IMG_TORCH]}
+    gpu_ctx = by_slug(form_context(PROFILES, READING, HELD, previous), "gpu")
+    assert [c["value"] for c in gpu_ctx["counts"] if c["selected"]] == [1]
+    assert gpu_ctx["selected_image"] == IMG_SCIPY
+
+
+def test_invalid_previous_values_fall_back_to_defaults():
+    previous = {"profile": "gpu", "gpus": 3, "gpu_model": "v100", "image": "evil/image"}
+    gpu_ctx = by_slug(form_context(PROFILES, READING, HELD, previous), "gpu")
+    assert gpu_ctx["selected_model"] == "any"
+    assert [c["value"] for c in gpu_ctx["counts"] if c["selected"]] == [1]
+    assert gpu_ctx["selected_image"] == IMG_SCIPY
+
+
+def test_model_of_another_profile_is_not_preselected():
+    gpus = INVENTORY + (gpu("h3", 0, "NVIDIA H100 80GB HBM3"),)
+    h100 = model_slug("NVIDIA H100 80GB HBM3")
+    big = by_slug(form_context(PROFILES, InventoryReading(gpus), HELD, {"profile": "big", "gpu_model": h100}), "big")
+    assert big["selected_model"] == "any"
+
+
+def test_reading_flags():
+    simulated = form_context(PROFILES, InventoryReading(INVENTORY, simulated=True), HELD)
+    assert simulated["simulated"] is True
+    empty = form_context(PROFILES, InventoryReading(problems=("NVML: NVIDIA driver is not loaded",)), set())
+    assert empty["no_gpus"] is True
+    assert empty["problems"] == ["NVML: NVIDIA driver is not loaded"]
+    assert all(c["disabled"] for c in by_slug(empty, "gpu")["counts"])
+
+
+# ==========================================================================
+# The rendered HTML
+# ==========================================================================
+
+
+def test_html_has_a_radio_per_profile_with_the_selected_one_checked():
+    parsed = controls(render(form_context(PROFILES, READING, HELD, {"profile": "big"})))
+    assert [(r["name"], r["value"]) for r in parsed.radios] == [
+        ("profile", "cpu"), ("profile", "gpu"), ("profile", "big"), ("profile", "hopper")
+    ]
+    assert [r["value"] for r in parsed.radios if "checked" in r] == ["big"]
+
+
+def test_html_has_per_profile_select_names():
+    parsed = controls(render(form_context(PROFILES, READING, HELD)))
+    assert set(parsed.selects) == {
+        "gpus-cpu",
+        "gpu_model-gpu", "gpus-gpu", "image-gpu",
+        "gpu_model-big", "gpus-big",
+        "gpu_model-hopper", "gpus-hopper",
+    }
+
+
+def test_html_model_options_show_free_of_total():
+    parsed = controls(render(form_context(PROFILES, READING, HELD)))
+    models = parsed.selects["gpu_model-gpu"]["options"]
+    assert [(o["value"], o["text"]) for o in models] == [
+        ("any", "Any model"),
+        (A100, "NVIDIA A100-SXM4-80GB - 3 of 6 free"),
+        (T4, "Tesla T4 - 1 of 2 free"),
+    ]
+    assert [o["value"] for o in models if o["selected"]] == ["any"]
+    largest = json.loads(parsed.selects["gpu_model-gpu"]["attrs"]["data-largest"])
+    assert largest == {"any": 2, A100: 2, T4: 1}
+
+
+def test_html_disables_counts_that_do_not_fit():
+    parsed = controls(render(form_context(PROFILES, READING, HELD)))
+    options = parsed.selects["gpus-gpu"]["options"]
+    assert [(o["value"], o["disabled"], o["text"]) for o in options] == [
+        ("1", False, "1 GPU"),
+        ("2", False, "2 GPUs"),
+        ("4", True, "4 GPUs (not free now)"),
+    ]
+    assert [o["value"] for o in options if o["selected"]] == ["1"]
+
+
+def test_html_preselects_the_previous_choice():
+    previous = {"profile": "gpu", "gpus": 2, "gpu_model": A100, "image": IMG_TORCH}
+    parsed = controls(render(form_context(PROFILES, READING, HELD, previous)))
+    selected = {name: [o["value"] for o in s["options"] if o["selected"]] for name, s in parsed.selects.items()}
+    assert selected["gpu_model-gpu"] == [A100]
+    assert selected["gpus-gpu"] == ["2"]
+    assert selected["image-gpu"] == [IMG_TORCH]
+    assert [r["value"] for r in parsed.radios if "checked" in r] == ["gpu"]
+
+
+def test_html_profile_without_its_models_says_so():
+    html = render(form_context(PROFILES, READING, HELD))
+    assert text(html).count("No GPU of this profile's models is on this hub.") == 1  # only "hopper"
+
+
+def test_html_simulated_note():
+    simulated = render(form_context(PROFILES, InventoryReading(INVENTORY, simulated=True), HELD))
+    real = render(form_context(PROFILES, READING, HELD))
+    assert "Simulated GPUs." in text(simulated)
+    assert "Simulated GPUs" not in real
+
+
+def test_html_no_gpu_note_with_problem():
+    reading = InventoryReading(problems=("NVML: NVIDIA driver is not loaded",))
+    html = render(form_context(PROFILES, reading, set()))
+    assert "No GPU is available on this hub (NVML: NVIDIA driver is not loaded). CPU-only profiles still work." in text(html)
+    assert "No GPU is available" not in render(form_context(PROFILES, READING, HELD))
+
+
+def test_html_no_gpu_note_without_problem():
+    html = render(form_context(PROFILES, InventoryReading(), set()))
+    assert "No GPU is available on this hub. CPU-only profiles still work." in text(html)
+
+
+def test_html_problems_with_some_gpus():
+    reading = InventoryReading(INVENTORY, problems=("GPU 1 on h2: GPU is lost", "GPU 4 on h2: GPU is lost"))
+    html = render(form_context(PROFILES, reading, HELD))
+    assert "Some GPUs cannot be used: GPU 1 on h2: GPU is lost; GPU 4 on h2: GPU is lost." in text(html)
+    assert "No GPU is available" not in html
+
+
+def test_html_escapes_hostile_text():
+    hostile = '<script>alert("x")</script>'
+    profiles = load_profiles([
+        {"slug": "evil", "display_name": hostile, "description": hostile + "<img src=x onerror=alert(1)>",
+         "gpu_counts": [0, 1]},
+    ])
+    gpus = (GPU("h1", 0, "u0", "Evil <b>GPU</b>\"'><script>alert(2)</script>"),)
+    reading = InventoryReading(gpus, problems=("<script>alert(3)</script>",))
+    html = render(form_context(profiles, reading, set()))
+    assert html.count("<script") == 1  # only the template's own script
+    assert "<img" not in html and "<b>" not in html
+    assert "&lt;script&gt;alert(&#34;x&#34;)&lt;/script&gt;" in html
+    parsed = controls(html)
+    (model_option,) = [o for o in parsed.selects["gpu_model-evil"]["options"] if o["value"] != "any"]
+    assert model_option["text"].startswith("Evil <b>GPU</b>\"'><script>alert(2)</script>")  # shown as text
+
+
+# --------------------------------------------------------------- form round trip
+
+
+@pytest.mark.parametrize(
+    "previous",
+    [
+        None,
+        {"profile": "cpu"},
+        {"profile": "gpu", "gpus": 2, "gpu_model": A100, "image": IMG_TORCH},
+        {"profile": "gpu", "gpus": 1, "gpu_model": T4, "image": IMG_SCIPY},
+        {"profile": "big", "gpus": 0, "gpu_model": "any"},
+        {"profile": "big", "gpus": 1, "gpu_model": T4},
+    ],
+)
+def test_submitting_the_rendered_form_gives_the_shown_choice(previous):
+    """The form as shown, posted unchanged, gives the same Choice as the REST body."""
+    html = render(form_context(PROFILES, READING, HELD, previous))
+    models = {g.model for g in INVENTORY}
+    from_form = parse_options(options_from_form(submit(html)), PROFILES, models)
+    rest = dict(previous or {})
+    if rest.get("profile", "gpu") == "gpu" and "image" not in rest:
+        rest["image"] = IMG_SCIPY  # the form preselects the first image
+    assert from_form == parse_options(rest, PROFILES, models)
