@@ -5,9 +5,9 @@ real nvidia-ml-py bindings load it through the dynamic linker. It reads its
 devices from the JSON file named by ``FAKENVML_CONFIG``; README.md beside
 this file documents the format and the behaviours it reproduces.
 
-Typical use in a test::
+Typical use in a test (tests/conftest.py puts ``tests/`` on ``sys.path``)::
 
-    from tests import fakenvml
+    import fakenvml
 
     libdir = fakenvml.build(tmp_path / "lib")
     fakenvml.write_config(tmp_path / "gpus.json", {"devices": [fakenvml.make_device(0)]})

@@ -7,7 +7,6 @@ of NVML would see as JSON.
 
 from __future__ import annotations
 
-import ctypes
 import importlib.util
 import json
 import os
@@ -19,11 +18,11 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+TESTS = Path(__file__).resolve().parents[1]
+if str(TESTS) not in sys.path:  # tests/conftest.py does the same
+    sys.path.insert(0, str(TESTS))
 
-from tests import fakenvml  # noqa: E402
+import fakenvml  # noqa: E402
 
 # What pynvml looks up (nvml.h maps unversioned names to these).
 REQUIRED_SYMBOLS = """
@@ -86,8 +85,11 @@ def two_gpus() -> list[dict]:
 
 
 @pytest.fixture(scope="session")
-def libdir(tmp_path_factory) -> Path:
-    return fakenvml.build(tmp_path_factory.mktemp("fakenvml-lib"))
+def libdir(request, tmp_path_factory) -> Path:
+    try:  # the session's shared build, where tests/conftest.py provides one
+        return request.getfixturevalue("fakenvml_libdir")
+    except pytest.FixtureLookupError:
+        return fakenvml.build(tmp_path_factory.mktemp("fakenvml-lib"))
 
 
 @pytest.fixture
@@ -123,12 +125,17 @@ def nvml_header() -> Path:
 
 
 def test_exports_what_pynvml_looks_up(libdir):
-    lib = ctypes.CDLL(str(libdir / fakenvml.LIBRARY_NAME))
-    missing = [name for name in REQUIRED_SYMBOLS if not hasattr(lib, name)]
-    assert missing == []
-    assert not hasattr(lib, "fk_config_parse")  # internals stay hidden
-    header = (libdir / fakenvml.LIBRARY_NAME).read_bytes()
-    assert b"libnvidia-ml.so.1\0" in header  # SONAME string present
+    # Looked up with dlsym, as pynvml does, in a child: loading the stand-in into
+    # this process would change what in-process pynvml users find.
+    code = (
+        "import ctypes, json, sys; lib = ctypes.CDLL(sys.argv[1]);"
+        "print(json.dumps([n for n in sys.argv[2:] if not hasattr(lib, n)]))"
+    )
+    names = [*REQUIRED_SYMBOLS, "fk_config_parse", "fk_count"]
+    proc = subprocess.run([sys.executable, "-c", code, str(libdir / fakenvml.LIBRARY_NAME), *names],
+                          capture_output=True, text=True, check=True)
+    assert json.loads(proc.stdout) == ["fk_config_parse", "fk_count"]  # internals stay hidden
+    assert b"libnvidia-ml.so.1\0" in (libdir / fakenvml.LIBRARY_NAME).read_bytes()  # the SONAME
 
 
 def test_build_is_skipped_when_up_to_date(libdir):
