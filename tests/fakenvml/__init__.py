@@ -109,12 +109,12 @@ def env(
     come from ``NVIDIA_VISIBLE_DEVICES`` (else ``CUDA_VISIBLE_DEVICES``), which
     the caller sets as it wants.
     """
-    libdir = str(Path(libdir))
+    libdir = os.path.abspath(libdir)  # paths stay right whatever the child's working directory
     inherited = [p for p in os.environ.get("LD_LIBRARY_PATH", "").split(":") if p and p != libdir]
     return {
         "LD_LIBRARY_PATH": ":".join([libdir, *inherited]),
-        "FAKENVML_CONFIG": str(config_path) if config_path is not None else "",
-        "FAKENVML_COUNTS": str(counts_path) if counts_path is not None else "",
+        "FAKENVML_CONFIG": os.path.abspath(config_path) if config_path is not None else "",
+        "FAKENVML_COUNTS": os.path.abspath(counts_path) if counts_path is not None else "",
         "FAKENVML_CONTAINER": "1" if container else "0",
     }
 
