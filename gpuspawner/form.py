@@ -53,12 +53,16 @@ def _profile_context(profile: Profile, models: list[ModelAvailability], chosen: 
     offered = [m for m in models if profile.allows_model(m.slug)]
     largest = {"any": max((m.largest for m in offered), default=0)}
     largest.update({m.slug: m.largest for m in offered})
-    selected_model = chosen.get("gpu_model", "any")
-    if selected_model not in largest:
+    selected_model = chosen.get("gpu_model")
+    if not isinstance(selected_model, str) or selected_model not in largest:
         selected_model = "any"
-    selected_gpus = chosen.get("gpus", profile.default_gpus)
-    if selected_gpus not in profile.gpu_counts:
+    selected_gpus = chosen.get("gpus")
+    if type(selected_gpus) is not int or selected_gpus not in profile.gpu_counts:
         selected_gpus = profile.default_gpus
+    if selected_gpus > largest[selected_model]:
+        # not free now: preselect the largest GPU count that is; never switch to "no GPU" silently
+        fits = [n for n in profile.gpu_counts if 0 < n <= largest[selected_model]]
+        selected_gpus = max(fits, default=selected_gpus)
     counts = [
         {
             "value": n,
@@ -77,7 +81,7 @@ def _profile_context(profile: Profile, models: list[ModelAvailability], chosen: 
         "largest": largest,
         "counts": counts,
         "images": images,
-        "selected_image": chosen.get("image") if chosen.get("image") in images else (images[0] if images else None),
+        "selected_image": chosen["image"] if chosen.get("image") in images else (images[0] if images else None),
     }
 
 
@@ -91,10 +95,12 @@ def form_context(
     previous = previous or {}
     models = model_availability(reading.gpus, held)
     slugs = {p.slug for p in profiles}
-    selected = previous.get("profile") if previous.get("profile") in slugs else default_profile(profiles).slug
+    last = previous.get("profile")
+    remembered = isinstance(last, str) and last in slugs
+    selected = last if remembered else default_profile(profiles).slug
     return {
         "profiles": [
-            _profile_context(p, models, previous if p.slug == selected else {}) for p in profiles
+            _profile_context(p, models, previous if remembered and p.slug == last else {}) for p in profiles
         ],
         "selected_profile": selected,
         "simulated": reading.simulated,

@@ -99,8 +99,8 @@ class NVMLInventory:
 class StaticInventory:
     """GPUs declared in configuration, for a hub that cannot run NVML on the GPU host.
 
-    Each entry is a dict with at least ``uuid`` and ``name``; ``index`` defaults
-    to the entry's position on its host and ``host`` to ``"localhost"``.
+    Each entry is a dict with at least ``uuid`` and ``name``; ``host`` defaults
+    to ``"localhost"`` and ``index`` to one more than the highest index on its host so far.
     """
 
     entries: Iterable[dict] = ()
@@ -117,6 +117,7 @@ def gpus_from_config(entries: Iterable[dict]) -> list[GPU]:
     gpus: list[GPU] = []
     per_host: dict[str, int] = {}
     seen: set[str] = set()
+    used: set[tuple[str, int]] = set()
     for n, entry in enumerate(entries):
         if not isinstance(entry, dict):
             raise ValueError(f"static GPU entry {n} must be a dict, not {type(entry).__name__}")
@@ -130,8 +131,16 @@ def gpus_from_config(entries: Iterable[dict]) -> list[GPU]:
             raise ValueError(f"static GPU entry {n} repeats uuid {entry['uuid']}")
         seen.add(entry["uuid"])
         host = entry.get("host", "localhost")
-        values = dict(entry, host=host, index=entry.get("index", per_host.get(host, 0)))
-        per_host[host] = values["index"] + 1
+        if not isinstance(host, str) or not host:
+            raise ValueError(f"static GPU entry {n}: 'host' must be a host name")
+        index = entry.get("index", per_host.get(host, 0))
+        if type(index) is not int or index < 0:
+            raise ValueError(f"static GPU entry {n}: 'index' must be a whole number >= 0, not {index!r}")
+        if (host, index) in used:
+            raise ValueError(f"static GPU entry {n} repeats index {index} on host {host}")
+        used.add((host, index))
+        values = dict(entry, host=host, index=index)
+        per_host[host] = max(per_host.get(host, 0), index + 1)
         if values.get("compute_capability") is not None:
             values["compute_capability"] = tuple(values["compute_capability"])
         gpus.append(GPU(**values))

@@ -26,8 +26,8 @@ from typing import Any, Iterable, Mapping
 from .gpu import slug_matches
 
 OPTION_KEYS = ("profile", "gpus", "gpu_model", "image")
-_SLUG = re.compile(r"^[a-z0-9](?:[a-z0-9-]{0,62})$")
-_IMAGE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/:@-]{0,254}$")
+_SLUG = re.compile(r"[a-z0-9][a-z0-9-]{0,62}")
+_IMAGE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/:@-]{0,254}")
 MAX_GPUS = 1024  # more than any machine holds; anything larger is nonsense input
 
 
@@ -115,22 +115,42 @@ _PROFILE_KEYS = {
 
 
 def _slugify(text: str) -> str:
-    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")[:63] or "profile"
+    return re.sub(r"[^a-z0-9]+", "-", text.lower())[:63].strip("-") or "profile"
 
 
-def _from_kubespawner_override(override: Mapping) -> dict:
+def _from_kubespawner_override(override: Any, where: str) -> dict:
     """The parts of a KubeSpawner profile override that a GPU profile understands."""
+    if not isinstance(override, Mapping):
+        raise OptionsError(where, "kubespawner_override must be a dict")
     values: dict[str, Any] = {}
     limits = override.get("extra_resource_limits") or {}
+    if not isinstance(limits, Mapping):
+        raise OptionsError(where, "kubespawner_override.extra_resource_limits must be a dict")
     if "nvidia.com/gpu" in limits:
-        values["gpu_counts"] = [int(limits["nvidia.com/gpu"])]
-        values["default_gpus"] = values["gpu_counts"][0]
+        limit = limits["nvidia.com/gpu"]
+        if isinstance(limit, str) and re.fullmatch(r"[0-9]{1,4}", limit):
+            limit = int(limit)
+        if type(limit) is not int:
+            raise OptionsError(where, f"nvidia.com/gpu limit {limit!r} must be a whole number")
+        values["gpu_counts"] = [limit]
     for key in ("cpu_limit", "mem_limit"):
         if key in override:
             values[key] = override[key]
     if "image" in override:
         values["images"] = [override["image"]]
     return values
+
+
+def _words(value: Any, pattern: re.Pattern, where: str, key: str, what: str, lower: bool = False) -> tuple[str, ...]:
+    """A configured list of names (a lone string counts as a list of one)."""
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, (list, tuple)):
+        raise OptionsError(where, f"{key} must be a list of {what}")
+    words = tuple(v.lower() if lower and isinstance(v, str) else v for v in value)
+    if any(not isinstance(w, str) or not pattern.fullmatch(w) for w in words):
+        raise OptionsError(where, f"{key} must be a list of {what}")
+    return words
 
 
 def profile_from_config(entry: Mapping, position: int = 0) -> Profile:
@@ -142,12 +162,12 @@ def profile_from_config(entry: Mapping, position: int = 0) -> Profile:
     if unknown:
         raise OptionsError(where, f"unknown keys {sorted(unknown)}; known keys: {sorted(_PROFILE_KEYS)}")
     values = dict(entry)
-    values.update(_from_kubespawner_override(values.pop("kubespawner_override", None) or {}))
+    values.update(_from_kubespawner_override(values.pop("kubespawner_override", None) or {}, where))
     display = values.get("display_name")
     if not isinstance(display, str) or not display.strip():
         raise OptionsError(where, "needs a 'display_name' string")
     slug = values.get("slug") or _slugify(display)
-    if not isinstance(slug, str) or not _SLUG.match(slug):
+    if not isinstance(slug, str) or not _SLUG.fullmatch(slug):
         raise OptionsError(where, f"slug {slug!r} must be lowercase letters, digits and dashes")
     where = f"profile '{slug}'"
     counts = values.get("gpu_counts", [0])
@@ -156,29 +176,33 @@ def profile_from_config(entry: Mapping, position: int = 0) -> Profile:
         raise OptionsError(where, f"gpu_counts must be a non-empty list of integers 0..{MAX_GPUS}")
     counts = tuple(sorted(set(counts)))
     default_gpus = values.get("default_gpus", counts[0])
-    if default_gpus not in counts:
+    if type(default_gpus) is not int or default_gpus not in counts:
         raise OptionsError(where, f"default_gpus {default_gpus!r} is not one of gpu_counts {list(counts)}")
-    models = values.get("gpu_models", ["any"])
-    if isinstance(models, str):
-        models = [models]
-    if not models or any(not isinstance(m, str) or not _SLUG.match(m.lower()) for m in models):
-        raise OptionsError(where, "gpu_models must be a list of model slugs such as 'a100' or 'any'")
-    images = values.get("images", [])
-    if any(not isinstance(i, str) or not _IMAGE.match(i) for i in images):
-        raise OptionsError(where, "images must be a list of image names")
-    capabilities = values.get("capabilities", ["compute", "utility"])
-    if any(not isinstance(c, str) or not _SLUG.match(c) for c in capabilities):
-        raise OptionsError(where, "capabilities must be a list of words such as 'compute'")
+    models = _words(values.get("gpu_models", ["any"]), _SLUG, where, "gpu_models", "model slugs such as 'a100' or 'any'", lower=True)
+    if not models:
+        raise OptionsError(where, "gpu_models must name at least one model, or 'any'")
+    images = _words(values.get("images", []), _IMAGE, where, "images", "image names")
+    capabilities = _words(values.get("capabilities", ["compute", "utility"]), _SLUG, where,
+                          "capabilities", "words such as 'compute'")
+    cpu_limit = values.get("cpu_limit")
+    if cpu_limit is not None and (type(cpu_limit) not in (int, float) or not 0 < cpu_limit < 10**6):
+        raise OptionsError(where, f"cpu_limit {cpu_limit!r} must be a positive number of CPUs")
+    mem_limit = values.get("mem_limit")
+    if mem_limit is not None and not (
+        (type(mem_limit) is int and mem_limit > 0)
+        or (isinstance(mem_limit, str) and re.fullmatch(r"[0-9]+(\.[0-9]+)?[KMGT]?", mem_limit))
+    ):
+        raise OptionsError(where, f"mem_limit {mem_limit!r} must be bytes or a size such as '8G'")
     return Profile(
         slug=slug,
         display_name=display.strip(),
         description=str(values.get("description", "")),
-        gpu_models=tuple(m.lower() for m in models),
+        gpu_models=models,
         gpu_counts=counts,
         default_gpus=default_gpus,
-        images=tuple(images),
-        cpu_limit=values.get("cpu_limit"),
-        mem_limit=values.get("mem_limit"),
+        images=images,
+        cpu_limit=cpu_limit,
+        mem_limit=mem_limit,
         default=bool(values.get("default", False)),
         capabilities=tuple(capabilities),
     )
@@ -209,7 +233,7 @@ def _text(options: Mapping, key: str, pattern: re.Pattern, what: str) -> str | N
     value = options[key]
     if not isinstance(value, str):
         raise OptionsError(key, f"must be a string ({what}), not {type(value).__name__}")
-    if not pattern.match(value):
+    if not pattern.fullmatch(value):
         shown = value if len(value) <= 40 else value[:40] + "..."
         raise OptionsError(key, f"{shown!r} is not a valid {what}")
     return value
@@ -277,7 +301,7 @@ def options_from_form(form: Mapping[str, list[str]]) -> dict[str, Any]:
         if not values:
             return None
         if len(values) != 1:
-            raise OptionsError(key, "was given more than once")
+            raise OptionsError(key.split("-", 1)[0], "was given more than once")
         return values[0]
 
     options: dict[str, Any] = {}
@@ -291,8 +315,8 @@ def options_from_form(form: Mapping[str, list[str]]) -> dict[str, Any]:
         if value is None or value == "":
             continue
         if key == "gpus":
-            if not re.fullmatch(r"\d{1,4}", value.strip()):
-                raise OptionsError("gpus", f"{value[:20]!r} is not a whole number")
+            if not re.fullmatch(r"[0-9]{1,4}", value.strip()):
+                raise OptionsError("gpus", f"{value[:20]!r} is not a whole number from 0 to 9999")
             value = int(value)
         options[key] = value
     return options

@@ -132,12 +132,6 @@ def test_repeated_uuid_is_refused():
     assert message == "static GPU entry 2 repeats uuid GPU-1"
 
 
-@pytest.mark.xfail(
-    reason="BUG: inventory.py:133-134 the index is not checked: a string index such as '1' (easy to write in "
-    "YAML/JSON config) makes `values['index'] + 1` raise TypeError 'can only concatenate str', instead of "
-    "a ValueError naming the entry",
-    strict=True,
-)
 @pytest.mark.parametrize("index", ["1", None, 1.5], ids=repr)
 def test_bad_index_is_a_value_error_naming_the_entry(index):
     message = refusal([{"uuid": "u", "name": T4, "index": index}])

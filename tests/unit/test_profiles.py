@@ -289,7 +289,7 @@ def test_without_a_default_the_first_profile_is_default():
 def test_bad_model_slugs_are_refused(models):
     e = config_refusal([{"display_name": "X", "slug": "x", "gpu_models": models}])
     assert e.field == "profile 'x'"
-    assert "gpu_models must be a list of model slugs" in str(e)
+    assert "gpu_models must" in str(e) and ("model slugs" in str(e) or "at least one model" in str(e))
 
 
 @pytest.mark.parametrize("images", [["not an image"], [""], [5], ["-rm"], ["a" * 300]], ids=repr)
@@ -309,13 +309,6 @@ def test_bad_capabilities_are_refused(capabilities):
 # --------------------------------------------------------------- config bugs
 
 
-@pytest.mark.xfail(
-    reason="BUG: profiles.py:126 _from_kubespawner_override does int() on the nvidia.com/gpu limit "
-    "and .get() on the override without checking: 'two' raises a bare ValueError, a non-dict override "
-    "an AttributeError, and 2.5 or True are silently turned into 2 or 1, instead of an OptionsError "
-    "naming the profile",
-    strict=True,
-)
 @pytest.mark.parametrize(
     "override",
     [
@@ -332,12 +325,6 @@ def test_bad_kubespawner_override_is_an_options_error(override):
     assert e.field in ("profile 'x'", "gpu_profiles[0]")
 
 
-@pytest.mark.xfail(
-    reason="BUG: profiles.py:158-160 default_gpus is only checked with `in counts`, so True or 1.0 "
-    "(== 1) are accepted; every request that omits gpus is then refused with "
-    "'gpus: must be an integer, not bool'",
-    strict=True,
-)
 @pytest.mark.parametrize("default_gpus", [True, 1.0], ids=repr)
 def test_default_gpus_must_be_an_integer(default_gpus):
     config = [{"display_name": "X", "slug": "x", "gpu_counts": [1, 2], "default_gpus": default_gpus}]
@@ -351,12 +338,6 @@ def test_default_gpus_must_be_an_integer(default_gpus):
     assert choice.gpus == 1 and type(choice.gpus) is int
 
 
-@pytest.mark.xfail(
-    reason="BUG: profiles.py:166-171 images and capabilities given as a plain string are iterated "
-    "character by character ('python' becomes images ('p','y','t','h','o','n')), unlike gpu_models "
-    "which wraps a string in a list",
-    strict=True,
-)
 @pytest.mark.parametrize("key, value", [("images", "python"), ("capabilities", "compute")])
 def test_string_instead_of_list_is_not_split_into_characters(key, value):
     try:
@@ -367,23 +348,12 @@ def test_string_instead_of_list_is_not_split_into_characters(key, value):
     assert getattr(profile, key) == (value,)
 
 
-@pytest.mark.xfail(
-    reason="BUG: profiles.py:161-171 a non-iterable gpu_models/images/capabilities (e.g. 5) raises "
-    "TypeError 'int object is not iterable' instead of an OptionsError naming the profile and key",
-    strict=True,
-)
 @pytest.mark.parametrize("key", ["gpu_models", "images", "capabilities"])
 def test_non_list_values_are_options_errors(key):
     e = config_refusal([{"display_name": "X", "slug": "x", key: 5}])
     assert e.field == "profile 'x'" and key in str(e)
 
 
-@pytest.mark.xfail(
-    reason="BUG: profiles.py:29-30 _SLUG and _IMAGE end in `$` and are used with re.match, and `$` "
-    "also matches before a trailing newline: slug 'x\\n', gpu_models ['a100\\n'] and images ['img\\n'] "
-    "are accepted (use \\Z or re.fullmatch)",
-    strict=True,
-)
 @pytest.mark.parametrize(
     "entry",
     [{"slug": "x\n"}, {"gpu_models": ["a100\n"]}, {"images": ["python:3.12\n"]}, {"capabilities": ["compute\n"]}],
@@ -393,11 +363,6 @@ def test_trailing_newline_is_refused_in_config(entry):
     config_refusal([{"display_name": "X", **entry}])
 
 
-@pytest.mark.xfail(
-    reason="BUG: profiles.py:180 cpu_limit is not checked at load; 'lots' is accepted and then "
-    "spawners/base.py apply_profile does float('lots') at every spawn (ValueError, HTTP 500)",
-    strict=True,
-)
 def test_cpu_limit_must_be_a_number():
     e = config_refusal([{"display_name": "X", "slug": "x", "cpu_limit": "lots"}])
     assert e.field == "profile 'x'" and "cpu_limit" in str(e)
@@ -795,7 +760,8 @@ def test_form_repeated_field_refused(field):
         form = {"profile": ["gpu", "cpu"]}
     with pytest.raises(OptionsError) as info:
         options_from_form(form)
-    assert info.value.field == field
+    # the field is named as in the user_options contract, whatever the form field was called
+    assert info.value.field == field.split("-")[0]
     assert "more than once" in str(info.value)
 
 
@@ -814,12 +780,6 @@ def test_form_count_leading_zeros_and_spaces():
     assert options_from_form({"profile": ["gpu"], "gpus-gpu": [" 4 "]})["gpus"] == 4
 
 
-@pytest.mark.xfail(
-    reason="BUG: profiles.py:294 `\\d` in re.fullmatch(r'\\d{1,4}', ...) matches any Unicode decimal "
-    "digit, so a form count of fullwidth '\uff12', Arabic-Indic '\u0662' or Devanagari '\u0968' is "
-    "accepted as 2 (use [0-9] or re.ASCII)",
-    strict=True,
-)
 @pytest.mark.parametrize("value", ["\uff12", "\u0662", "\u0968"])
 def test_form_non_ascii_digits_refused(value):
     with pytest.raises(OptionsError):
