@@ -95,8 +95,15 @@ class Hub:
             "proxy_api_url": f"http://127.0.0.1:{free_port()}",
             "token": self.token,
             "profiles": profiles,
-            "singleuser": str(VENV_BIN / "jupyterhub-singleuser"),
+            "singleuser": str(self.dir / "singleuser.sh"),
         }
+        # the real single-user server, except for the user "crash", whose server dies at start
+        (self.dir / "singleuser.sh").write_text(
+            "#!/bin/sh\n"
+            'if [ "$JUPYTERHUB_USER" = crash ]; then echo "crashing on purpose" >&2; exit 3; fi\n'
+            f'exec {VENV_BIN / "jupyterhub-singleuser"} "$@"\n'
+        )
+        (self.dir / "singleuser.sh").chmod(0o755)
         if config_file is None:
             config_file = self.dir / "jupyterhub_config.py"
             config_file.write_text(HUB_CONFIG)
