@@ -159,7 +159,7 @@ def test_malformed_bodies_are_refused_and_nothing_is_held(hub):
 
 def test_a_server_that_dies_at_start_gives_its_gpus_back(hub):
     hub.add_users("crash", "alice", "bob")
-    r = hub.spawn("crash", {"profile": "gpu", "gpus": 4})
+    r = hub.spawn("crash", TWO_GPUS)
     if r.status_code in (201, 202):  # the process may die after start() returned
         deadline = time.monotonic() + 60
         while hub.user("crash")["servers"] and time.monotonic() < deadline:
