@@ -176,6 +176,10 @@ class CachedInventory:
             self._pending = asyncio.ensure_future(asyncio.to_thread(self.read_now))
         return await asyncio.shield(self._pending)
 
+    def last_reading(self) -> InventoryReading | None:
+        """The newest reading, however old, without reading again (for metrics); None before the first."""
+        return self._reading
+
     def invalidate(self) -> None:
         with self._lock:
             self._reading = None

@@ -9,7 +9,8 @@ same GPU: choosing GPUs and recording them happen under one lock.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable
+import time
+from collections.abc import Callable, Iterable, Mapping
 
 from gpuspawner.gpu import GPU
 from gpuspawner.placement import GPURequest, place
@@ -28,14 +29,24 @@ class Ledger:
         self._lock = threading.Lock()
         self._by_owner: dict[str, tuple[str, ...]] = {}
         self._by_uuid: dict[str, str] = {}
+        self._since: dict[str, float] = {}  # owner -> when it started holding (time.time())
 
-    def reserve(self, inventory: Iterable[GPU], request: GPURequest) -> tuple[GPU, ...]:
+    def reserve(
+        self,
+        inventory: Iterable[GPU],
+        request: GPURequest,
+        admit: Callable[[Mapping[str, tuple[str, ...]]], None] | None = None,
+    ) -> tuple[GPU, ...]:
         """Place ``request`` on GPUs nobody holds and record them for its owner.
 
         Raises :class:`~gpuspawner.placement.PlacementError` when the request
         cannot be placed (nothing is recorded then), and :class:`ValueError`
         when the owner already holds GPUs: callers release first. A request
         for 0 GPUs returns ``()`` and records nothing.
+
+        ``admit`` (e.g. a quota check) is called under the lock with owner ->
+        held UUIDs before placing; whatever it raises refuses the request, so
+        the check and the reservation are one step.
         """
         gpus = tuple(inventory)  # materialise outside the lock
         with self._lock:
@@ -44,6 +55,8 @@ class Ledger:
                     f"{request.owner!r} already holds GPUs "
                     f"{', '.join(self._by_owner[request.owner])}; release them first"
                 )
+            if admit is not None and request.count:
+                admit(self._by_owner)
             chosen = place(gpus, self._by_uuid.keys(), request)
             if chosen:
                 self._record(request.owner, tuple(gpu.uuid for gpu in chosen))
@@ -70,6 +83,7 @@ class Ledger:
         """Free everything ``owner`` holds and return those UUIDs; ``()`` if nothing."""
         with self._lock:
             uuids = self._by_owner.pop(owner, ())
+            self._since.pop(owner, None)
             for uuid in uuids:
                 del self._by_uuid[uuid]
             return uuids
@@ -84,6 +98,11 @@ class Ledger:
         with self._lock:
             return dict(self._by_owner)
 
+    def since(self, owner: str) -> float | None:
+        """When ``owner`` started holding GPUs (seconds since the epoch), or ``None``."""
+        with self._lock:
+            return self._since.get(owner)
+
     def held(self) -> frozenset[str]:
         """Every UUID held by anyone."""
         with self._lock:
@@ -92,6 +111,7 @@ class Ledger:
     def _record(self, owner: str, uuids: tuple[str, ...]) -> None:
         """Set ``owner``'s UUIDs, updating both maps; the lock must be held."""
         self._by_owner[owner] = uuids
+        self._since.setdefault(owner, time.time())
         for uuid in uuids:
             self._by_uuid[uuid] = owner
 

@@ -52,6 +52,12 @@ class Profile:
     mem_limit: str | int | None = None
     default: bool = False
     capabilities: tuple[str, ...] = ("compute", "utility")
+    groups: tuple[str, ...] = ()  # empty: everyone; else only members of one of these JupyterHub groups
+    queue: bool = False  # when no GPU is free, wait in the hub's queue instead of being refused
+
+    def visible_to(self, user_groups: Iterable[str]) -> bool:
+        """Whether a member of ``user_groups`` may see and use this profile."""
+        return not self.groups or not set(self.groups).isdisjoint(user_groups)
 
     @property
     def max_gpus(self) -> int:
@@ -108,7 +114,7 @@ DEFAULT_PROFILES: tuple[dict, ...] = (
 
 _PROFILE_KEYS = {
     "slug", "display_name", "description", "gpu_models", "gpu_counts", "default_gpus",
-    "images", "cpu_limit", "mem_limit", "default", "capabilities",
+    "images", "cpu_limit", "mem_limit", "default", "capabilities", "groups", "queue",
     # KubeSpawner-style profile_list entries
     "kubespawner_override",
 }
@@ -184,6 +190,15 @@ def profile_from_config(entry: Mapping, position: int = 0) -> Profile:
     images = _words(values.get("images", []), _IMAGE, where, "images", "image names")
     capabilities = _words(values.get("capabilities", ["compute", "utility"]), _SLUG, where,
                           "capabilities", "words such as 'compute'")
+    groups = values.get("groups", [])
+    if isinstance(groups, str):
+        groups = [groups]
+    if (not isinstance(groups, (list, tuple))
+            or any(not isinstance(g, str) or not g.strip() or len(g) > 255 for g in groups)):
+        raise OptionsError(where, "groups must be a list of JupyterHub group names")
+    queue = values.get("queue", False)
+    if type(queue) is not bool:
+        raise OptionsError(where, f"queue {queue!r} must be true or false")
     cpu_limit = values.get("cpu_limit")
     if cpu_limit is not None and (type(cpu_limit) not in (int, float) or not 0 < cpu_limit < 10**6):
         raise OptionsError(where, f"cpu_limit {cpu_limit!r} must be a positive number of CPUs")
@@ -205,6 +220,8 @@ def profile_from_config(entry: Mapping, position: int = 0) -> Profile:
         mem_limit=mem_limit,
         default=bool(values.get("default", False)),
         capabilities=tuple(capabilities),
+        groups=tuple(groups),
+        queue=queue,
     )
 
 

@@ -33,6 +33,7 @@ from ..profiles import (
     options_from_form,
     parse_options,
 )
+from .policies import GPUPolicyMixin
 
 _templates = Environment(
     loader=PackageLoader("gpuspawner", "templates"),
@@ -50,7 +51,7 @@ def user_error(status: int, message: str) -> web.HTTPError:
     return error
 
 
-class GPUSpawnerMixin(Configurable):
+class GPUSpawnerMixin(GPUPolicyMixin):
     """GPU profiles, placement and the GPU ledger for any JupyterHub spawner."""
 
     gpu_profiles = List(
@@ -128,7 +129,8 @@ class GPUSpawnerMixin(Configurable):
 
     @property
     def profiles(self) -> tuple[Profile, ...]:
-        return load_profiles(self.gpu_profiles)
+        """The profiles this user may see (``groups`` on a profile limits who)."""
+        return self.visible_profiles(load_profiles(self.gpu_profiles))
 
     @property
     def gpu_owner(self) -> str:
@@ -181,11 +183,12 @@ class GPUSpawnerMixin(Configurable):
         """Check user_options (form or REST) and apply the profile; 400 on bad input."""
         models = await self.offered_models()
         try:
-            choice = parse_options(user_options, self.profiles, models)
+            choice = parse_options(user_options, self.profiles_for_options(user_options), models)
         except OptionsError as e:
             raise user_error(400, str(e)) from e
         self.gpu_choice = choice
         self.apply_profile(choice)
+        self.apply_queue_policy(choice)
 
     def apply_profile(self, choice: Choice) -> None:
         """Copy the profile's limits and image to the spawner; backends extend this."""
@@ -229,7 +232,7 @@ class GPUSpawnerMixin(Configurable):
         ledger.release(self.gpu_owner)  # a failed earlier start of this server holds nothing
         request = GPURequest(owner=self.gpu_owner, count=choice.gpus, models=choice.models)
         try:
-            self.gpu_allocation = ledger.reserve(reading.gpus, request)
+            self.gpu_allocation = await self.place_request(ledger, self.inventory, reading, request, choice)
         except PlacementError as e:
             self.gpu_event(f"Refused: {e}", 100)
             raise user_error(409, str(e)) from e
@@ -250,6 +253,7 @@ class GPUSpawnerMixin(Configurable):
         if freed:
             self.log.info("%s: released GPUs %s", self._log_name, ", ".join(freed))
         self.gpu_allocation = ()
+        self.gpu_released(freed)
 
     async def start(self):
         await self.reserve_gpus()

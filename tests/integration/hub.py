@@ -80,9 +80,10 @@ class Hub:
 
     def __init__(
         self, directory: Path, nvml_env: dict[str, str], profiles: list[dict] | None = None,
-        config_file: Path | None = None,
+        config_file: Path | None = None, extra_config: str = "",
     ) -> None:
-        """A hub on free loopback ports; ``config_file`` replaces the test configuration."""
+        """A hub on free loopback ports; ``config_file`` replaces the test configuration,
+        ``extra_config`` (Python, with ``c`` and ``settings``) is appended to it."""
         self.dir = Path(directory)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.token = secrets.token_hex(16)
@@ -106,7 +107,7 @@ class Hub:
         (self.dir / "singleuser.sh").chmod(0o755)
         if config_file is None:
             config_file = self.dir / "jupyterhub_config.py"
-            config_file.write_text(HUB_CONFIG)
+            config_file.write_text(HUB_CONFIG + extra_config)
         self.config_file = Path(config_file)
         self.env = {
             **{k: v for k, v in os.environ.items() if not k.startswith("JUPYTERHUB_")},

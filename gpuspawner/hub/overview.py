@@ -1,0 +1,92 @@
+"""The admin GPU overview as plain JSON. Pure: from the hub's facts to a dict.
+
+Used by ``GET /hub/api/gpus`` and rendered by the ``/hub/gpus`` page.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from ..form import model_availability
+from ..inventory import InventoryReading
+from ..queue import Waiter
+from .live import GPUNumbers
+
+#: Seconds after which a live number is reported as stale.
+STALE_AFTER = 10.0
+
+
+@dataclass(frozen=True)
+class Holder:
+    """A server holding GPUs."""
+
+    owner: str  # "user/server"
+    user: str
+    server: str  # "" for the default server
+    since: float | None  # time.time() when it got the GPUs
+    state: str  # "running", "starting", "stopping" or "not running"
+    url: str | None = None  # the server's public path, when running
+
+
+def _numbers(n: GPUNumbers | None, now: float) -> dict:
+    if n is None:
+        return {"utilization_gpu": None, "memory_used": None, "sampled_at": None, "age": None,
+                "stale": True, "source": None}
+    age = max(0.0, now - n.sampled_at)
+    return {"utilization_gpu": n.utilization_gpu, "memory_used": n.memory_used, "sampled_at": n.sampled_at,
+            "age": round(age, 1), "stale": age > STALE_AFTER, "source": n.source}
+
+
+def build(
+    reading: InventoryReading,
+    allocations: Mapping[str, tuple[str, ...]],
+    holders: Mapping[str, Holder],
+    live: Mapping[str, GPUNumbers],
+    problems: Mapping[str, str],
+    waiters: list[Waiter],
+    now: float,
+) -> dict:
+    """Every GPU with its holder and live numbers; free/total per model; the queue."""
+    by_uuid = {u: owner for owner, uuids in allocations.items() for u in uuids}
+    gpus = []
+    for gpu in sorted(reading.gpus, key=lambda g: (g.host, g.index)):
+        owner = by_uuid.get(gpu.uuid)
+        holder = holders.get(owner) if owner else None
+        entry = {
+            "uuid": gpu.uuid, "index": gpu.index, "host": gpu.host, "name": gpu.name, "model": gpu.model,
+            "memory_total": gpu.memory_total,
+            "health": "ok" if gpu.healthy else (gpu.reason or "unhealthy"),
+            "holder": None,
+            **_numbers(live.get(gpu.uuid), now),
+        }
+        if owner:
+            entry["holder"] = {
+                "owner": owner,
+                "user": holder.user if holder else owner.split("/", 1)[0],
+                "server": holder.server if holder else owner.split("/", 1)[1],
+                "since": holder.since if holder else None,
+                "state": holder.state if holder else "unknown",
+                "url": holder.url if holder else None,
+                "problem": problems.get(owner),
+            }
+        gpus.append(entry)
+    models = [
+        {"model": m.slug, "name": m.name, "free": m.free, "total": m.total,
+         "allocated": sum(1 for g in reading.gpus if g.model == m.slug and g.uuid in by_uuid)}
+        for m in model_availability(reading.gpus, set(by_uuid))
+    ]
+    queue = [
+        {"position": n, "user": w.user, "server": w.owner.split("/", 1)[1], "gpus": w.count,
+         "models": list(w.models) or ["any"], "profile": w.profile, "waiting_seconds": round(now - w.joined, 1)}
+        for n, w in enumerate(waiters, 1)
+    ]
+    return {
+        "time": now,
+        "simulated": reading.simulated,
+        "problems": list(reading.problems),
+        "models": models,
+        "gpus": gpus,
+        "queue": queue,
+        "stale_after": STALE_AFTER,
+    }

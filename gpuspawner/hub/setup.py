@@ -1,0 +1,61 @@
+"""Wire gpuspawner's operations into a JupyterHub configuration: one call.
+
+```python
+from gpuspawner.hub.setup import configure
+configure(c, culler={"url": "http://127.0.0.1:8000", "idle_timeout": 3600})
+```
+
+It registers the admin page ``/hub/gpus`` and API ``/hub/api/gpus``, defines
+the custom scope ``custom:gpus:read`` (grant it in a role to let a service or
+user read the overview; admins read it through their ``admin-ui`` scope,
+since JupyterHub's admin role cannot be changed), creates the hub-internal
+service ``gpuspawner-overview`` (scope ``access:servers``) whose token reads
+the servers' monitors, and, with ``culler``, starts the GPU idle culler as a
+managed service with the role it needs.
+"""
+
+from __future__ import annotations
+
+import secrets
+import sys
+from pathlib import Path
+from typing import Any
+
+from .handlers import SCOPE, SETTINGS_KEY, handlers
+
+TEMPLATES = str(Path(__file__).resolve().parent / "templates")
+OVERVIEW_SERVICE = "gpuspawner-overview"
+CULLER_SERVICE = "gpu-culler"
+CULLER_SCOPES = ["list:users", "read:users", "read:servers", "servers", "access:servers", SCOPE]
+
+#: culler option -> command-line flag of ``python -m gpuspawner.hub.culler``
+CULLER_OPTIONS = {
+    "url": "--url", "period": "--period", "threshold": "--threshold",
+    "idle_timeout": "--idle-timeout", "warn_before": "--warn-before",
+}
+
+
+def configure(c: Any, *, culler: dict | None = None, python: str = sys.executable) -> None:
+    """Add the GPU overview, its scope, and optionally the GPU idle culler, to config ``c``."""
+    c.JupyterHub.extra_handlers.extend(handlers())
+    c.JupyterHub.template_paths.append(TEMPLATES)
+    c.JupyterHub.custom_scopes.update({
+        SCOPE: {"description": "Read the GPU overview: every GPU, who holds it and live utilisation."},
+    })
+    token = secrets.token_hex(32)  # new at each start; JupyterHub replaces the old one in its database
+    c.JupyterHub.tornado_settings.update({SETTINGS_KEY: {"token": token}})
+    c.JupyterHub.services.append({"name": OVERVIEW_SERVICE, "api_token": token})
+    roles = c.JupyterHub.load_roles
+    roles.append({"name": OVERVIEW_SERVICE, "description": "Read the servers' GPU monitors",
+                  "scopes": ["access:servers"], "services": [OVERVIEW_SERVICE]})
+    if culler is not None:
+        unknown = set(culler) - set(CULLER_OPTIONS)
+        if unknown:
+            raise ValueError(f"configure(culler=...): unknown keys {sorted(unknown)}; known: {sorted(CULLER_OPTIONS)}")
+        command = [python, "-m", "gpuspawner.hub.culler"]
+        for key, flag in CULLER_OPTIONS.items():
+            if key in culler:
+                command += [flag, str(culler[key])]
+        c.JupyterHub.services.append({"name": CULLER_SERVICE, "command": command})
+        roles.append({"name": CULLER_SERVICE, "description": "Stop servers whose GPUs stay idle",
+                      "scopes": CULLER_SCOPES, "services": [CULLER_SERVICE]})

@@ -1,0 +1,76 @@
+"""GPU quotas per user and per JupyterHub group. Pure: no I/O, no state.
+
+A user's quota counts the GPUs held by all of their servers (named servers
+included). A group's quota counts the GPUs held by all servers of all of its
+members together. :func:`check` is called with the ledger's allocations under
+the ledger's lock, so the check and the reservation happen as one step and
+concurrent spawns can never exceed a quota.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from .placement import PlacementError
+
+__all__ = ["Quota", "QuotaError", "check", "owner_user", "held_by"]
+
+
+def owner_user(owner: str) -> str:
+    """The user name of a ledger owner key ``"user/server"`` (user names hold no slash)."""
+    return owner.split("/", 1)[0]
+
+
+@dataclass(frozen=True)
+class Quota:
+    """The limits that apply to one request."""
+
+    user: str
+    per_user: int | None = None  # None: no per-user limit
+    groups: Mapping[str, int] = field(default_factory=dict)  # group -> limit, for the user's groups only
+    members: Mapping[str, frozenset[str]] = field(default_factory=dict)  # group -> member user names
+
+
+class QuotaError(PlacementError):
+    """A request refused because it would exceed a quota (code ``quota_user`` or ``quota_group``)."""
+
+
+def _plural(n: int) -> str:
+    return f"{n} GPU" + ("" if n == 1 else "s")
+
+
+def held_by(allocations: Mapping[str, tuple[str, ...]], users: frozenset[str] | set[str]) -> dict[str, int]:
+    """owner -> GPU count, for the owners belonging to ``users``."""
+    return {o: len(u) for o, u in allocations.items() if owner_user(o) in users and u}
+
+
+def check(quota: Quota, count: int, allocations: Mapping[str, tuple[str, ...]], owner: str | None = None) -> None:
+    """Raise :class:`QuotaError` when ``count`` more GPUs would exceed a limit.
+
+    ``allocations`` is owner -> held UUIDs (the ledger's); ``owner`` (the
+    requesting server) is left out, since it releases what it held first.
+    """
+    if count <= 0:
+        return
+    others = {o: u for o, u in allocations.items() if o != owner}
+    if quota.per_user is not None:
+        mine = held_by(others, {quota.user})
+        total = sum(mine.values())
+        if total + count > quota.per_user:
+            servers = ", ".join(sorted(o.split("/", 1)[1] or "default" for o in mine)) or "none"
+            raise QuotaError(
+                f"Your quota is {_plural(quota.per_user)} and your servers hold {total} "
+                f"(servers: {servers}); asking for {count} more would exceed it. "
+                "Stop one of your servers or ask for fewer GPUs.",
+                code="quota_user", requested=count,
+            )
+    for group, limit in sorted(quota.groups.items()):
+        members = quota.members.get(group, frozenset()) | {quota.user}
+        total = sum(held_by(others, members).values())
+        if total + count > limit:
+            raise QuotaError(
+                f"The quota of group '{group}' is {_plural(limit)} and its members' servers hold {total}; "
+                f"asking for {count} more would exceed it. Try again when a member of '{group}' stops a server.",
+                code="quota_group", requested=count,
+            )

@@ -1,0 +1,183 @@
+"""Operating policies every backend shares: group-only profiles, quotas, the queue, metrics.
+
+:class:`GPUPolicyMixin` is a parent of ``GPUSpawnerMixin``, so its traits are
+configured as ``c.GPUSpawnerMixin.gpu_quota_per_user`` etc. The mixin's
+``reserve_gpus`` calls :meth:`GPUPolicyMixin.place_request` (quota check and
+reservation as one step under the ledger's lock; waiting in the hub's queue
+for ``queue: true`` profiles), :meth:`gpu_refused` on a refusal and
+:meth:`gpu_released` after giving GPUs back.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Mapping
+
+from tornado import web
+from traitlets import Dict, Float, Int, TraitError, validate
+from traitlets.config import Configurable
+
+from ..gpu import GPU
+from ..hub import metrics
+from ..inventory import CachedInventory, InventoryReading
+from ..ledger import Ledger
+from ..placement import GPURequest, PlacementError
+from ..profiles import Choice, Profile, load_profiles
+from ..queue import GPUQueue, shared_queue
+from ..quota import Quota, check
+
+
+def _forbidden(message: str) -> web.HTTPError:
+    error = web.HTTPError(403, "%s", message)
+    error.jupyterhub_message = message
+    return error
+
+
+class GPUPolicyMixin(Configurable):
+    """Quotas, the queue and group-only profiles (see the README's "Operating GPUs")."""
+
+    gpu_quota_per_user = Int(
+        None, allow_none=True,
+        help="At most this many GPUs held by all servers of one user together (None: no limit).",
+    ).tag(config=True)
+
+    gpu_quota_per_group = Dict(
+        Int(),
+        help="""At most this many GPUs held by all servers of all members of a JupyterHub group together,
+        e.g. ``{"students": 8}``. A user in several limited groups must fit in each.""",
+    ).tag(config=True)
+
+    gpu_queue_timeout = Float(
+        600.0,
+        help="Seconds a spawn of a ``queue: true`` profile waits for free GPUs before it is refused.",
+    ).tag(config=True)
+
+    gpu_queue_recheck = Float(
+        5.0, help="Seconds between re-checks of a waiting spawn when nothing was released meanwhile."
+    ).tag(config=True)
+
+    @validate("gpu_quota_per_user")
+    def _check_user_quota(self, proposal):
+        if proposal["value"] is not None and proposal["value"] < 0:
+            raise TraitError(f"gpu_quota_per_user must be >= 0 or None, not {proposal['value']}")
+        return proposal["value"]
+
+    @validate("gpu_quota_per_group")
+    def _check_group_quota(self, proposal):
+        bad = {g: n for g, n in proposal["value"].items() if n < 0}
+        if bad:
+            raise TraitError(f"gpu_quota_per_group limits must be >= 0: {bad}")
+        return proposal["value"]
+
+    @validate("gpu_queue_timeout", "gpu_queue_recheck")
+    def _check_positive(self, proposal):
+        if not proposal["value"] > 0:
+            raise TraitError(f"{proposal['trait'].name} must be > 0 seconds")
+        return proposal["value"]
+
+    gpu_queue: GPUQueue | None = None  # set by tests; default: the hub-wide queue
+
+    def _queue(self) -> GPUQueue:
+        queue = self.gpu_queue or shared_queue()
+        metrics.COLLECTOR.watch_queue(queue.__len__)
+        return queue
+
+    # ------------------------------------------------------------ groups and profiles
+
+    def user_group_names(self) -> set[str]:
+        """The JupyterHub groups of this server's user (none when there is no hub user)."""
+        groups = getattr(getattr(self, "user", None), "groups", None) or []
+        return {getattr(g, "name", g) for g in groups}
+
+    def visible_profiles(self, profiles: tuple[Profile, ...]) -> tuple[Profile, ...]:
+        """The profiles this user may see: without ``groups``, or sharing one of the user's groups."""
+        groups = self.user_group_names()
+        return tuple(p for p in profiles if p.visible_to(groups))
+
+    def profiles_for_options(self, options: Any) -> tuple[Profile, ...]:
+        """The profiles ``options`` are checked against; 403 when they name a profile of other groups."""
+        every = load_profiles(self.gpu_profiles)
+        visible = self.visible_profiles(every)
+        slug = options.get("profile") if isinstance(options, Mapping) else None
+        hidden = {p.slug: p for p in every if p not in visible}
+        if isinstance(slug, str) and slug in hidden:
+            groups = ", ".join(f"'{g}'" for g in hidden[slug].groups)
+            raise _forbidden(f"profile: '{slug}' is only for members of the group(s) {groups}, "
+                             "and you are not a member of any of them")
+        if not visible:
+            raise _forbidden("profile: no profile is available to you; ask an administrator to add you to a group")
+        return visible
+
+    def apply_queue_policy(self, choice: Choice) -> None:
+        """A queued spawn may wait ``gpu_queue_timeout`` on top of JupyterHub's ``start_timeout``."""
+        base = getattr(self, "_gpu_base_start_timeout", None)
+        if base is None:
+            base = self._gpu_base_start_timeout = getattr(self, "start_timeout", 60)
+        if hasattr(self, "start_timeout"):
+            wait = self.gpu_queue_timeout if choice.profile.queue and choice.gpus else 0
+            self.start_timeout = int(base + wait)
+
+    # ------------------------------------------------------------ quotas
+
+    def gpu_quota(self) -> Quota:
+        """The limits that apply to this user now."""
+        user = getattr(self, "user", None)
+        name = getattr(user, "name", "")
+        limited = {}
+        members = {}
+        for group in getattr(user, "groups", None) or []:
+            gname = getattr(group, "name", group)
+            if gname in self.gpu_quota_per_group:
+                limited[gname] = self.gpu_quota_per_group[gname]
+                members[gname] = frozenset(u.name for u in getattr(group, "users", []))
+        return Quota(name, self.gpu_quota_per_user, limited, members)
+
+    # ------------------------------------------------------------ placing
+
+    async def place_request(
+        self, ledger: Ledger, inventory: CachedInventory, reading: InventoryReading, request: GPURequest,
+        choice: Choice,
+    ) -> tuple[GPU, ...]:
+        """Reserve GPUs within the quotas; wait in the queue for ``queue: true`` profiles."""
+        metrics.COLLECTOR.watch(inventory, ledger)
+        quota = self.gpu_quota()
+        queue = self._queue()
+        started = time.monotonic()
+
+        def place(gpus: tuple[GPU, ...]) -> tuple[GPU, ...]:
+            return ledger.reserve(gpus, request, admit=lambda held: check(quota, request.count, held, request.owner))
+
+        try:
+            if request.count and choice.profile.queue:
+                check(quota, request.count, ledger.allocations(), request.owner)  # refuse at once, not after a wait
+                waiter = queue.join(request.owner, quota.user, request.count, request.models, choice.profile.slug)
+
+                async def read() -> tuple[GPU, ...]:
+                    return (await inventory.read()).gpus
+
+                def report(position: int, text: str) -> None:
+                    self.gpu_event(text, 20)
+
+                chosen = await queue.serve(waiter, read, place, self.gpu_queue_timeout, report,
+                                           recheck=self.gpu_queue_recheck)
+            else:
+                waiting = queue.ahead(request.models, reading.gpus) if request.count else []
+                if waiting:
+                    users = len({w.user for w in waiting})
+                    raise PlacementError(
+                        f"{len(waiting)} queued request(s) from {users} user(s) are waiting for these GPUs; "
+                        "choose a profile that queues, or try again later.",
+                        code="queued_ahead", requested=request.count, models=request.models,
+                    )
+                chosen = place(reading.gpus)
+        except PlacementError as e:
+            metrics.refused(e.code, time.monotonic() - started)
+            raise
+        if request.count:
+            metrics.placed(time.monotonic() - started)
+        return chosen
+
+    def gpu_released(self, uuids: tuple[str, ...]) -> None:
+        """GPUs were given back: wake the queue."""
+        if uuids:
+            self._queue().wake()
