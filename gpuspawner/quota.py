@@ -45,32 +45,42 @@ def held_by(allocations: Mapping[str, tuple[str, ...]], users: frozenset[str] | 
     return {o: len(u) for o, u in allocations.items() if owner_user(o) in users and u}
 
 
-def check(quota: Quota, count: int, allocations: Mapping[str, tuple[str, ...]], owner: str | None = None) -> None:
+def check(
+    quota: Quota, count: int, allocations: Mapping[str, tuple[str, ...]], owner: str | None = None,
+    waiting: Mapping[str, int] | None = None,
+) -> None:
     """Raise :class:`QuotaError` when ``count`` more GPUs would exceed a limit.
 
     ``allocations`` is owner -> held UUIDs (the ledger's); ``owner`` (the
     requesting server) is left out, since it releases what it held first.
+    ``waiting`` (user -> GPUs asked for by their spawns waiting in the queue)
+    counts too, so a queue never holds more than the quotas allow.
     """
+    waiting = waiting or {}
     if count <= 0:
         return
     others = {o: u for o, u in allocations.items() if o != owner}
     if quota.per_user is not None:
         mine = held_by(others, {quota.user})
         total = sum(mine.values())
-        if total + count > quota.per_user:
+        queued = waiting.get(quota.user, 0)
+        if total + queued + count > quota.per_user:
             servers = ", ".join(sorted(o.split("/", 1)[1] or "default" for o in mine)) or "none"
+            also = f" and your queued spawns wait for {queued}" if queued else ""
             raise QuotaError(
                 f"Your quota is {_plural(quota.per_user)} and your servers hold {total} "
-                f"(servers: {servers}); asking for {count} more would exceed it. "
+                f"(servers: {servers}){also}; asking for {count} more would exceed it. "
                 "Stop one of your servers or ask for fewer GPUs.",
                 code="quota_user", requested=count,
             )
     for group, limit in sorted(quota.groups.items()):
         members = quota.members.get(group, frozenset()) | {quota.user}
         total = sum(held_by(others, members).values())
-        if total + count > limit:
+        queued = sum(n for u, n in waiting.items() if u in members)
+        if total + queued + count > limit:
+            also = f" and their queued spawns wait for {queued}" if queued else ""
             raise QuotaError(
-                f"The quota of group '{group}' is {_plural(limit)} and its members' servers hold {total}; "
+                f"The quota of group '{group}' is {_plural(limit)} and its members' servers hold {total}{also}; "
                 f"asking for {count} more would exceed it. Try again when a member of '{group}' stops a server.",
                 code="quota_group", requested=count,
             )

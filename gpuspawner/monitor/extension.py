@@ -15,6 +15,7 @@ import time
 from .config import GPUMonitor
 from .handlers import handlers
 from .kernels import Attributor, kernel_table
+from .notices import SETTINGS_KEY as NOTICES_KEY, NoticeBoard, NoticesHandler
 from .sampler import Sampler
 from .visibility import Visibility
 
@@ -68,7 +69,10 @@ def load(serverapp) -> None:
         sampler.on_publish = _KernelTableRefresher(serverapp, attributor)
         web_app = serverapp.web_app
         web_app.settings[SETTINGS_KEY] = sampler
-        web_app.add_handlers(".*$", handlers(web_app.settings["base_url"]))
+        web_app.settings[NOTICES_KEY] = NoticeBoard()
+        web_app.add_handlers(".*$", handlers(web_app.settings["base_url"]) + [
+            (web_app.settings["base_url"].rstrip("/") + "/api/gpus/notices", NoticesHandler),
+        ])
         serverapp.log.info(
             "gpuspawner.monitor: GPU statistics at %sapi/gpus (%s)", web_app.settings["base_url"],
             sampler.visibility.describe(),

@@ -149,7 +149,11 @@ class GPUPolicyMixin(Configurable):
 
         try:
             if request.count and choice.profile.queue:
-                check(quota, request.count, ledger.allocations(), request.owner)  # refuse at once, not after a wait
+                waiting: dict[str, int] = {}
+                for w in queue.waiters():
+                    waiting[w.user] = waiting.get(w.user, 0) + w.count
+                # refuse at once rather than after a wait; queued requests count against the quota
+                check(quota, request.count, ledger.allocations(), request.owner, waiting)
                 waiter = queue.join(request.owner, quota.user, request.count, request.models, choice.profile.slug)
 
                 async def read() -> tuple[GPU, ...]:

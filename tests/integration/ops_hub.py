@@ -17,6 +17,7 @@ ops = json.loads(os.environ["GPUSPAWNER_TEST_OPS"])
 c.Authenticator.admin_users = {"boss"}
 c.JupyterHub.authenticate_prometheus = True
 c.JupyterHub.concurrent_spawn_limit = 0
+c.JupyterHub.allow_named_servers = True
 c.JupyterHub.services.append({"name": "gpu-reader", "api_token": ops["reader_token"]})
 c.JupyterHub.load_roles.append({"name": "gpu-reader", "scopes": ["custom:gpus:read", "read:metrics"],
                                 "services": ["gpu-reader"]})

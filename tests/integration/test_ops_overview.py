@@ -32,7 +32,7 @@ def ops_hub(tmp_path, fakenvml_libdir):
 
 def user_token(hub, session: requests.Session, name: str) -> str:
     """A token of ``name``, made through its own logged-in browser session."""
-    xsrf = session.cookies.get("_xsrf")
+    xsrf = session.cookies.get("_xsrf", path="/hub/")
     r = session.post(f"{hub.url}/hub/api/users/{name}/tokens", json={"note": "test"},
                      headers={"X-XSRFToken": xsrf, "Referer": hub.url + "/hub/token"})
     assert r.status_code == 201, r.text

@@ -1,0 +1,63 @@
+"""The GPU-aware idle culler as a managed service of a real hub, with utilisation scripted on the stand-in."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import requests
+
+from ops_hub import OpsHub
+from test_local_hub import TWO_GPUS, login, start
+from test_ops_overview import user_token, wait_for
+
+pytestmark = pytest.mark.integration
+
+PROFILES = [{"slug": "gpu", "display_name": "GPU notebook", "gpu_models": ["any"], "gpu_counts": [1, 2],
+             "default_gpus": 1, "default": True}]
+CULLER = {"period": 2, "threshold": 10, "idle_timeout": 14, "warn_before": 6}
+
+
+@pytest.fixture
+def ops_hub(tmp_path, fakenvml_libdir):
+    hub = OpsHub(tmp_path, fakenvml_libdir, PROFILES, culler=CULLER, server_args=["--GPUMonitor.interval=0.5"])
+    hub.start()
+    try:
+        yield hub
+    finally:
+        hub.close()
+
+
+def notices(hub, name: str, token: str) -> list[dict]:
+    r = requests.get(f"{hub.url}/user/{name}/api/gpus/notices", headers={"Authorization": f"token {token}"}, timeout=30)
+    return r.json()["notices"] if r.status_code == 200 else []
+
+
+def test_only_the_idle_server_is_warned_then_stopped(ops_hub):
+    hub = ops_hub
+    hub.add_users("alice", "bob")
+    alice_gpus = start(hub, "alice", TWO_GPUS)
+    bob_gpus = start(hub, "bob", TWO_GPUS)
+    hub.set_utilization({**{u: 85 for u in alice_gpus}, **{u: 2 for u in bob_gpus}})
+    alice_token = user_token(hub, login(hub, "alice"), "alice")
+    bob_token = user_token(hub, login(hub, "bob"), "bob")
+
+    warning = wait_for(lambda: notices(hub, "bob", bob_token), timeout=120, interval=0.5)
+    assert warning, hub.log()
+    assert warning[0]["level"] == "warning" and warning[0]["source"] == "gpu-culler"
+    assert warning[0]["message"].startswith("This server will be stopped in 6 seconds because its GPUs are idle")
+    assert hub.user("bob")["servers"][""]["ready"], "warned first, still running"
+
+    assert wait_for(lambda: not hub.user("bob")["servers"], timeout=120), hub.log()
+    log = hub.log_path.read_text()
+    assert "warned bob/" in log
+    stop_lines = [line for line in log.splitlines() if "stopping bob/ because its GPUs" in line]
+    assert stop_lines and "stayed below 10% utilisation" in stop_lines[0], log[-3000:]
+    assert all(u in stop_lines[0] for u in bob_gpus)
+    assert log.index("warned bob/") < log.index("stopping bob/")
+
+    # the busy one keeps running, unwarned
+    time.sleep(CULLER["idle_timeout"])
+    assert hub.user("alice")["servers"][""]["ready"]
+    assert notices(hub, "alice", alice_token) == []
+    assert "alice/" not in "".join(l for l in log.splitlines() if "gpu-culler" in l and ("warned" in l or "stopping" in l))

@@ -1,0 +1,169 @@
+"""Quotas, group-only profiles and the GPU queue on a real hub with 4 simulated GPUs."""
+
+from __future__ import annotations
+
+import json
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from ops_hub import OpsHub
+from test_local_hub import login
+
+pytestmark = pytest.mark.integration
+
+PROFILES = [
+    {"slug": "cpu", "display_name": "CPU only", "gpu_counts": [0]},
+    {"slug": "gpu", "display_name": "GPU notebook (queued)", "gpu_models": ["any"], "gpu_counts": [1],
+     "default_gpus": 1, "default": True, "queue": True},
+    {"slug": "big", "display_name": "Staff: 2 GPUs", "gpu_counts": [2], "default_gpus": 2, "groups": ["staff"]},
+]
+USERS = [f"u{n:02d}" for n in range(25)]
+STUDENTS = USERS[:10]
+
+
+@pytest.fixture
+def ops_hub(tmp_path, fakenvml_libdir):
+    hub = OpsHub(
+        tmp_path, fakenvml_libdir, PROFILES,
+        mixin={"gpu_quota_per_user": 1, "gpu_quota_per_group": {"students": 3},
+               "gpu_queue_timeout": 300, "gpu_queue_recheck": 2},
+        groups={"students": {"users": STUDENTS}, "staff": {"users": ["sam"]}},
+    )
+    hub.start()
+    try:
+        yield hub
+    finally:
+        stop_everything(hub)
+        hub.close()
+
+
+def servers(hub, name: str) -> dict:
+    return hub.user(name)["servers"]
+
+
+def stop_everything(hub) -> None:
+    """DELETE every server (pending ones included) and remember every server pid for close()."""
+    for name in hub.user_names():
+        for sname, server in servers(hub, name).items():
+            pid = (server.get("state") or {}).get("pid")
+            if pid:
+                hub.server_pids.add(pid)
+            hub.api("DELETE", f"/users/{name}/servers/{sname}" if sname else f"/users/{name}/server")
+
+
+def wait_for(predicate, timeout=120, interval=0.5):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value or time.monotonic() > deadline:
+            return value
+        time.sleep(interval)
+
+
+def overview(hub) -> dict:
+    r = hub.overview()
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def check_invariants(data: dict) -> None:
+    """No GPU held twice, no quota exceeded."""
+    held = [g for g in data["gpus"] if g["holder"]]
+    assert len({g["uuid"] for g in held}) == len(held)
+    per_user: dict[str, int] = {}
+    for g in held:
+        per_user[g["holder"]["user"]] = per_user.get(g["holder"]["user"], 0) + 1
+    assert all(n <= 1 for n in per_user.values()), per_user
+    assert sum(n for u, n in per_user.items() if u in STUDENTS) <= 3
+
+
+def test_100_concurrent_requests_respect_quotas_and_queue_order(ops_hub):
+    hub = ops_hub
+    hub.add_users(*USERS)
+    requests_ = [(u, f"s{k}") for k in range(4) for u in USERS]  # 100 named-server requests
+
+    def ask(item):
+        user, server = item
+        r = hub.api("POST", f"/users/{user}/servers/{server}", data=json.dumps({"profile": "gpu"}))
+        return user, server, r.status_code, (r.json().get("message", "") if r.status_code >= 400 else "")
+
+    with ThreadPoolExecutor(max_workers=100) as pool:
+        answers = list(pool.map(ask, requests_))
+    accepted = [(u, s) for u, s, code, _ in answers if code in (201, 202)]
+    refused = [(u, s, code, m) for u, s, code, m in answers if code not in (201, 202)]
+    assert all(code == 409 for _, _, code, _ in refused), refused
+    user_quota = [m for *_, m in refused if m.startswith("Your quota is 1 GPU")]
+    group_quota = [m for *_, m in refused if "The quota of group 'students' is 3 GPUs" in m]
+    assert len(user_quota) + len(group_quota) == len(refused) == 82, refused
+    assert len(accepted) == 18 and len({u for u, _ in accepted}) == 18  # one per user ...
+    assert len({u for u, _ in accepted} & set(STUDENTS)) == 3  # ... and three students in all
+    assert len(user_quota) >= 54 and group_quota
+
+    # four run, fourteen wait in the queue, in fair order
+    def settled():
+        data = overview(hub)
+        running = [g for g in data["gpus"] if g["holder"] and g["holder"]["state"] == "running"]
+        return data if len(running) == 4 and len(data["queue"]) == 14 else None
+
+    data = wait_for(settled)
+    assert data, overview(hub)
+    check_invariants(data)
+    queue = [(q["user"], q["server"]) for q in data["queue"]]
+    assert [q["position"] for q in data["queue"]] == list(range(1, 15))
+    assert set(queue) | {(g["holder"]["user"], g["holder"]["server"]) for g in data["gpus"]} == set(accepted)
+    waits = [q["waiting_seconds"] for q in data["queue"]]
+    assert waits == sorted(waits, reverse=True), "first come, first served (each user has one request)"
+
+    # a queued spawn shows its place on the progress stream
+    head_user, head_server = queue[0]
+    events = hub.api("GET", f"/users/{head_user}/servers/{head_server}/progress", stream=True)
+    seen = ""
+    for line in events.iter_lines(decode_unicode=True):
+        seen += line
+        if "in the queue" in seen:
+            break
+    events.close()
+    assert "Waiting for a free GPU: number 1 in the queue" in seen
+
+    # the first two holders stop: the first two in the queue get their GPUs, the rest keep their order
+    holders = sorted({(g["holder"]["user"], g["holder"]["server"]) for g in data["gpus"] if g["holder"]})
+    for user, server in holders[:2]:
+        hub.server_pids.add(servers(hub, user)[server]["state"]["pid"])
+        assert hub.api("DELETE", f"/users/{user}/servers/{server}").status_code in (202, 204)
+
+    def moved():
+        d = overview(hub)
+        running = {(g["holder"]["user"], g["holder"]["server"]) for g in d["gpus"]
+                   if g["holder"] and g["holder"]["state"] == "running"}
+        return d if set(queue[:2]) <= running and len(d["queue"]) == 12 else None
+
+    data = wait_for(moved)
+    assert data, overview(hub)
+    check_invariants(data)
+    assert [(q["user"], q["server"]) for q in data["queue"]] == queue[2:]
+
+    # cancelling a pending spawn frees its place
+    user, server = queue[5]
+    assert hub.api("DELETE", f"/users/{user}/servers/{server}").status_code in (202, 204)
+    def cancelled():
+        d = overview(hub)
+        return d if len(d["queue"]) == 11 and server not in servers(hub, user) else None
+
+    data = wait_for(cancelled, timeout=60)
+    assert data and (user, server) not in [(q["user"], q["server"]) for q in data["queue"]]
+    assert [(q["user"], q["server"]) for q in data["queue"]] == [x for x in queue[2:] if x != (user, server)]
+
+
+def test_group_profiles_are_hidden_and_refused_by_name(ops_hub):
+    hub = ops_hub
+    hub.add_users("sam", "u00")
+    html = login(hub, "u00").get(hub.url + "/hub/spawn").text
+    assert 'data-profile="gpu"' in html and 'data-profile="big"' not in html
+    assert 'data-profile="big"' in login(hub, "sam").get(hub.url + "/hub/spawn").text
+    r = hub.spawn("u00", {"profile": "big"})
+    assert r.status_code == 403
+    assert r.json()["message"] == ("profile: 'big' is only for members of the group(s) 'staff', "
+                                   "and you are not a member of any of them")
+    assert servers(hub, "u00") == {}

@@ -1,0 +1,198 @@
+"""Quotas, the fair GPU queue and group-only/queued profile keys."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+
+from gpuspawner.gpu import GPU
+from gpuspawner.ledger import Ledger
+from gpuspawner.placement import GPURequest, PlacementError
+from gpuspawner.profiles import OptionsError, load_profiles, profile_from_config
+from gpuspawner.queue import GPUQueue, QueueTimeout
+from gpuspawner.quota import Quota, QuotaError, check
+
+A100 = "NVIDIA A100-SXM4-80GB"
+T4 = "Tesla T4"
+
+
+def gpus(n: int, name: str = A100, host: str = "h") -> tuple[GPU, ...]:
+    return tuple(GPU(host, i, f"GPU-{name[-2:]}-{i}", name) for i in range(n))
+
+
+# ---------------------------------------------------------------- quotas
+
+
+def test_user_quota_counts_all_servers_and_names_the_quota():
+    held = {"alice/": ("a", "b"), "alice/big": ("c", "d"), "bob/": ("e",)}
+    quota = Quota("alice", per_user=4)
+    with pytest.raises(QuotaError) as e:
+        check(quota, 1, held)
+    assert e.value.code == "quota_user"
+    assert str(e.value).startswith("Your quota is 4 GPUs and your servers hold 4")
+    assert "big" in str(e.value) and "default" in str(e.value)
+    check(quota, 2, held, owner="alice/big")  # the server asking releases its own GPUs first
+    check(Quota("bob", per_user=4), 3, held)
+    with pytest.raises(QuotaError):
+        check(Quota("bob", per_user=4), 4, held)
+
+
+def test_group_quota_counts_every_member():
+    held = {"ann/": ("a", "b", "c"), "ben/x": ("d",), "zed/": ("e", "f")}
+    quota = Quota("ann", groups={"students": 5}, members={"students": frozenset({"ann", "ben"})})
+    check(quota, 1, held)
+    with pytest.raises(QuotaError) as e:
+        check(quota, 2, held)
+    assert e.value.code == "quota_group"
+    assert "group 'students' is 5 GPUs and its members' servers hold 4" in str(e.value)
+
+
+def test_queued_requests_count_against_the_quota():
+    with pytest.raises(QuotaError) as e:
+        check(Quota("alice", per_user=2), 1, {"alice/": ("a",)}, waiting={"alice": 1})
+    assert "your queued spawns wait for 1" in str(e.value)
+    with pytest.raises(QuotaError):
+        check(Quota("ann", groups={"g": 2}, members={"g": frozenset({"ann", "ben"})}), 1, {}, waiting={"ben": 2})
+
+
+def test_zero_gpu_requests_pass_any_quota():
+    check(Quota("alice", per_user=0, groups={"g": 0}), 0, {"alice/": ("a",)})
+
+
+def test_quota_under_the_ledger_lock_is_never_exceeded_by_concurrent_threads():
+    ledger = Ledger()
+    inventory = gpus(64)
+    quota = Quota("alice", per_user=5)
+    results = []
+
+    def ask(n: int) -> None:
+        request = GPURequest(f"alice/s{n}", 1)
+        try:
+            ledger.reserve(inventory, request, admit=lambda held: check(quota, 1, held, request.owner))
+            results.append("ok")
+        except QuotaError:
+            results.append("quota")
+
+    threads = [threading.Thread(target=ask, args=(n,)) for n in range(40)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert results.count("ok") == 5 and results.count("quota") == 35
+    assert sum(len(u) for u in ledger.allocations().values()) == 5
+
+
+# ---------------------------------------------------------------- the queue
+
+
+def test_a_users_second_request_does_not_jump_ahead_of_others_first():
+    queue = GPUQueue()
+    a1 = queue.join("alice/1", "alice", 1)
+    a2 = queue.join("alice/2", "alice", 1)
+    b1 = queue.join("bob/", "bob", 1)
+    c1 = queue.join("carol/", "carol", 1)
+    assert queue.waiters() == [a1, b1, c1, a2]
+    queue.leave(a1)
+    assert queue.waiters() == [b1, c1, a2]  # alice's second stays behind the others' first
+    inventory = gpus(2)
+    assert [queue.position(w, inventory) for w in queue.waiters()] == [1, 2, 3]
+
+
+def test_requests_for_other_models_do_not_wait_behind_each_other():
+    queue = GPUQueue()
+    inventory = gpus(1, A100) + gpus(1, T4)
+    a = queue.join("a/", "a", 1, ("a100",))
+    t = queue.join("t/", "t", 1, ("t4",))
+    anyone = queue.join("x/", "x", 1, ())
+    assert queue.position(a, inventory) == 1 and queue.position(t, inventory) == 1
+    assert queue.position(anyone, inventory) == 3
+
+
+async def test_release_serves_the_queue_in_order_and_cancel_frees_the_place():
+    ledger = Ledger()
+    inventory = gpus(1)
+    queue = GPUQueue()
+    ledger.reserve(inventory, GPURequest("holder/", 1))
+    served: list[str] = []
+    reports: dict[str, list[str]] = {}
+
+    async def read():
+        return inventory
+
+    def waiter_for(owner: str, user: str):
+        waiter = queue.join(owner, user, 1)
+
+        def place(current):
+            return ledger.reserve(current, GPURequest(owner, 1))
+
+        async def run():
+            await queue.serve(waiter, read, place, timeout=60,
+                              report=lambda p, text: reports.setdefault(owner, []).append(text), recheck=0.05)
+            served.append(owner)
+        return asyncio.ensure_future(run())
+
+    first = waiter_for("bob/", "bob")
+    cancelled = waiter_for("carol/", "carol")
+    third = waiter_for("dan/", "dan")
+    await asyncio.sleep(0.2)
+    assert served == [] and len(queue) == 3
+    assert reports["carol/"][0].startswith("Waiting for a free GPU: number 2 in the queue")
+    cancelled.cancel()  # the user stops the pending spawn
+    await asyncio.sleep(0.1)
+    assert len(queue) == 2
+    ledger.release("holder/")
+    queue.wake()
+    await asyncio.wait_for(first, 5)
+    assert served == ["bob/"]
+    ledger.release("bob/")
+    queue.wake()
+    await asyncio.wait_for(third, 5)
+    assert served == ["bob/", "dan/"] and len(queue) == 0
+    assert any("number 2" in r for r in reports["dan/"]) and any("number 1" in r for r in reports["dan/"])
+
+
+async def test_queue_timeout_says_so_and_leaves_the_queue():
+    queue = GPUQueue()
+    waiter = queue.join("bob/", "bob", 1)
+
+    async def read():
+        return gpus(1)
+
+    def place(current):
+        raise PlacementError("No GPU is free right now", code="none_free", requested=1)
+
+    with pytest.raises(QueueTimeout) as e:
+        await queue.serve(waiter, read, place, timeout=0.2, recheck=0.05)
+    assert e.value.code == "queue_timeout"
+    assert str(e.value).startswith("No GPU became free within 1 seconds, the queue's limit (you were number 1")
+    assert len(queue) == 0
+
+
+async def test_a_refusal_a_wait_cannot_cure_ends_the_wait_at_once():
+    queue = GPUQueue()
+    waiter = queue.join("bob/", "bob", 1)
+
+    async def read():
+        return gpus(1)
+
+    def place(current):
+        raise QuotaError("Your quota is 1 GPU", code="quota_user", requested=1)
+
+    with pytest.raises(QuotaError):
+        await asyncio.wait_for(queue.serve(waiter, read, place, timeout=60), 5)
+    assert len(queue) == 0
+
+
+# ---------------------------------------------------------------- profile keys
+
+
+def test_profile_groups_and_queue_keys():
+    p = profile_from_config({"display_name": "Big", "gpu_counts": [4], "groups": ["staff"], "queue": True})
+    assert p.groups == ("staff",) and p.queue
+    assert p.visible_to({"staff", "x"}) and not p.visible_to({"students"})
+    assert load_profiles([{"display_name": "Open"}])[0].visible_to(set())
+    for bad in ({"groups": [1]}, {"groups": {"a": 1}}, {"groups": [""]}, {"queue": "yes"}, {"queue": 1}):
+        with pytest.raises(OptionsError):
+            profile_from_config({"display_name": "X", **bad})
