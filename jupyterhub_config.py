@@ -13,6 +13,7 @@ import os
 import sys
 from pathlib import Path
 
+from gpuspawner.hub.setup import configure
 from gpuspawner.simulation import SIMULATION_ENV, real_or_simulated
 
 c = get_config()  # noqa: F821 (provided by JupyterHub)
@@ -68,6 +69,15 @@ c.GPUSpawnerMixin.gpu_profiles = [
         "default": True,
     },
     {
+        "slug": "gpu-queued",
+        "display_name": "GPU notebook, wait for a GPU",
+        "description": "One GPU of any model; when none is free, your server waits in the queue (up to 30 minutes).",
+        "gpu_models": ["any"],
+        "gpu_counts": [1],
+        "default_gpus": 1,
+        "queue": True,
+    },
+    {
         "slug": "t4-small",
         "display_name": "Small: 1 x T4",
         "description": "One Tesla T4 for inference and teaching.",
@@ -76,3 +86,17 @@ c.GPUSpawnerMixin.gpu_profiles = [
         "default_gpus": 1,
     },
 ]
+
+# Operating GPUs (README "Operating GPUs"): quotas, the queue's limit, the admin overview at
+# /hub/gpus and /hub/api/gpus (scope custom:gpus:read; admins have access), metrics at /hub/metrics,
+# and the GPU idle culler service. Call configure() last: it appends to services and load_roles.
+c.JupyterHub.allow_named_servers = True
+c.GPUSpawnerMixin.gpu_quota_per_user = int(os.environ.get("GPUSPAWNER_QUOTA_PER_USER", "4"))
+c.GPUSpawnerMixin.gpu_queue_timeout = 1800
+configure(c, culler={
+    "url": c.JupyterHub.bind_url,  # the servers' monitors are read through the proxy
+    "period": 60,                  # seconds between rounds
+    "threshold": 5,                # % GPU utilisation below which a GPU counts as idle
+    "idle_timeout": 3600,          # stop a server whose GPUs stayed idle this long ...
+    "warn_before": 600,            # ... after warning its user in JupyterLab this long before
+})

@@ -47,7 +47,8 @@ def _duration(seconds: float) -> str:
 @dataclass
 class _Idle:
     idle_since: float | None = None  # sample time when the current idle stretch began
-    last_sample: float = 0.0
+    last_sample: float = float("-inf")  # newest sample seen (known or not)
+    last_known: float = float("-inf")  # newest sample with a utilisation value
     warned_at: float | None = None  # wall time of the warning
 
 
@@ -71,15 +72,16 @@ class IdleTracker:
             if at <= state.last_sample:
                 continue
             state.last_sample = at
-            if utilization is None:
+            if utilization is None:  # unknown time counts neither as idle nor as busy
                 continue
+            state.last_known = at
             if utilization >= self.threshold:
                 state.idle_since, state.warned_at = None, None
             elif state.idle_since is None:
                 state.idle_since = at
         if state.idle_since is None:
             return "busy", 0.0
-        idle_for = state.last_sample - state.idle_since
+        idle_for = state.last_known - state.idle_since
         if state.warned_at is None:
             if idle_for >= self.idle_timeout - self.warn_before:
                 return "warn", idle_for

@@ -1,7 +1,8 @@
 /**
  * gpuspawner-monitor: live GPU statistics of this server in JupyterLab 4 and
  * Notebook 7: a status-bar item and a "GPU" panel (command "gpu:open-panel",
- * in the command palette and the launcher).
+ * in the command palette and the launcher), and notices for the user (e.g. the
+ * GPU idle culler's warning) as notifications and in the panel.
  */
 import { ILayoutRestorer, JupyterFrontEnd, JupyterFrontEndPlugin } from '@jupyterlab/application';
 import { ICommandPalette, WidgetTracker } from '@jupyterlab/apputils';
@@ -9,6 +10,7 @@ import { ILauncher } from '@jupyterlab/launcher';
 import { IStatusBar } from '@jupyterlab/statusbar';
 
 import { GPUStream } from './api';
+import { NoticeFeed } from './notices';
 import { GPUPanel } from './panel';
 import { GPUStatusItem } from './statusbar';
 
@@ -28,6 +30,8 @@ const plugin: JupyterFrontEndPlugin<void> = {
   ) => {
     const stream = new GPUStream(app.serviceManager.serverSettings);
     stream.start();
+    const notices = new NoticeFeed(app.serviceManager.serverSettings);
+    notices.start();
     const tracker = new WidgetTracker<GPUPanel>({ namespace: 'gpuspawner-gpu' });
     let panel: GPUPanel | null = null;
 
@@ -36,7 +40,7 @@ const plugin: JupyterFrontEndPlugin<void> = {
       caption: "Live statistics of this server's GPUs",
       execute: () => {
         if (!panel || panel.isDisposed) {
-          panel = new GPUPanel(stream);
+          panel = new GPUPanel(stream, notices);
           void tracker.add(panel);
         }
         if (!panel.isAttached) {

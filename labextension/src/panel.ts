@@ -7,6 +7,7 @@ import { Widget } from '@lumino/widgets';
 import uPlot from 'uplot';
 
 import { GPUStream, IGPU, ISample, gib } from './api';
+import { NoticeFeed } from './notices';
 
 interface IChartSpec {
   key: string;
@@ -198,7 +199,7 @@ class GPUCard {
 }
 
 export class GPUPanel extends Widget {
-  constructor(stream: GPUStream) {
+  constructor(stream: GPUStream, notices: NoticeFeed | null = null) {
     super();
     this.id = 'gpuspawner-gpu-panel';
     this.title.label = 'GPU';
@@ -208,15 +209,22 @@ export class GPUPanel extends Widget {
     this._status = el('div', 'jp-gpuspawner-Status');
     this._status.dataset.gpuspawner = 'panel-status';
     this._cards = el('div', 'jp-gpuspawner-Cards');
+    this._notices = el('div', 'jp-gpuspawner-Notices');
+    this._notices.dataset.gpuspawner = 'notices';
+    this.node.appendChild(this._notices);
     this.node.appendChild(this._status);
     this.node.appendChild(this._cards);
     this._stream = stream;
     stream.changed.connect(this._render, this);
+    this._feed = notices;
+    notices?.changed.connect(this._renderNotices, this);
+    this._renderNotices();
     this._render();
   }
 
   dispose(): void {
     this._stream.changed.disconnect(this._render, this);
+    this._feed?.changed.disconnect(this._renderNotices, this);
     for (const card of this._byKey.values()) {
       card.dispose();
     }
@@ -267,11 +275,23 @@ export class GPUPanel extends Widget {
     }
   }
 
+  private _renderNotices(): void {
+    this._notices.replaceChildren();
+    for (const notice of this._feed?.notices ?? []) {
+      const item = el('div', `jp-gpuspawner-Notice jp-gpuspawner-Notice-${notice.level}`, notice.message);
+      item.dataset.noticeId = notice.id;
+      item.title = `${notice.source || 'notice'}, ${new Date(notice.time * 1000).toLocaleTimeString()}`;
+      this._notices.appendChild(item);
+    }
+  }
+
   protected onAfterShow(): void {
     this._render();
   }
 
   private _stream: GPUStream;
+  private _feed: NoticeFeed | null;
+  private _notices: HTMLElement;
   private _status: HTMLElement;
   private _cards: HTMLElement;
   private _byKey = new Map<string, GPUCard>();

@@ -1,0 +1,85 @@
+"""In real Chromium: the admin GPU page of a real hub, and the culler's notice in real JupyterLab.
+
+Debian's Chromium (/usr/bin/chromium) through Playwright, launched as in
+test_monitor_lab.py; Playwright's own browsers are never downloaded.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import requests
+
+import fakenvml
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))
+from jupyter_server_proc import JupyterServer  # noqa: E402
+from ops_hub import OpsHub  # noqa: E402
+from test_local_hub import TWO_GPUS, start  # noqa: E402
+
+from test_monitor_lab import ARTIFACTS, BUILT, CHROMIUM, browser, sync_api  # noqa: E402,F401
+
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.skipif(not os.access(CHROMIUM, os.X_OK), reason="needs Debian's chromium at /usr/bin/chromium (scripts/setup installs it)"),
+]
+
+PROFILES = [{"slug": "gpu", "display_name": "GPU notebook", "gpu_models": ["any"], "gpu_counts": [1, 2],
+             "default_gpus": 1, "default": True}]
+
+
+def test_admin_page_shows_holders_and_live_utilisation(tmp_path, fakenvml_libdir, browser):  # noqa: F811
+    hub = OpsHub(tmp_path, fakenvml_libdir, PROFILES)
+    hub.start()
+    try:
+        hub.add_users("alice")
+        alice = start(hub, "alice", TWO_GPUS)
+        page = browser.new_page(viewport={"width": 1400, "height": 900})
+        page.set_default_timeout(120_000)
+        page.goto(hub.url + "/hub/login")
+        page.fill("input[name=username]", "boss")
+        page.fill("input[name=password]", "test-password")
+        page.click("input[type=submit], button[type=submit]")
+        page.wait_for_url("**/hub/**")
+        page.goto(hub.url + "/hub/gpus")
+        sync_api.expect(page.locator("h1")).to_have_text("GPUs")
+        for uuid in alice:
+            row = page.locator(f"#gpuspawner-gpu-table tr[data-uuid='{uuid}']")
+            sync_api.expect(row.locator("[data-field=holder]")).to_contain_text("alice")
+            sync_api.expect(row.locator("[data-field=holder]")).to_contain_text("running")
+        assert page.locator("#gpuspawner-gpu-table [data-field=holder]:has-text('free')").count() == 2
+        sync_api.expect(page.locator("#gpuspawner-models")).to_contain_text("Tesla T4")
+
+        hub.set_utilization({u: 64 for u in alice})  # the page refreshes itself
+        first = sorted(alice)[0]
+        sync_api.expect(page.locator(f"tr[data-uuid='{first}'] [data-field=util]")).to_have_text("64 %", timeout=60_000)
+        ARTIFACTS.mkdir(exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / "ops-admin-gpus.png"), full_page=True)
+    finally:
+        hub.close()
+
+
+@pytest.mark.skipif(not BUILT.exists(), reason="the JupyterLab extension is not built (scripts/setup builds it)")
+def test_culler_notice_shows_in_jupyterlab(tmp_path, fakenvml_libdir, browser, monkeypatch):  # noqa: F811
+    path = tmp_path / "gpus.json"
+    fakenvml.write_config(path, {"devices": [fakenvml.make_device(0)]})
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.delenv("NVIDIA_VISIBLE_DEVICES", raising=False)
+    with JupyterServer(tmp_path / "lab", fakenvml.env(fakenvml_libdir, path), [], app="jupyterlab") as server:
+        page = browser.new_page(viewport={"width": 1400, "height": 900})
+        page.set_default_timeout(120_000)
+        page.goto(f"{server.url}lab?token={server.token}")
+        sync_api.expect(page.locator("[data-gpuspawner=status]")).to_be_visible(timeout=120_000)
+        message = "This server will be stopped in 10 minutes because its GPUs are idle (test)."
+        r = requests.post(f"{server.url}api/gpus/notices", headers={"Authorization": f"token {server.token}"},
+                          json={"id": "gpu-culler", "level": "warning", "message": message, "source": "gpu-culler"},
+                          timeout=30)
+        assert r.status_code == 201, r.text
+        sync_api.expect(page.get_by_text(message).first).to_be_visible(timeout=60_000)  # a notification
+        page.locator("[data-gpuspawner=status]").click()  # the GPU panel lists it too
+        sync_api.expect(page.locator("[data-gpuspawner=notices]")).to_contain_text(message)
+        ARTIFACTS.mkdir(exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / "ops-lab-notice.png"))

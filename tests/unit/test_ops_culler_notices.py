@@ -1,0 +1,81 @@
+"""The culler's idle bookkeeping and the notices' input checks (pure parts)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from tornado import web
+
+from gpuspawner.hub.culler import IdleTracker, highest_utilization, parse_args
+from gpuspawner.monitor.notices import NoticeBoard, parse_notice
+
+
+def tracker() -> IdleTracker:
+    return IdleTracker(threshold=10, idle_timeout=60, warn_before=20)
+
+
+def test_idle_server_is_warned_then_stopped_after_the_warning_time():
+    t = tracker()
+    assert t.observe("a/", [(0, 3), (30, 4)], now=30) == ("idle", 30)
+    assert t.observe("a/", [(40, 2)], now=40) == ("warn", 40)
+    t.warned("a/", 40)
+    assert t.observe("a/", [(55, 2)], now=55) == ("idle", 55)
+    assert t.observe("a/", [(61, 2)], now=61) == ("stop", 61)
+    t2 = tracker()
+    t2.observe("a/", [(0, 1)], now=0)
+    t2.observe("a/", [(45, 1)], now=45)
+    t2.warned("a/", 45)
+    assert t2.observe("a/", [(60, 1)], now=60)[0] == "idle"  # 15 s after the warning: not yet
+    assert t2.observe("a/", [(66, 1)], now=66)[0] == "stop"
+
+
+def test_any_busy_sample_starts_over_and_forgets_the_warning():
+    t = tracker()
+    t.observe("a/", [(0, 1), (45, 1)], now=45)
+    t.warned("a/", 45)
+    assert t.observe("a/", [(50, 80)], now=50) == ("busy", 0.0)
+    assert t.observe("a/", [(55, 1), (70, 1)], now=70) == ("idle", 15)
+
+
+def test_old_and_unknown_samples_are_ignored():
+    t = tracker()
+    t.observe("a/", [(10, 1)], now=10)
+    assert t.observe("a/", [(5, 99), (10, 99)], now=11) == ("idle", 0)  # already seen
+    assert t.observe("a/", [(20, None)], now=20) == ("idle", 0)  # unknown time is not idle time
+    assert highest_utilization({"gpus": [{"utilization_gpu": None}, {"utilization_gpu": 7}]}) == 7
+    assert highest_utilization({"gpus": []}) is None
+
+
+def test_culler_arguments_are_checked():
+    assert parse_args(["--period", "2", "--idle-timeout", "10", "--warn-before", "5"]).period == 2
+    for bad in (["--period", "0"], ["--idle-timeout", "10", "--warn-before", "10"], ["--threshold", "0"]):
+        with pytest.raises(SystemExit):
+            parse_args(bad)
+
+
+def test_notices_replace_by_id_and_are_bounded():
+    board = NoticeBoard(limit=3)
+    board.post("one", notice_id="x")
+    board.post("two", notice_id="x")
+    assert [n["message"] for n in board.all()] == ["two"]
+    for n in range(5):
+        board.post(f"n{n}")
+    assert len(board.all()) == 3 and board.all()[-1]["message"] == "n4"
+    assert not board.remove("x") and board.remove(board.all()[0]["id"])
+
+
+@pytest.mark.parametrize("body, field", [
+    (b"{", "body"), (b"[]", "body"), (json.dumps({"message": ""}).encode(), "message"),
+    (json.dumps({"message": "x" * 3000}).encode(), "message"), (json.dumps({"message": "m", "level": "panic"}).encode(), "level"),
+    (json.dumps({"message": "m", "id": "../x"}).encode(), "id"), (json.dumps({"message": "m", "html": 1}).encode(), "unknown"),
+])
+def test_bad_notices_are_refused_naming_the_field(body, field):
+    with pytest.raises(web.HTTPError) as e:
+        parse_notice(body)
+    assert e.value.status_code == 400 and field in e.value.log_message
+
+
+def test_a_good_notice():
+    assert parse_notice(b'{"message": " stop soon ", "level": "info", "id": "gpu-culler"}') == {
+        "message": "stop soon", "level": "info", "notice_id": "gpu-culler", "source": ""}
