@@ -18,6 +18,7 @@ inventory and place a request (see ``spawners/policies.py``).
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import threading
 import time
@@ -26,7 +27,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-from .gpu import GPU, slug_matches
+from .gpu import GPU, model_slug, slug_matches
 from .placement import PlacementError
 
 __all__ = ["GPUQueue", "QueueTimeout", "Waiter", "WAITABLE", "shared_queue", "set_shared_queue"]
@@ -59,13 +60,28 @@ class Waiter:
     def key(self) -> tuple[int, int]:
         return (self.rank, self.seq)
 
-    def accepts(self, slug: str) -> bool:
-        return not self.models or "any" in self.models or any(slug_matches(p, slug) for p in self.models)
+
+@functools.lru_cache(maxsize=1024)
+def _slug(name: str) -> str:
+    return model_slug(name)
 
 
-def _wanted(models: tuple[str, ...], gpus: Iterable[GPU]) -> set[str]:
-    probe = Waiter("", "", 0, models, 0, 0, event=None)  # type: ignore[arg-type]
-    return {g.model for g in gpus if probe.accepts(g.model)}
+def _accepts(models: tuple[str, ...], slug: str) -> bool:
+    return not models or "any" in models or any(slug_matches(p, slug) for p in models)
+
+
+class _Wanted:
+    """Which inventory models each request pattern accepts, computed once per inventory look."""
+
+    def __init__(self, gpus: Iterable[GPU]) -> None:
+        self.slugs = frozenset(_slug(name) for name in {g.name for g in gpus})
+        self._cache: dict[tuple[str, ...], frozenset[str]] = {}
+
+    def __call__(self, models: tuple[str, ...]) -> frozenset[str]:
+        found = self._cache.get(models)
+        if found is None:
+            found = self._cache[models] = frozenset(s for s in self.slugs if _accepts(models, s))
+        return found
 
 
 def _minutes(seconds: float) -> str:
@@ -115,13 +131,13 @@ class GPUQueue:
 
     def ahead(self, count_models: tuple[str, ...], gpus: Iterable[GPU], before: Waiter | None = None) -> list[Waiter]:
         """Waiting requests (ahead of ``before``, or all) that want some of the same GPU models."""
-        gpus = tuple(gpus)
-        wanted = _wanted(count_models, gpus)
+        wanted = _Wanted(gpus)
+        mine = wanted(tuple(count_models))
         found = []
         for w in self._waiters:
             if w is before:
                 break
-            if w.count and wanted & _wanted(w.models, gpus):
+            if w.count and not mine.isdisjoint(wanted(w.models)):
                 found.append(w)
         return found
 
