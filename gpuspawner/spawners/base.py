@@ -17,7 +17,6 @@ from typing import Any
 from jinja2 import Environment, PackageLoader, select_autoescape
 from tornado import web
 from traitlets import Bool, Dict, Float, List, Unicode, default, validate
-from traitlets.config import Configurable
 from traitlets import TraitError
 
 from ..form import form_context
