@@ -323,11 +323,23 @@ class GPUDockerSpawner(GPUSpawnerMixin, DockerSpawner):
     async def create_object(self):
         gpus = ", ".join(g.uuid for g in self.gpu_allocation) or "no GPU"
         self.gpu_event(f"Creating container {self.object_name} from {self.image} with {gpus}", 50)
-        return await super().create_object()
+        try:
+            return await super().create_object()
+        except docker.errors.APIError as e:
+            raise self._engine_refused(e, "create") from e
 
     async def start_object(self):
         self.gpu_event(f"Starting container {self.object_name}", 60)
-        await super().start_object()
+        try:
+            await super().start_object()
+        except docker.errors.APIError as e:
+            # e.g. the NVIDIA runtime hook refusing a device: "unknown device"
+            raise self._engine_refused(e, "start") from e
+
+    def _engine_refused(self, error: docker.errors.APIError, action: str) -> Exception:
+        message = f"Docker could not {action} container {self.object_name}: {error.explanation or error}"
+        self.gpu_event(f"Failed: {message}", 100)
+        return user_error(500, message)
 
     async def stop(self, now: bool = False):
         # Not the mixin's stop: if Docker cannot stop the container, it may still be

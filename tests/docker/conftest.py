@@ -41,8 +41,22 @@ def gpu_config(count: int) -> dict:
     }
 
 
+@pytest.fixture(scope="session")
+def container_libdir(engine, fakenvml_libdir) -> Path:
+    """The stand-in library in a folder containers' users may read (pytest's temp dirs are 0700)."""
+    import shutil
+
+    libdir = engine.dir / "fakenvml"
+    libdir.mkdir(mode=0o755, exist_ok=True)
+    libdir.chmod(0o755)
+    target = libdir / fakenvml.LIBRARY_NAME
+    shutil.copy(fakenvml_libdir / fakenvml.LIBRARY_NAME, target)
+    target.chmod(0o755)
+    return libdir
+
+
 @pytest.fixture
-def docker_hub(engine, tmp_path, fakenvml_libdir):
+def docker_hub(engine, tmp_path, fakenvml_libdir, container_libdir):
     """Factory: ``docker_hub(gpus=4, profiles=[...], **DockerHub options)`` -> a started hub."""
     from dockerhub import DockerHub
 
@@ -53,7 +67,7 @@ def docker_hub(engine, tmp_path, fakenvml_libdir):
         fakenvml.write_config(engine.gpus_path, config)
         hub = DockerHub(
             tmp_path / f"hub{len(hubs)}", engine,
-            fakenvml.env(fakenvml_libdir, engine.gpus_path), fakenvml_libdir,
+            fakenvml.env(fakenvml_libdir, engine.gpus_path), container_libdir,
             profiles or PROFILES, **options,
         )
         hub.gpus = config["devices"]

@@ -9,9 +9,11 @@ with ``FAKENVML_CONTAINER=1``, as the NVIDIA runtime mounts the real driver.
 from __future__ import annotations
 
 import json
+import re
 import secrets
 from pathlib import Path
 
+import requests
 from integration.hub import Hub, free_port
 
 from engine import IMAGE_TAG, Engine
@@ -116,3 +118,26 @@ class DockerHub(Hub):
                 c.remove(force=True, v=True)
             except Exception:
                 pass
+
+
+def login(hub: Hub, name: str) -> requests.Session:
+    """A browser-like session logged in through the hub's login form."""
+    web = requests.Session()
+    page = web.get(hub.url + "/hub/login", timeout=60)
+    xsrf = re.search(r'name="_xsrf" value="([^"]+)"', page.text).group(1)
+    r = web.post(hub.url + "/hub/login", timeout=60,
+                 data={"_xsrf": xsrf, "username": name, "password": "test-password"})
+    assert r.ok and "/hub/login" not in r.url, r.text
+    return web
+
+
+def free_in_form(hub: Hub, viewer: str = "form-viewer") -> tuple[int, int]:
+    """(free, total) GPUs over every model, as the spawn form shows them to a user."""
+    html = login(hub, viewer).get(hub.url + "/hub/spawn", timeout=60).text
+    counts = re.findall(r" - (\d+) of (\d+) free", html)
+    assert counts, f"the spawn form shows no GPU counts:\n{html[:3000]}"
+    # each model is listed once per GPU profile: take one listing per model name
+    per_model = dict(re.findall(r">([^<>]+?) - (\d+ of \d+) free", html))
+    free = sum(int(v.split(" of ")[0]) for v in per_model.values())
+    total = sum(int(v.split(" of ")[1]) for v in per_model.values())
+    return free, total
