@@ -189,8 +189,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tag", default="gpuspawner-singleuser:latest")
     parser.add_argument("--cache", type=Path, default=ROOT / "build" / "images")
+    parser.add_argument("--if-missing", action="store_true", help="do nothing if the engine has --tag already")
     args = parser.parse_args(argv)
     try:
+        if args.if_missing and _has_image(docker.from_env(), args.tag):
+            print(args.tag)
+            return 0
         build(args.tag, args.cache.resolve())
     except (RuntimeError, docker.errors.DockerException) as e:
         print(f"images/build: {e}", file=sys.stderr)

@@ -38,6 +38,22 @@ from .docker_objects import (
     visible_devices_env,
 )
 
+def reachable_engine(timeout: float = 3.0) -> str | None:
+    """The URL of the Docker engine ``DOCKER_HOST`` (or the local socket) names, if it answers."""
+    url = os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
+    if url.startswith("unix://") and not os.path.exists(url[len("unix://"):]):
+        return None
+    try:
+        client = docker.DockerClient(base_url=url, version="auto", timeout=timeout)
+        try:
+            client.ping()
+        finally:
+            client.close()
+    except Exception:
+        return None
+    return url
+
+
 # One reconciliation per (hub id, ledger) in this hub process; retried after a failure.
 _reconciled: dict[tuple[str, int], asyncio.Future] = {}
 # owner -> GPUs read from container labels by the last reconciliation
@@ -101,6 +117,15 @@ class GPUDockerSpawner(GPUSpawnerMixin, DockerSpawner):
         """,
     ).tag(config=True)
 
+    use_device_requests = Bool(
+        True,
+        help="""
+        Give each container its GPUs as a Docker DeviceRequest (by UUID), which needs the
+        NVIDIA container toolkit on the Docker host. Turn off only where GPUs are simulated
+        on an engine without the toolkit: containers then get NVIDIA_VISIBLE_DEVICES only.
+        """,
+    ).tag(config=True)
+
     @default("remove")
     def _default_remove(self):
         # A container's GPUs are fixed when it is created; restarting an old one could
@@ -141,7 +166,7 @@ class GPUDockerSpawner(GPUSpawnerMixin, DockerSpawner):
         """DockerSpawner's Docker call (in its worker thread), with the GPUs added on create."""
         if method == "create_container":
             labels = allocation_labels(self.gpu_hub_id, self.gpu_owner, self.gpu_allocation)
-            request = device_request(self.gpu_uuids, self._capabilities)
+            request = device_request(self.gpu_uuids, self._capabilities) if self.use_device_requests else None
             kwargs, dropped = add_gpus_to_create_kwargs(kwargs, labels, request)
             if dropped:
                 self.log.warning(
