@@ -271,6 +271,22 @@ class GPUDockerSpawner(GPUSpawnerMixin, DockerSpawner):
             self._adopt_reconciled_allocation()
         return status
 
+    async def get_url(self):
+        """Where the server runs, asked of the container (JupyterHub asks after a restart).
+
+        A hub killed between starting a container and recording its address has no
+        address for it in its database; without this, it would wait ``http_timeout``
+        for nothing and then stop a healthy server.
+        """
+        try:
+            ip, port = await self.get_ip_and_port()
+        except Exception as e:
+            self.log.warning("%s: cannot ask the container for its address: %s", self._log_name, e)
+            return await super().get_url()
+        scheme = "https" if self.internal_ssl else "http"
+        host = f"[{ip}]" if ":" in ip else ip
+        return f"{scheme}://{host}:{port}"
+
     async def start(self):
         try:
             await self.ensure_reconciled()
@@ -366,11 +382,18 @@ class GPUDockerSpawner(GPUSpawnerMixin, DockerSpawner):
         self.gpu_event(f"Failed: {message}", 100)
         return user_error(500, message)
 
+    def clear_state(self) -> None:
+        # JupyterHub clears state before every start, while a leftover container of this
+        # server may still run: its GPUs are released only once it is gone (stop() below,
+        # or the next start, which removes it before placing).
+        DockerSpawner.clear_state(self)
+        self.gpu_allocation = ()
+
     async def stop(self, now: bool = False):
         # Not the mixin's stop: if Docker cannot stop the container, it may still be
         # running on its GPUs, so they stay held (a later start or hub restart settles it).
         try:
-            await DockerSpawner.stop(self, now=now)  # ends with clear_state(): GPUs released
+            await DockerSpawner.stop(self, now=now)
         except Exception as e:
             if _is_unreachable(e):
                 self.log.error(

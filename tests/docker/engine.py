@@ -150,6 +150,12 @@ class Engine:
         return tag
 
     def containers(self, **filters) -> list:
+        """Every container (any state); retried when one vanishes while being listed."""
+        for _ in range(20):
+            try:
+                return self.client.containers.list(all=True, filters=filters)
+            except docker.errors.NotFound:
+                time.sleep(0.05)
         return self.client.containers.list(all=True, filters=filters)
 
     def remove_containers(self) -> None:

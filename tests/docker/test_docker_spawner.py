@@ -260,8 +260,22 @@ def test_hub_killed_during_concurrent_spawns_then_ledger_matches_containers(dock
     for t in threads:
         t.join(timeout=120)
 
+    t0 = time.monotonic()
     hub.start(timeout=300)
+    # the hub checks the servers it remembers in the background (init_spawners_timeout): let it finish
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        pending = [u for u in users if (hub.user(u)["servers"].get("") or {}).get("pending")]
+        if not pending:
+            break
+        time.sleep(0.5)
+    assert not pending, f"servers still pending after the restart: {pending}\n{hub.log()}"
+    print(f"hub restarted and checked its servers in {time.monotonic() - t0:.1f} s")
     held = assert_exact_device_requests(hub)
+    # every container still running is a server the restarted hub knows and serves
+    for name in held:
+        server = hub.user(name[len(hub.prefix) + 1:])["servers"].get("")
+        assert server and server["ready"], f"{name} runs but the hub does not list it as ready\n{hub.log()}"
     everyone = [u for uuids in held.values() for u in uuids]
     assert len(everyone) == len(set(everyone)), f"a GPU is in two containers: {held}"
     free, total = free_in_form(hub)
