@@ -300,6 +300,7 @@ class GPUDockerSpawner(GPUSpawnerMixin, DockerSpawner):
         try:
             result = await super().start()  # mixin: place and reserve, then DockerSpawner.start
         except BaseException as e:
+            self._absent = False
             # the mixin has released the GPUs; a refused or failed start leaves no container
             await self._remove_failed_container()
             if isinstance(e, Exception) and _is_unreachable(e):
