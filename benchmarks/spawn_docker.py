@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import platform
+import shutil
 import statistics
 import sys
 import tempfile
@@ -225,6 +226,7 @@ def main() -> int:
         for h in hubs:
             h.close()
         engine.stop()
+        shutil.rmtree(work, ignore_errors=True)
     return 0
 
 
