@@ -3,9 +3,12 @@
 Real GPUs when NVML finds some; otherwise 2 x A100 80GB and 2 x Tesla T4
 simulated through the stand-in NVML library. Log in with any user name and
 the password in GPUSPAWNER_PASSWORD (default "gpu"); "admin" is an admin.
-Servers run as local processes with CUDA_VISIBLE_DEVICES set to their GPUs.
+Servers run in Docker containers (``gpu-docker``) when a Docker engine answers
+(DOCKER_HOST, or /var/run/docker.sock; ``scripts/hub`` builds the single-user
+image first), otherwise as local processes with CUDA_VISIBLE_DEVICES set to
+their GPUs. GPUSPAWNER_BACKEND=local or =docker forces one.
 
-Start it with ``./run`` (which installs what is missing and builds the
+Start it with ``scripts/hub`` (which installs what is missing and builds the
 stand-in library), or ``jupyterhub -f jupyterhub_config.py`` once built.
 """
 
@@ -15,6 +18,7 @@ from pathlib import Path
 
 from gpuspawner.hub.setup import configure
 from gpuspawner.simulation import SIMULATION_ENV, real_or_simulated
+from gpuspawner.spawners.docker import reachable_engine
 
 c = get_config()  # noqa: F821 (provided by JupyterHub)
 
@@ -41,16 +45,49 @@ c.DummyAuthenticator.password = os.environ.get("GPUSPAWNER_PASSWORD", "gpu")
 c.Authenticator.allow_all = True
 c.Authenticator.admin_users = {"admin"}
 
-# Servers: local processes in per-user folders, on exactly their GPUs.
-c.JupyterHub.spawner_class = "gpu-local-simple"
-c.SimpleLocalProcessSpawner.home_dir_template = str(state / "users" / "{username}")
-c.Spawner.cmd = [str(Path(sys.executable).parent / "jupyterhub-singleuser")]
 c.Spawner.default_url = "/lab"
-if os.geteuid() == 0:
-    c.Spawner.args = ["--allow-root"]
 c.GPUSpawnerMixin.simulated_gpus = simulated
-if simulated:  # servers load the same stand-in NVML as the hub
-    c.Spawner.env_keep = ["JUPYTERHUB_SINGLEUSER_APP", "PATH", "LANG", *SIMULATION_ENV]
+backend = os.environ.get("GPUSPAWNER_BACKEND", "auto")
+engine = reachable_engine() if backend in ("auto", "docker") else None
+if backend == "docker" and engine is None:
+    raise SystemExit("GPUSPAWNER_BACKEND=docker but no Docker engine answers (DOCKER_HOST or /var/run/docker.sock)")
+
+if engine:
+    # Servers: containers of the single-user image, each with exactly its GPUs (by UUID).
+    import docker
+
+    network = os.environ.get("GPUSPAWNER_DOCKER_NETWORK", "bridge")
+    client = docker.DockerClient(base_url=engine, version="auto")
+    gateway = client.networks.get(network).attrs["IPAM"]["Config"][0]["Gateway"]
+    client.close()
+    c.JupyterHub.spawner_class = "gpu-docker"
+    c.JupyterHub.hub_bind_url = f"http://{gateway}:{os.environ.get('GPUSPAWNER_HUB_PORT', '8081')}"
+    c.DockerSpawner.image = os.environ.get("GPUSPAWNER_IMAGE", "gpuspawner-singleuser:latest")
+    c.DockerSpawner.network_name = network
+    c.DockerSpawner.use_internal_ip = True
+    c.DockerSpawner.remove = True
+    c.DockerSpawner.start_timeout = 180
+    if simulated:
+        # As the NVIDIA runtime mounts the driver, mount the stand-in NVML and its GPUs.
+        c.DockerSpawner.volumes = {
+            os.environ["LD_LIBRARY_PATH"].split(":")[0]: {"bind": "/opt/fakenvml", "mode": "ro"},
+            os.environ["FAKENVML_CONFIG"]: {"bind": "/etc/fakenvml/gpus.json", "mode": "ro"},
+        }
+        c.DockerSpawner.environment = {
+            "LD_LIBRARY_PATH": "/opt/fakenvml", "FAKENVML_CONFIG": "/etc/fakenvml/gpus.json",
+            "FAKENVML_CONTAINER": "1",
+        }
+        # Simulated GPUs do not exist for the engine's NVIDIA toolkit (if it has one at all).
+        c.GPUDockerSpawner.use_device_requests = os.environ.get("GPUSPAWNER_DEVICE_REQUESTS") == "1"
+else:
+    # Servers: local processes in per-user folders, on exactly their GPUs.
+    c.JupyterHub.spawner_class = "gpu-local-simple"
+    c.SimpleLocalProcessSpawner.home_dir_template = str(state / "users" / "{username}")
+    if os.geteuid() == 0:
+        c.Spawner.args = ["--allow-root"]
+    c.Spawner.cmd = [str(Path(sys.executable).parent / "jupyterhub-singleuser")]
+    if simulated:  # servers load the same stand-in NVML as the hub
+        c.Spawner.env_keep = ["JUPYTERHUB_SINGLEUSER_APP", "PATH", "LANG", *SIMULATION_ENV]
 
 c.GPUSpawnerMixin.gpu_profiles = [
     {

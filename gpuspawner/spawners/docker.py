@@ -1,0 +1,417 @@
+"""``gpu-docker``: each user's container gets exactly the GPUs placed for it.
+
+A :class:`dockerspawner.DockerSpawner` through the shared mixin. The
+placement becomes a Docker ``DeviceRequest`` naming the GPUs by UUID (never a
+count: Docker's ``count=N`` is always GPUs 0..N-1, which puts every user on
+the same GPU), and is written on the container as labels and in spawner state.
+
+The running containers are the truth: the first time the hub needs the
+ledger (a poll at hub start, a spawn, the form), it lists this hub's labelled
+containers and makes the ledger hold exactly what the running ones hold,
+including containers the hub's database forgot (a hub killed mid-spawn).
+Exited or removed containers hold nothing. Every Docker call runs in
+DockerSpawner's worker thread, off the event loop; the decisions are the pure
+functions of :mod:`gpuspawner.spawners.docker_objects` and
+:mod:`gpuspawner.compat`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from typing import Any
+
+import docker.errors
+import requests
+from dockerspawner import DockerSpawner
+from tornado import web
+from traitlets import Bool, Unicode, default
+
+from .. import compat
+from ..profiles import Choice
+from .base import GPUSpawnerMixin, user_error
+from .docker_objects import (
+    HUB,
+    allocation_labels,
+    device_request,
+    reconcile,
+    visible_devices_env,
+)
+
+def reachable_engine(timeout: float = 3.0) -> str | None:
+    """The URL of the Docker engine ``DOCKER_HOST`` (or the local socket) names, if it answers."""
+    url = os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
+    if url.startswith("unix://") and not os.path.exists(url[len("unix://"):]):
+        return None
+    try:
+        client = docker.DockerClient(base_url=url, version="auto", timeout=timeout)
+        try:
+            client.ping()
+        finally:
+            client.close()
+    except Exception:
+        return None
+    return url
+
+
+# One reconciliation per (hub id, ledger) in this hub process; retried after a failure.
+_reconciled: dict[tuple[str, int], asyncio.Future] = {}
+# owner -> GPUs read from container labels by the last reconciliation
+_label_allocations: dict[tuple[str, int], dict] = {}
+
+#: Errors that mean "the engine did not answer", as opposed to "the engine said no".
+UNREACHABLE = (requests.exceptions.ConnectionError, requests.exceptions.Timeout)
+
+
+def _is_unreachable(error: BaseException) -> bool:
+    if isinstance(error, UNREACHABLE):
+        return True
+    # docker-py wraps a failed version probe in a plain DockerException
+    return type(error) is docker.errors.DockerException
+
+
+def add_gpus_to_create_kwargs(
+    kwargs: dict[str, Any], labels: dict[str, str], request: dict | None
+) -> tuple[dict[str, Any], list[dict]]:
+    """``create_container`` arguments with this server's labels and only its GPU request.
+
+    Any NVIDIA device request from configuration (``extra_host_config``, e.g.
+    ``count=-1`` for all GPUs) is dropped: the placed GPUs are the only ones a
+    container gets. Returns the new arguments and the requests dropped.
+    """
+    kwargs = dict(kwargs)
+    kwargs["labels"] = {**(kwargs.get("labels") or {}), **labels}
+    host_config = dict(kwargs.get("host_config") or {})
+    existing = list(host_config.get("DeviceRequests") or [])
+    kept = [r for r in existing if (r.get("Driver") or r.get("driver") or "") not in ("nvidia", "")]
+    dropped = [r for r in existing if r not in kept]
+    if request is not None:
+        kept.append(request)
+    if kept:
+        host_config["DeviceRequests"] = kept
+    else:
+        host_config.pop("DeviceRequests", None)
+    kwargs["host_config"] = host_config
+    return kwargs, dropped
+
+
+class GPUDockerSpawner(GPUSpawnerMixin, DockerSpawner):
+    """DockerSpawner whose containers get exactly their placed GPUs, by UUID."""
+
+    gpu_hub_id = Unicode(
+        "jupyterhub",
+        help="""
+        Written on every container as the label ``org.gpuspawner.hub``. At start the
+        hub adopts the running containers with its own id only, so two hubs may share
+        one Docker engine if their ids differ.
+        """,
+    ).tag(config=True)
+
+    check_cuda_compatibility = Bool(
+        True,
+        help="""
+        Refuse to start a GPU server whose image needs a newer CUDA than the driver on
+        the GPUs' host supports (the image's ``NVIDIA_REQUIRE_CUDA``, ``CUDA_VERSION`` or
+        label ``com.nvidia.cuda.version`` against NVML's CUDA driver version), with a
+        message naming both versions. Turn off to let such containers start anyway.
+        """,
+    ).tag(config=True)
+
+    use_device_requests = Bool(
+        True,
+        help="""
+        Give each container its GPUs as a Docker DeviceRequest (by UUID), which needs the
+        NVIDIA container toolkit on the Docker host. Turn off only where GPUs are simulated
+        on an engine without the toolkit: containers then get NVIDIA_VISIBLE_DEVICES only.
+        """,
+    ).tag(config=True)
+
+    @default("remove")
+    def _default_remove(self):
+        # A container's GPUs are fixed when it is created; restarting an old one could
+        # put it on GPUs that belong to someone else by now.
+        return True
+
+    # ------------------------------------------------------------ profile -> options
+
+    def apply_profile(self, choice: Choice) -> None:
+        super().apply_profile(choice)
+        if not hasattr(self, "_configured_image"):
+            self._configured_image = self.image
+        if choice.image:
+            self.image = choice.image
+        elif choice.profile.images:
+            self.image = choice.profile.images[0]
+        else:
+            self.image = self._configured_image
+
+    async def check_allowed(self, image):
+        # user_options["image"] was checked against the profile's images already
+        choice = self.gpu_choice
+        if choice is not None and image in choice.profile.images:
+            return image
+        return await super().check_allowed(image)
+
+    def get_env(self):
+        env = super().get_env()
+        env.update(visible_devices_env(self.gpu_uuids))
+        return env
+
+    @property
+    def _capabilities(self) -> tuple[str, ...]:
+        choice = self.gpu_choice
+        return choice.profile.capabilities if choice is not None else ("compute", "utility")
+
+    def docker(self, method, *args, **kwargs):
+        """DockerSpawner's Docker call (in its worker thread), with the GPUs added on create."""
+        if method == "create_container":
+            labels = allocation_labels(self.gpu_hub_id, self.gpu_owner, self.gpu_allocation)
+            request = device_request(self.gpu_uuids, self._capabilities) if self.use_device_requests else None
+            kwargs, dropped = add_gpus_to_create_kwargs(kwargs, labels, request)
+            if dropped:
+                self.log.warning(
+                    "%s: ignoring configured NVIDIA device requests %s; the container gets only its placed GPUs",
+                    self._log_name, dropped,
+                )
+        return super().docker(method, *args, **kwargs)
+
+    @property
+    def engine_url(self) -> str:
+        return (
+            self.client_kwargs.get("base_url")
+            or os.environ.get("DOCKER_HOST")
+            or "unix:///var/run/docker.sock"
+        )
+
+    def _unreachable(self, error: BaseException, what: str) -> Exception:
+        message = (
+            f"The Docker engine at {self.engine_url} cannot be reached ({type(error).__name__}). "
+            f"{what} Try again later, or ask an admin to check the engine."
+        )
+        self.log.error("%s: %s: %s", self._log_name, message, error)
+        return user_error(503, message)
+
+    # ------------------------------------------------------------ reconciliation
+
+    @property
+    def _reconcile_key(self) -> tuple[str, int]:
+        return (self.gpu_hub_id, id(self._ledger()))
+
+    async def ensure_reconciled(self) -> None:
+        """Make the ledger match the running containers, once per hub process."""
+        key = self._reconcile_key
+        future = _reconciled.get(key)
+        if future is None or (future.done() and (future.cancelled() or future.exception())):
+            future = _reconciled[key] = asyncio.ensure_future(self._reconcile())
+        await asyncio.shield(future)
+
+    async def _reconcile(self) -> None:
+        try:
+            containers = await self.docker(
+                "containers", all=True, filters={"label": [f"{HUB}={self.gpu_hub_id}"]}
+            )
+        except Exception as e:
+            if _is_unreachable(e):
+                raise self._unreachable(e, "No GPU was reserved.") from e
+            raise
+        ledger = self._ledger()
+        before = ledger.allocations()
+        plan = reconcile(self.gpu_hub_id, containers, before)
+        for sentence in plan.conflicts:
+            self.log.error("gpu-docker: %s", sentence)
+        # Nothing is reserved before this runs (spawns wait for it), so what the ledger
+        # holds now came from saved state: replace it with what the engine says.
+        for owner in before:
+            ledger.release(owner)
+        for owner, uuids in plan.holdings.items():
+            ledger.adopt(owner, uuids)
+        _label_allocations[self._reconcile_key] = {
+            owner: tuple(g for g in alloc.gpus if g.uuid in plan.holdings.get(owner, ()))
+            for owner, alloc in plan.allocations.items()
+        }
+        for owner in plan.release:
+            self.log.warning(
+                "gpu-docker: %s's GPUs %s were freed: no running container holds them",
+                owner, ", ".join(before[owner]),
+            )
+        self.log.info(
+            "gpu-docker: ledger rebuilt from %d labelled container(s) on %s: %d server(s) hold %d GPU(s)",
+            len(containers), self.engine_url, len(plan.holdings),
+            sum(len(u) for u in plan.holdings.values()),
+        )
+        if self.gpu_inventory == "nvml" and not self.engine_url.startswith("unix://"):
+            self.log.warning(
+                "gpu-docker: the Docker engine %s may be on another host, but gpu_inventory is 'nvml' "
+                "(this host's GPUs); use gpu_inventory = 'static' for a remote engine",
+                self.engine_url,
+            )
+
+    def _adopt_reconciled_allocation(self) -> None:
+        """Take the GPUs the ledger holds for this server (from its container's labels)."""
+        held = self._ledger().allocations().get(self.gpu_owner, ())
+        if held == self.gpu_uuids:
+            return
+        from_labels = _label_allocations.get(self._reconcile_key, {}).get(self.gpu_owner, ())
+        by_uuid = {g.uuid: g for g in (*self.gpu_allocation, *from_labels)}
+        self.gpu_allocation = tuple(by_uuid[u] for u in held if u in by_uuid)
+
+    async def _render_options_form(self, spawner=None) -> str:
+        try:
+            await self.ensure_reconciled()
+        except Exception as e:  # the form still renders; a spawn will say what is wrong
+            self.log.warning("%s: ledger not reconciled yet: %s", self._log_name, e)
+        return await super()._render_options_form(spawner)
+
+    # ------------------------------------------------------------ lifecycle
+
+    async def poll(self):
+        await self.ensure_reconciled()
+        status = await super().poll()
+        if status is None:
+            self._adopt_reconciled_allocation()
+        return status
+
+    async def get_url(self):
+        """Where the server runs, asked of the container (JupyterHub asks after a restart).
+
+        A hub killed between starting a container and recording its address has no
+        address for it in its database; without this, it would wait ``http_timeout``
+        for nothing and then stop a healthy server.
+        """
+        try:
+            ip, port = await self.get_ip_and_port()
+        except Exception as e:
+            self.log.warning("%s: cannot ask the container for its address: %s", self._log_name, e)
+            return await super().get_url()
+        scheme = "https" if self.internal_ssl else "http"
+        host = f"[{ip}]" if ":" in ip else ip
+        return f"{scheme}://{host}:{port}"
+
+    async def start(self):
+        try:
+            await self.ensure_reconciled()
+            await self._remove_leftover()
+        except web.HTTPError:
+            raise
+        except Exception as e:
+            if _is_unreachable(e):
+                raise self._unreachable(e, "No GPU was reserved.") from e
+            raise
+        try:
+            result = await super().start()  # mixin: place and reserve, then DockerSpawner.start
+        except BaseException as e:
+            self._absent = False
+            # the mixin has released the GPUs; a refused or failed start leaves no container
+            await self._remove_failed_container()
+            if isinstance(e, Exception) and _is_unreachable(e):
+                raise self._unreachable(e, "Its GPUs were released.") from e
+            raise
+        self.gpu_event("Container started; waiting for the Jupyter server in it to answer", 80)
+        return result
+
+    async def _remove_leftover(self) -> None:
+        """Remove a container of this server left from before (stopped, or forgotten by the hub).
+
+        Done before placing, so its GPUs are free again only once it is gone.
+        """
+        obj = await self.get_object()
+        self._absent = True  # DockerSpawner.start need not ask again
+        if obj is None:
+            return
+        self.log.warning(
+            "%s: removing leftover container %s (%s) before placing GPUs",
+            self._log_name, self.object_name, obj.get("State", {}).get("Status", "?"),
+        )
+        await self.docker("remove_container", obj["Id"], v=True, force=True)
+        self.object_id = ""
+
+    async def get_object(self):
+        if getattr(self, "_absent", False):
+            self._absent = False
+            return None
+        return await super().get_object()
+
+    async def _remove_failed_container(self) -> None:
+        if not self.object_id:
+            return
+        try:
+            await self.docker("remove_container", self.object_id, v=True, force=True)
+            self.log.info("%s: removed container %s of the failed start", self._log_name, self.object_name)
+        except docker.errors.NotFound:
+            pass
+        except Exception as e:  # the engine may be the reason the start failed
+            self.log.error("%s: could not remove container %s: %s", self._log_name, self.object_name, e)
+            return
+        self.object_id = ""
+
+    async def pull_image(self, image):
+        self.gpu_event(f"Checking image {image}", 40)
+        try:
+            info = await self.docker("inspect_image", image)
+        except docker.errors.NotFound:
+            info = None
+        try:
+            if info is None or self.pull_policy.lower() == "always":
+                await super().pull_image(image)  # pulls, or says why it cannot
+                info = await self.docker("inspect_image", image)
+        except docker.errors.APIError as e:
+            message = (
+                f"Image {image} is not on the Docker host and could not be pulled "
+                f"({e.explanation or e}). Ask an admin to build or pull it."
+            )
+            self.gpu_event(f"Failed: {message}", 100)
+            raise user_error(500, message) from e
+        if not (self.check_cuda_compatibility and self.gpu_allocation):
+            return
+        config = info.get("Config") or {}
+        try:
+            requirements = compat.image_requirements(config.get("Env"), config.get("Labels"))
+        except ValueError as e:
+            self.log.warning("%s: image %s: %s; not checking its CUDA version", self._log_name, image, e)
+            return
+        problem = compat.check_image(image, requirements, compat.host_cuda(self.gpu_allocation))
+        if problem:
+            self.gpu_event(f"Refused: {problem}", 100)
+            raise user_error(409, problem)
+
+    async def create_object(self):
+        gpus = ", ".join(g.uuid for g in self.gpu_allocation) or "no GPU"
+        self.gpu_event(f"Creating container {self.object_name} from {self.image} with {gpus}", 50)
+        try:
+            return await super().create_object()
+        except docker.errors.APIError as e:
+            raise self._engine_refused(e, "create") from e
+
+    async def start_object(self):
+        self.gpu_event(f"Starting container {self.object_name}", 60)
+        try:
+            await super().start_object()
+        except docker.errors.APIError as e:
+            # e.g. the NVIDIA runtime hook refusing a device: "unknown device"
+            raise self._engine_refused(e, "start") from e
+
+    def _engine_refused(self, error: docker.errors.APIError, action: str) -> Exception:
+        message = f"Docker could not {action} container {self.object_name}: {error.explanation or error}"
+        self.gpu_event(f"Failed: {message}", 100)
+        return user_error(500, message)
+
+    def clear_state(self) -> None:
+        # JupyterHub clears state before every start, while a leftover container of this
+        # server may still run: its GPUs are released only once it is gone (stop() below,
+        # or the next start, which removes it before placing).
+        DockerSpawner.clear_state(self)
+        self.gpu_allocation = ()
+
+    async def stop(self, now: bool = False):
+        # Not the mixin's stop: if Docker cannot stop the container, it may still be
+        # running on its GPUs, so they stay held (a later start or hub restart settles it).
+        try:
+            await DockerSpawner.stop(self, now=now)
+        except Exception as e:
+            if _is_unreachable(e):
+                self.log.error(
+                    "%s: the Docker engine cannot be reached to stop %s; its GPUs stay held",
+                    self._log_name, self.object_name,
+                )
+            raise
+        self.release_gpus()

@@ -1,0 +1,175 @@
+"""Pure pieces of the Docker backend: labels, device requests, reconciliation.
+
+No Docker I/O here (the spawner in ``docker.py`` does that): these functions
+take and return plain values, so they are tested exhaustively without an
+engine.
+
+- :func:`allocation_labels` / :func:`allocation_from_labels`: the allocation
+  written on a container, and read back after a hub restart.
+- :func:`device_request`: the Docker ``DeviceRequest`` naming the exact GPUs
+  by UUID (never ``Count``: Docker's ``count=N`` always means GPUs 0..N-1).
+- :func:`reconcile`: what the ledger must hold, given the containers the
+  engine lists.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterable, Mapping, Sequence
+
+from ..gpu import GPU
+
+__all__ = [
+    "LABEL_PREFIX",
+    "ContainerAllocation",
+    "Reconciliation",
+    "allocation_from_labels",
+    "allocation_labels",
+    "device_request",
+    "reconcile",
+    "visible_devices_env",
+]
+
+LABEL_PREFIX = "org.gpuspawner."
+HUB = LABEL_PREFIX + "hub"
+OWNER = LABEL_PREFIX + "owner"
+GPUS = LABEL_PREFIX + "gpus"
+INDEXES = LABEL_PREFIX + "gpu-indexes"
+HOST = LABEL_PREFIX + "host"
+MODEL = LABEL_PREFIX + "gpu-name"
+
+
+@dataclass(frozen=True)
+class ContainerAllocation:
+    """Which GPUs one container holds, as its labels say."""
+
+    hub: str
+    owner: str  # "user/server-name", the ledger's key
+    gpus: tuple[GPU, ...] = ()
+
+    @property
+    def uuids(self) -> tuple[str, ...]:
+        return tuple(g.uuid for g in self.gpus)
+
+
+def allocation_labels(hub: str, owner: str, gpus: Sequence[GPU]) -> dict[str, str]:
+    """Labels recording ``owner``'s GPUs on its container (all strings, as Docker wants)."""
+    labels = {HUB: hub, OWNER: owner, GPUS: ",".join(g.uuid for g in gpus)}
+    if gpus:
+        labels[INDEXES] = ",".join(str(g.index) for g in gpus)
+        labels[HOST] = gpus[0].host
+        labels[MODEL] = gpus[0].name
+    return labels
+
+
+def allocation_from_labels(labels: Mapping[str, str] | None) -> ContainerAllocation | None:
+    """Read labels written by :func:`allocation_labels`; None if they are not ours or are damaged."""
+    labels = labels or {}
+    hub, owner = labels.get(HUB), labels.get(OWNER)
+    if not hub or not owner:
+        return None
+    uuids = [u for u in labels.get(GPUS, "").split(",") if u]
+    indexes = [i for i in labels.get(INDEXES, "").split(",") if i]
+    if indexes and len(indexes) != len(uuids):
+        indexes = []
+    host = labels.get(HOST) or "?"
+    name = labels.get(MODEL) or "Unknown GPU"
+    gpus = []
+    for n, uuid in enumerate(uuids):
+        index = int(indexes[n]) if indexes and indexes[n].isdigit() else -1
+        gpus.append(GPU(host=host, index=index, uuid=uuid, name=name))
+    return ContainerAllocation(hub, owner, tuple(gpus))
+
+
+def device_request(uuids: Sequence[str], capabilities: Sequence[str]) -> dict | None:
+    """The DeviceRequest for exactly these GPUs (Docker API field names), or None for none.
+
+    ``Count`` is left out on purpose: with ``DeviceIDs`` the engine gives
+    exactly those GPUs; a count would always mean the first N.
+    """
+    if not uuids:
+        return None
+    return {
+        "Driver": "nvidia",
+        "DeviceIDs": list(uuids),
+        "Capabilities": [list(capabilities)],
+    }
+
+
+def visible_devices_env(uuids: Sequence[str]) -> dict[str, str]:
+    """The environment that agrees with the device request.
+
+    The engine appends ``NVIDIA_VISIBLE_DEVICES`` itself for a device request;
+    setting the same value in the container's own environment overrides an
+    image's ``NVIDIA_VISIBLE_DEVICES=all`` (CUDA images ship it), which a host
+    whose default runtime is ``nvidia`` would otherwise honour. A CPU-only
+    server gets ``void``: no GPU, no driver.
+    """
+    return {"NVIDIA_VISIBLE_DEVICES": ",".join(uuids) if uuids else "void"}
+
+
+@dataclass(frozen=True)
+class Reconciliation:
+    """What to do to the ledger so it says what the running containers say."""
+
+    holdings: dict[str, tuple[str, ...]] = field(default_factory=dict)  # owner -> UUIDs
+    release: tuple[str, ...] = ()  # owners the ledger holds GPUs for, with no running container
+    conflicts: tuple[str, ...] = ()  # sentences for the log
+    allocations: dict[str, ContainerAllocation] = field(default_factory=dict)
+
+
+def reconcile(
+    hub: str,
+    containers: Iterable[Mapping],
+    ledger: Mapping[str, Sequence[str]],
+) -> Reconciliation:
+    """The ledger's truth from the engine's container list.
+
+    ``containers`` are entries as ``docker ps --all`` lists them (``Id``,
+    ``Names``, ``State``, ``Labels``, ``Created``); ``ledger`` is owner ->
+    UUIDs held now. Only running containers of this ``hub`` hold GPUs;
+    exited, created or dead ones hold none. If two running containers claim
+    one GPU (which gpuspawner never does), the older container keeps it and
+    the conflict is reported.
+    """
+    running = []
+    for c in containers:
+        allocation = allocation_from_labels(c.get("Labels"))
+        if allocation is None or allocation.hub != hub:
+            continue
+        if c.get("State") != "running":
+            continue
+        running.append((c.get("Created", 0), c.get("Id", ""), _name(c), allocation))
+    running.sort(key=lambda item: (item[0], item[1]))
+
+    holdings: dict[str, tuple[str, ...]] = {}
+    allocations: dict[str, ContainerAllocation] = {}
+    taken: dict[str, str] = {}
+    conflicts = []
+    for _, _, name, allocation in running:
+        if allocation.owner in holdings:
+            conflicts.append(
+                f"container {name} also claims to be {allocation.owner}'s server; its GPUs "
+                f"{', '.join(allocation.uuids) or '(none)'} are not counted twice"
+            )
+            continue
+        kept = []
+        for uuid in allocation.uuids:
+            if uuid in taken:
+                conflicts.append(f"GPU {uuid} is claimed by container {name} ({allocation.owner}) "
+                                 f"and by {taken[uuid]}'s container; the older one keeps it")
+                continue
+            taken[uuid] = allocation.owner
+            kept.append(uuid)
+        holdings[allocation.owner] = tuple(kept)
+        allocations[allocation.owner] = allocation
+    release = tuple(sorted(owner for owner, uuids in ledger.items() if uuids and owner not in holdings))
+    holdings = {owner: uuids for owner, uuids in holdings.items() if uuids}
+    return Reconciliation(holdings, release, tuple(conflicts), allocations)
+
+
+def _name(container: Mapping) -> str:
+    names = container.get("Names") or []
+    if names:
+        return str(names[0]).lstrip("/")
+    return str(container.get("Id", "?"))[:12]

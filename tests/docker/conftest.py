@@ -1,0 +1,94 @@
+"""Fixtures for tests against a real Docker engine (started here, stopped by pid)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # engine, dockerhub
+
+import fakenvml  # noqa: E402
+from gpuspawner.simulation import simulated_devices  # noqa: E402
+
+from engine import Engine, unavailable_reason  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def engine():
+    """A private dockerd with the stand-in hook, and the single-user image built on it."""
+    reason = unavailable_reason()
+    if reason:
+        pytest.skip(f"no Docker engine can run here: {reason}")
+    eng = Engine()
+    try:
+        try:
+            eng.start()
+        except RuntimeError as e:  # dockerd exited at once: this machine cannot run it
+            last = [line for line in str(e).splitlines() if line.strip()][-1:]
+            pytest.skip(f"dockerd cannot run here: {' '.join(last)}")
+        eng.build_image()
+        yield eng
+    finally:
+        eng.stop()
+
+
+def gpu_config(count: int) -> dict:
+    """A stand-in host with ``count`` GPUs: half A100 80GB, half Tesla T4 (all A100 if odd)."""
+    t4 = count // 2 if count > 1 else 0
+    return {
+        "driver_version": "550.54.15",
+        "cuda_driver_version": 12040,
+        "nvml_version": "12.550.54.15",
+        "devices": simulated_devices(a100=count - t4, t4=t4),
+    }
+
+
+@pytest.fixture(scope="session")
+def container_libdir(engine, fakenvml_libdir) -> Path:
+    """The stand-in library in a folder containers' users may read (pytest's temp dirs are 0700)."""
+    import shutil
+
+    libdir = engine.dir / "fakenvml"
+    libdir.mkdir(mode=0o755, exist_ok=True)
+    libdir.chmod(0o755)
+    target = libdir / fakenvml.LIBRARY_NAME
+    shutil.copy(fakenvml_libdir / fakenvml.LIBRARY_NAME, target)
+    target.chmod(0o755)
+    return libdir
+
+
+@pytest.fixture
+def docker_hub(engine, tmp_path, fakenvml_libdir, container_libdir):
+    """Factory: ``docker_hub(gpus=4, profiles=[...], **DockerHub options)`` -> a started hub."""
+    from dockerhub import DockerHub
+
+    hubs = []
+
+    def make(gpus: int = 4, profiles=None, start: bool = True, **options):
+        config = gpu_config(gpus)
+        fakenvml.write_config(engine.gpus_path, config)
+        hub = DockerHub(
+            tmp_path / f"hub{len(hubs)}", engine,
+            fakenvml.env(fakenvml_libdir, engine.gpus_path), container_libdir,
+            profiles or PROFILES, **options,
+        )
+        hub.gpus = config["devices"]
+        hubs.append(hub)
+        if start:
+            hub.start()
+        return hub
+
+    try:
+        yield make
+    finally:
+        for hub in hubs:
+            hub.close()
+
+
+PROFILES = [
+    {"slug": "cpu", "display_name": "CPU only", "gpu_counts": [0]},
+    {"slug": "gpu", "display_name": "GPU notebook", "gpu_models": ["any"],
+     "gpu_counts": [1, 2, 4], "default_gpus": 1, "default": True},
+]
