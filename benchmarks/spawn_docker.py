@@ -39,7 +39,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT / "tests" / "docker"), str(ROOT / "tests"), str(ROOT)]
 
 import fakenvml  # noqa: E402
-from conftest import gpu_config  # noqa: E402  (tests/docker/conftest.py)
+from engine import gpu_config  # noqa: E402  (tests/docker/engine.py)
 from dockerhub import DockerHub  # noqa: E402
 from engine import Engine, unavailable_reason, visible_devices  # noqa: E402
 

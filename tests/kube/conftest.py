@@ -18,10 +18,10 @@ import pytest
 import pytest_asyncio
 import yaml
 
-FIXTURES = Path(__file__).resolve().parent / "fixtures"
+from kubefixtures import EVENTS, FIXTURES
+
 NODES = kmock.resource("", "v1", "nodes")
 PODS = kmock.resource("", "v1", "pods")
-EVENTS = kmock.resource("", "v1", "events")
 
 
 def load(name: str) -> list[dict]:

@@ -6,7 +6,7 @@ import asyncio
 import copy
 import json
 
-from conftest import EVENTS, FIXTURES
+from kubefixtures import EVENTS, FIXTURES
 from profiles import A100, PROFILES, TORCH
 
 from gpuspawner.kube.events import EventContext, explain_event, explain_scheduling
