@@ -13,6 +13,7 @@ stand-in library), or ``jupyterhub -f jupyterhub_config.py`` once built.
 """
 
 import os
+import sys
 from pathlib import Path
 
 from gpuspawner.simulation import SIMULATION_ENV, real_or_simulated
@@ -30,6 +31,9 @@ simulated = real_or_simulated(
 )
 
 c.JupyterHub.bind_url = os.environ.get("GPUSPAWNER_BIND_URL", "http://127.0.0.1:8000")
+# the hub's internal API and the proxy's API (change them to run two hubs on one machine)
+c.JupyterHub.hub_bind_url = os.environ.get("GPUSPAWNER_HUB_BIND_URL", "http://127.0.0.1:8081")
+c.ConfigurableHTTPProxy.api_url = os.environ.get("GPUSPAWNER_PROXY_API_URL", "http://127.0.0.1:8001")
 c.JupyterHub.db_url = f"sqlite:///{state / 'jupyterhub.sqlite'}"
 c.JupyterHub.cookie_secret_file = str(state / "jupyterhub_cookie_secret")
 c.ConfigurableHTTPProxy.pid_file = str(state / "proxy.pid")
@@ -78,13 +82,11 @@ else:
     # Servers: local processes in per-user folders, on exactly their GPUs.
     c.JupyterHub.spawner_class = "gpu-local-simple"
     c.SimpleLocalProcessSpawner.home_dir_template = str(state / "users" / "{username}")
+    c.Spawner.cmd = [str(Path(sys.executable).parent / "jupyterhub-singleuser")]
     if os.geteuid() == 0:
         c.Spawner.args = ["--allow-root"]
-    if simulated:
-        c.LocalProcessSpawner.env_keep = list(c.LocalProcessSpawner.env_keep or [
-            "PATH", "PYTHONPATH", "CONDA_ROOT", "CONDA_DEFAULT_ENV", "VIRTUAL_ENV", "LANG", "LC_ALL",
-            "JUPYTERHUB_SINGLEUSER_APP",
-        ]) + list(SIMULATION_ENV)
+    if simulated:  # servers load the same stand-in NVML as the hub
+        c.Spawner.env_keep = ["JUPYTERHUB_SINGLEUSER_APP", "PATH", "LANG", *SIMULATION_ENV]
 
 c.GPUSpawnerMixin.gpu_profiles = [
     {

@@ -22,10 +22,15 @@ class ModelAvailability:
     free: int
     total: int
     largest: int  # most free GPUs of this model on one host: the biggest request that fits now
+    note: str = ""  # e.g. "shared, no memory isolation"
+    known: bool = True  # False: free/total could not be read just now
 
     @property
     def label(self) -> str:
-        return f"{self.name} - {self.free} of {self.total} free"
+        name = f"{self.name} ({self.note})" if self.note else self.name
+        if not self.known:
+            return f"{name} - availability unknown"
+        return f"{name} - {self.free} of {self.total} free"
 
 
 def model_availability(gpus: Collection[GPU], held: Collection[str]) -> list[ModelAvailability]:
@@ -49,10 +54,14 @@ def model_availability(gpus: Collection[GPU], held: Collection[str]) -> list[Mod
     )
 
 
-def _profile_context(profile: Profile, models: list[ModelAvailability], chosen: Mapping[str, Any]) -> dict:
+def _profile_context(
+    profile: Profile, models: list[ModelAvailability], chosen: Mapping[str, Any], unknown: bool = False
+) -> dict:
     offered = [m for m in models if profile.allows_model(m.slug)]
     largest = {"any": max((m.largest for m in offered), default=0)}
     largest.update({m.slug: m.largest for m in offered})
+    if unknown:  # nothing known: let every count through; the scheduler decides
+        largest = {key: profile.max_gpus for key in largest}
     selected_model = chosen.get("gpu_model")
     if not isinstance(selected_model, str) or selected_model not in largest:
         selected_model = "any"
@@ -90,20 +99,30 @@ def form_context(
     reading: InventoryReading,
     held: Collection[str],
     previous: Mapping[str, Any] | None = None,
+    *,
+    availability: list[ModelAvailability] | None = None,
+    unknown: str | None = None,
 ) -> dict:
-    """Everything form.html needs. ``previous`` pre-selects the user's last choice."""
+    """Everything form.html needs. ``previous`` pre-selects the user's last choice.
+
+    Backends that do not place exact GPUs themselves (Kubernetes) pass
+    ``availability`` (free/total per model, computed their way) instead of GPUs
+    in ``reading``, and ``unknown`` (why) when availability could not be read.
+    """
     previous = previous or {}
-    models = model_availability(reading.gpus, held)
+    models = availability if availability is not None else model_availability(reading.gpus, held)
     slugs = {p.slug for p in profiles}
     last = previous.get("profile")
     remembered = isinstance(last, str) and last in slugs
     selected = last if remembered else default_profile(profiles).slug
     return {
         "profiles": [
-            _profile_context(p, models, previous if remembered and p.slug == last else {}) for p in profiles
+            _profile_context(p, models, previous if remembered and p.slug == last else {}, unknown is not None)
+            for p in profiles
         ],
         "selected_profile": selected,
         "simulated": reading.simulated,
         "problems": list(reading.problems),
-        "no_gpus": not reading.gpus,
+        "no_gpus": not models and unknown is None if availability is not None else not reading.gpus,
+        "availability_unknown": unknown,
     }

@@ -152,10 +152,18 @@ class GPUSpawnerMixin(Configurable):
         return self._render_options_form
 
     async def _render_options_form(self, spawner=None) -> str:
-        reading = await self.inventory.read()
-        previous = self.user_options or {}
-        context = form_context(self.profiles, reading, self._ledger().held(), previous)
+        context = await self.options_form_context()
         return _templates.get_template("form.html").render(**context)
+
+    async def options_form_context(self) -> dict:
+        """What the form shows; backends that count GPUs their own way override this."""
+        reading = await self.inventory.read()
+        return form_context(self.profiles, reading, self._ledger().held(), self.user_options or {})
+
+    async def offered_models(self) -> set[str]:
+        """The model slugs users may pick (``gpu_model``); backends override with their inventory."""
+        reading = await self.inventory.read()
+        return {g.model for g in reading.gpus}
 
     def options_from_form(self, formdata):
         try:
@@ -171,8 +179,7 @@ class GPUSpawnerMixin(Configurable):
 
     async def _apply_gpu_options(self, user_options: dict[str, Any]) -> None:
         """Check user_options (form or REST) and apply the profile; 400 on bad input."""
-        reading = await self.inventory.read()
-        models = {g.model for g in reading.gpus}
+        models = await self.offered_models()
         try:
             choice = parse_options(user_options, self.profiles, models)
         except OptionsError as e:

@@ -78,7 +78,11 @@ c.GPUSpawnerMixin.gpu_profiles = settings["profiles"]
 class Hub:
     """Start, restart and drive one JupyterHub through its REST API."""
 
-    def __init__(self, directory: Path, nvml_env: dict[str, str], profiles: list[dict]) -> None:
+    def __init__(
+        self, directory: Path, nvml_env: dict[str, str], profiles: list[dict] | None = None,
+        config_file: Path | None = None,
+    ) -> None:
+        """A hub on free loopback ports; ``config_file`` replaces the test configuration."""
         self.dir = Path(directory)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.token = secrets.token_hex(16)
@@ -91,9 +95,19 @@ class Hub:
             "proxy_api_url": f"http://127.0.0.1:{free_port()}",
             "token": self.token,
             "profiles": profiles,
-            "singleuser": str(VENV_BIN / "jupyterhub-singleuser"),
+            "singleuser": str(self.dir / "singleuser.sh"),
         }
-        (self.dir / "jupyterhub_config.py").write_text(HUB_CONFIG)
+        # the real single-user server, except for the user "crash", whose server dies at start
+        (self.dir / "singleuser.sh").write_text(
+            "#!/bin/sh\n"
+            'if [ "$JUPYTERHUB_USER" = crash ]; then echo "crashing on purpose" >&2; exit 3; fi\n'
+            f'exec {VENV_BIN / "jupyterhub-singleuser"} "$@"\n'
+        )
+        (self.dir / "singleuser.sh").chmod(0o755)
+        if config_file is None:
+            config_file = self.dir / "jupyterhub_config.py"
+            config_file.write_text(HUB_CONFIG)
+        self.config_file = Path(config_file)
         self.env = {
             **{k: v for k, v in os.environ.items() if not k.startswith("JUPYTERHUB_")},
             **nvml_env,
@@ -109,7 +123,7 @@ class Hub:
     def start(self, timeout: float = 60) -> None:
         log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
-            [str(VENV_BIN / "jupyterhub"), "-f", str(self.dir / "jupyterhub_config.py")],
+            [str(VENV_BIN / "jupyterhub"), "-f", str(self.config_file)],
             cwd=self.dir, env=self.env, stdout=log, stderr=subprocess.STDOUT,
         )
         deadline = time.monotonic() + timeout

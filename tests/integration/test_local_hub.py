@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from urllib.parse import unquote
 
 import pytest
@@ -154,6 +155,37 @@ def test_malformed_bodies_are_refused_and_nothing_is_held(hub):
     bob = start(hub, "bob")
     assert len(alice | bob) == 4
     assert hub.spawn("carol", TWO_GPUS).status_code == 409
+
+
+def test_a_server_that_dies_at_start_gives_its_gpus_back(hub):
+    hub.add_users("crash", "alice", "bob")
+    # JupyterHub answers 201/202 or, when the process dies while it waits, an error of its own
+    hub.spawn("crash", TWO_GPUS)
+    deadline = time.monotonic() + 60
+    while hub.user("crash")["servers"] and time.monotonic() < deadline:
+        time.sleep(0.3)
+    assert hub.user("crash")["servers"] == {}, hub.log()
+    assert "crashing on purpose" in hub.log_path.read_text()
+    assert len(start(hub, "alice") | start(hub, "bob")) == 4
+
+
+def test_without_nvml_cpu_profiles_still_work(tmp_path, fakenvml_libdir):
+    config = simulated_config()
+    config["faults"] = {"nvmlInitWithFlags": "DRIVER_NOT_LOADED"}
+    config_path = tmp_path / "gpus.json"
+    fakenvml.write_config(config_path, config)
+    hub = Hub(tmp_path / "hub", fakenvml.env(fakenvml_libdir, config_path), PROFILES)
+    hub.start()
+    try:
+        hub.add_users("ivy", "jon")
+        assert start(hub, "ivy", {"profile": "cpu"}) == set()
+        r = hub.spawn("jon", {"profile": "gpu", "gpus": 1})
+        assert r.status_code == 409
+        assert "no GPU" in r.json()["message"] or "No GPU" in r.json()["message"], r.json()
+        html = login(hub, "kim").get(hub.url + "/hub/spawn").text
+        assert "No GPU is available on this hub" in html and "NVIDIA driver is not loaded" in html
+    finally:
+        hub.close()
 
 
 def test_refusal_names_the_field(hub):

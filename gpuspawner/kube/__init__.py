@@ -1,0 +1,14 @@
+"""Kubernetes support for gpuspawner.
+
+Following KubeSpawner's ``objects.py`` pattern, the parts here are pure
+functions over plain data (node and pod objects as JSON dicts, requests as
+small dataclasses); the only I/O is in :mod:`gpuspawner.kube.api`.
+
+- :mod:`.capacity`: GPU inventory of a cluster from its nodes and pods
+  (free/total per model, per MIG profile and per shared pool), and refusals.
+- :mod:`.podspec`: the KubeSpawner trait overrides for a request.
+- :mod:`.cuda`: an image's CUDA requirement, and node affinity on the
+  driver's CUDA version.
+- :mod:`.events`: scheduling events in plain words.
+- :mod:`.api`: reading nodes and pods through kubernetes_asyncio, cached.
+"""

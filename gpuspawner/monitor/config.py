@@ -1,0 +1,65 @@
+"""Configuration of the GPU monitor (traitlets, set in jupyter_server_config.py).
+
+```python
+c.GPUMonitor.interval = 1.0          # seconds between samples
+c.GPUMonitor.history_seconds = 600   # history a new tab starts with
+c.GPUMonitor.idle_pause = 30         # stop sampling this long after the last client
+```
+"""
+
+from __future__ import annotations
+
+from traitlets import Bool, Float, TraitError, validate
+from traitlets.config import Configurable
+
+
+class GPUMonitor(Configurable):
+    """Live GPU statistics of this server's GPUs, for the JupyterLab status bar and GPU panel."""
+
+    enabled = Bool(True, help="Serve the GPU monitor's API (api/gpus, api/gpus/stream, api/gpus/metrics).").tag(config=True)
+
+    interval = Float(
+        1.0,
+        help="Seconds between two samples of every visible GPU (0.1 to 60). One sampler thread per "
+        "server reads NVML; every client shares its samples.",
+    ).tag(config=True)
+
+    history_seconds = Float(
+        600.0,
+        help="Seconds of samples kept in memory, so a newly opened panel starts with history (0 to 86400).",
+    ).tag(config=True)
+
+    idle_pause = Float(
+        30.0,
+        help="Seconds after the last request (and with no live stream open) after which sampling pauses; "
+        "the next request wakes it (1 to 86400).",
+    ).tag(config=True)
+
+    static_refresh = Float(
+        60.0,
+        help="Seconds between re-reads of the slow-changing facts (GPU list, names, memory totals, power "
+        "limits, maximum clocks, MIG layout) (1 to 86400).",
+    ).tag(config=True)
+
+    @staticmethod
+    def _bounded(proposal, low: float, high: float) -> float:
+        value = proposal["value"]
+        if not low <= value <= high:
+            raise TraitError(f"GPUMonitor.{proposal['trait'].name} must be between {low:g} and {high:g}, not {value!r}")
+        return value
+
+    @validate("interval")
+    def _check_interval(self, proposal):
+        return self._bounded(proposal, 0.1, 60)
+
+    @validate("history_seconds")
+    def _check_history(self, proposal):
+        return self._bounded(proposal, 0, 86400)
+
+    @validate("idle_pause")
+    def _check_idle(self, proposal):
+        return self._bounded(proposal, 1, 86400)
+
+    @validate("static_refresh")
+    def _check_static(self, proposal):
+        return self._bounded(proposal, 1, 86400)

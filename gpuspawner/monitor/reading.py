@@ -1,0 +1,259 @@
+"""Read one sample of this server's GPUs through :func:`gpuspawner.nvml.query`.
+
+Blocking; the sampler calls it from its own thread, never on the event loop.
+Two steps: :func:`read_static` (slow-changing facts: which GPUs, their names,
+UUIDs, memory totals, power limits, maximum clocks, MIG layout; re-read rarely)
+and :func:`read_sample` (the live values, every interval). A sample is plain
+JSON; the README's "Monitor API" section documents it. A value that cannot be
+read is None, and its field name maps to the reason in the GPU's ``na`` dict.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from .. import nvml
+from .visibility import Device, Visibility
+
+# NVML enums (nvml.h), spelled here so this module does not import pynvml.
+TEMPERATURE_GPU = 0
+CLOCKS = {"graphics": 0, "sm": 1, "memory": 2}
+
+#: Every per-GPU field that may be None, with its unit (used by docs and metrics).
+FIELDS = {
+    "utilization_gpu": "%",
+    "utilization_memory": "%",
+    "memory_used": "bytes",
+    "memory_total": "bytes",
+    "temperature": "C",
+    "power": "W",
+    "power_limit": "W",
+    "clock_sm": "MHz",
+    "clock_memory": "MHz",
+    "clock_graphics": "MHz",
+    "max_clock_sm": "MHz",
+    "max_clock_memory": "MHz",
+    "max_clock_graphics": "MHz",
+}
+
+MIG_NOT_REPORTED = "not reported by the driver while MIG is enabled"
+
+
+@dataclass
+class StaticMIG:
+    handle: Any
+    uuid: str | None
+    name: str | None
+    memory_total: int | None
+
+
+@dataclass
+class StaticGPU:
+    index: int
+    handle: Any
+    uuid: str | None = None
+    name: str | None = None
+    cuda_index: int | None = None
+    memory_total: int | None = None
+    power_limit: float | None = None
+    max_clocks: dict[str, int | None] = field(default_factory=dict)
+    mig_mode: bool | None = None
+    mig: list[StaticMIG] = field(default_factory=list)
+    only_some_mig: bool = False  # the server sees only some MIG instances of this GPU
+    na: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class Static:
+    status: str
+    detail: str | None = None
+    driver_version: str | None = None
+    cuda_driver_version: int | None = None
+    gpus: list[StaticGPU] = field(default_factory=list)
+    read_at: float = field(default_factory=time.monotonic)
+
+
+def _mig_layout(handle: Any) -> tuple[bool | None, list[StaticMIG]]:
+    mode = nvml.query("nvmlDeviceGetMigMode", handle)
+    if not mode.ok or not mode.value[0]:
+        return (bool(mode.value[0]) if mode.ok else None), []
+    count = nvml.query("nvmlDeviceGetMaxMigDeviceCount", handle)
+    migs = []
+    for i in range(count.value or 0):
+        mh = nvml.query("nvmlDeviceGetMigDeviceHandleByIndex", handle, i)
+        if not mh.ok:  # NOT_FOUND: an empty slot
+            continue
+        memory = nvml.query("nvmlDeviceGetMemoryInfo", mh.value)
+        migs.append(StaticMIG(
+            handle=mh.value,
+            uuid=nvml.query("nvmlDeviceGetUUID", mh.value).value,
+            name=nvml.query("nvmlDeviceGetName", mh.value).value,
+            memory_total=memory.value.total if memory.ok else None,
+        ))
+    return True, migs
+
+
+def read_static(visibility: Visibility) -> Static:
+    """The GPUs this server may show, with the facts that rarely change."""
+    reason = nvml.init_reason()
+    if reason is not None:
+        return Static(status=reason, detail="GPU statistics are not available on this server.")
+    count = nvml.query("nvmlDeviceGetCount")
+    if not count.ok:
+        return Static(status=count.reason or "unknown NVML error")
+    driver = nvml.query("nvmlSystemGetDriverVersion").value
+    cuda = nvml.query("nvmlSystemGetCudaDriverVersion").value
+    gpus: list[StaticGPU] = []
+    for index in range(count.value):
+        handle = nvml.query("nvmlDeviceGetHandleByIndex", index)
+        if not handle.ok:
+            gpus.append(StaticGPU(index, None, na={"gpu": handle.reason or "unknown"}))
+            continue
+        h = handle.value
+        gpu = StaticGPU(index, h)
+        for key, fn in (("uuid", "nvmlDeviceGetUUID"), ("name", "nvmlDeviceGetName")):
+            r = nvml.query(fn, h)
+            setattr(gpu, key, r.value)
+            if not r.ok:
+                gpu.na[key] = r.reason
+        memory = nvml.query("nvmlDeviceGetMemoryInfo", h)
+        gpu.memory_total = memory.value.total if memory.ok else None
+        limit = nvml.query("nvmlDeviceGetEnforcedPowerLimit", h)
+        gpu.power_limit = limit.value / 1000 if limit.ok else None
+        if not limit.ok:
+            gpu.na["power_limit"] = limit.reason
+        for clock, kind in CLOCKS.items():
+            r = nvml.query("nvmlDeviceGetMaxClockInfo", h, kind)
+            gpu.max_clocks[clock] = r.value
+            if not r.ok:
+                gpu.na[f"max_clock_{clock}"] = r.reason
+        gpu.mig_mode, gpu.mig = _mig_layout(h)
+        gpus.append(gpu)
+    decisions = visibility.decide([Device(g.index, g.uuid, tuple(m.uuid for m in g.mig if m.uuid)) for g in gpus])
+    shown = []
+    for gpu, decision in zip(gpus, decisions):
+        if not decision.visible:
+            continue
+        gpu.cuda_index = decision.cuda_index
+        if decision.mig_uuids is not None:
+            gpu.only_some_mig = True
+            gpu.mig = [m for m in gpu.mig if m.uuid in decision.mig_uuids]
+        shown.append(gpu)
+    if not shown:
+        if count.value == 0:
+            detail = "NVML found no GPU on this machine."
+        else:
+            detail = f"NVML found {count.value} GPU(s); none is visible to this server ({visibility.describe()})."
+        return Static(status="no GPU visible", detail=detail, driver_version=driver, cuda_driver_version=cuda)
+    return Static(status="ok", driver_version=driver, cuda_driver_version=cuda, gpus=shown)
+
+
+#: attribute(pid) -> (kernel dict or None, note or None); see kernels.py.
+Attribution = Callable[[int], tuple[dict | None, str | None]]
+
+
+def _no_attribution(pid: int) -> tuple[dict | None, str | None]:
+    return None, None
+
+
+def _processes(gpu: StaticGPU, na: dict[str, str], attribute: Attribution) -> list[dict]:
+    handles = [m.handle for m in gpu.mig] if gpu.only_some_mig else [gpu.handle]
+    seen: dict[int, dict] = {}
+    for handle in handles:
+        for fn in ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetGraphicsRunningProcesses"):
+            r = nvml.query(fn, handle)
+            if not r.ok:
+                if fn.endswith("ComputeRunningProcesses"):
+                    na["processes"] = r.reason
+                continue
+            for p in r.value:
+                used = getattr(p, "usedGpuMemory", None)
+                entry = seen.get(p.pid)
+                if entry is None:
+                    kernel, note = attribute(p.pid)
+                    seen[p.pid] = {"pid": p.pid, "used_memory": used, "kernel": kernel, "note": note}
+                elif used is not None:
+                    entry["used_memory"] = (entry["used_memory"] or 0) + used
+    return sorted(seen.values(), key=lambda e: -(e["used_memory"] or 0))
+
+
+def _gpu_sample(gpu: StaticGPU, attribute: Attribution) -> dict:
+    na: dict[str, str] = {}
+    out: dict[str, Any] = {
+        "index": gpu.index,
+        "cuda_index": gpu.cuda_index,
+        "uuid": gpu.uuid,
+        "name": gpu.name,
+        "mig_mode": gpu.mig_mode,
+    }
+    values: dict[str, Any] = dict.fromkeys(FIELDS)
+    if gpu.handle is None:  # no handle at all: the GPU is lost or unreadable
+        reason = gpu.na.get("gpu", "unknown")
+        na.update({k: reason for k in ("uuid", "name", *FIELDS, "processes")})
+        out.update(values, processes=[], mig=[], na=na)
+        return out
+    h = gpu.handle
+    na.update(gpu.na)
+
+    util = nvml.query("nvmlDeviceGetUtilizationRates", h)
+    if util.ok:
+        values["utilization_gpu"], values["utilization_memory"] = util.value.gpu, util.value.memory
+    else:
+        reason = MIG_NOT_REPORTED if gpu.mig_mode and "not supported" in (util.reason or "") else util.reason
+        na["utilization_gpu"] = na["utilization_memory"] = reason
+    memory = nvml.query("nvmlDeviceGetMemoryInfo", h)
+    if memory.ok:
+        values["memory_used"], values["memory_total"] = memory.value.used, memory.value.total
+    else:
+        na["memory_used"] = memory.reason
+        values["memory_total"] = gpu.memory_total
+        if gpu.memory_total is None:
+            na["memory_total"] = memory.reason
+    temp = nvml.query("nvmlDeviceGetTemperature", h, TEMPERATURE_GPU)
+    values["temperature"] = temp.value
+    if not temp.ok:
+        na["temperature"] = temp.reason
+    power = nvml.query("nvmlDeviceGetPowerUsage", h)
+    values["power"] = power.value / 1000 if power.ok else None
+    if not power.ok:
+        na["power"] = power.reason
+    values["power_limit"] = gpu.power_limit
+    for clock, kind in CLOCKS.items():
+        r = nvml.query("nvmlDeviceGetClockInfo", h, kind)
+        values[f"clock_{clock}"] = r.value
+        if not r.ok:
+            na[f"clock_{clock}"] = r.reason
+        values[f"max_clock_{clock}"] = gpu.max_clocks.get(clock)
+
+    mig = []
+    for m in gpu.mig:
+        mig_na: dict[str, str] = {}
+        used = nvml.query("nvmlDeviceGetMemoryInfo", m.handle)
+        if not used.ok:
+            mig_na["memory_used"] = used.reason
+        mig.append({
+            "uuid": m.uuid,
+            "name": m.name,
+            "memory_used": used.value.used if used.ok else None,
+            "memory_total": used.value.total if used.ok else m.memory_total,
+            "na": mig_na,
+        })
+    out.update(values)
+    out["processes"] = _processes(gpu, na, attribute)
+    out["mig"] = mig
+    out["na"] = na
+    return out
+
+
+def read_sample(static: Static, attribute: Attribution = _no_attribution, now: float | None = None) -> dict:
+    """One sample: the live values of every GPU in ``static``, as plain JSON."""
+    return {
+        "time": time.time() if now is None else now,
+        "status": static.status,
+        "detail": static.detail,
+        "driver_version": static.driver_version,
+        "cuda_driver_version": static.cuda_driver_version,
+        "gpus": [_gpu_sample(g, attribute) for g in static.gpus],
+    }

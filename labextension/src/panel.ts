@@ -1,0 +1,278 @@
+/**
+ * The GPU panel: per GPU, live charts of utilisation, memory, temperature and
+ * power over the last minutes, clocks, processes (with their notebooks) and
+ * MIG instances. A value that is not available says N/A and why.
+ */
+import { Widget } from '@lumino/widgets';
+import uPlot from 'uplot';
+
+import { GPUStream, IGPU, ISample, gib } from './api';
+
+interface IChartSpec {
+  key: string;
+  title: string;
+  unit: string;
+  value: (gpu: IGPU) => number | null;
+  max: (gpu: IGPU) => number | null;
+  naField: string;
+}
+
+const CHARTS: IChartSpec[] = [
+  { key: 'util', title: 'Utilisation', unit: '%', value: g => g.utilization_gpu, max: () => 100, naField: 'utilization_gpu' },
+  {
+    key: 'memory',
+    title: 'Memory',
+    unit: 'GiB',
+    value: g => (g.memory_used === null ? null : g.memory_used / 2 ** 30),
+    max: g => (g.memory_total === null ? null : g.memory_total / 2 ** 30),
+    naField: 'memory_used'
+  },
+  { key: 'temperature', title: 'Temperature', unit: '°C', value: g => g.temperature, max: () => null, naField: 'temperature' },
+  { key: 'power', title: 'Power', unit: 'W', value: g => g.power, max: g => g.power_limit, naField: 'power' }
+];
+
+/** A theme colour (canvas cannot read CSS variables itself). */
+function cssVar(name: string, fallback: string): string {
+  return getComputedStyle(document.body).getPropertyValue(name).trim() || fallback;
+}
+
+function gpuKey(gpu: IGPU): string {
+  return `${gpu.index}:${gpu.uuid ?? ''}`;
+}
+
+function el<K extends keyof HTMLElementTagNameMap>(tag: K, cls?: string, text?: string): HTMLElementTagNameMap[K] {
+  const node = document.createElement(tag);
+  if (cls) {
+    node.className = cls;
+  }
+  if (text !== undefined) {
+    node.textContent = text;
+  }
+  return node;
+}
+
+function na(gpu: { na: { [field: string]: string } }, field: string): string {
+  return `N/A (${gpu.na[field] ?? 'not reported'})`;
+}
+
+class GPUCard {
+  constructor(gpu: IGPU) {
+    this.node = el('section', 'jp-gpuspawner-Card');
+    this.node.dataset.gpuIndex = String(gpu.index);
+    this._title = el('h3', 'jp-gpuspawner-CardTitle');
+    this.node.appendChild(this._title);
+    const charts = el('div', 'jp-gpuspawner-Charts');
+    for (const spec of CHARTS) {
+      const box = el('div', 'jp-gpuspawner-Chart');
+      box.dataset.chart = spec.key;
+      const label = el('div', 'jp-gpuspawner-ChartLabel');
+      label.dataset.field = spec.key;
+      box.appendChild(label);
+      const plotNode = el('div', 'jp-gpuspawner-Plot');
+      box.appendChild(plotNode);
+      charts.appendChild(box);
+      this._labels[spec.key] = label;
+      const ink = cssVar('--jp-ui-font-color2', '#616161');
+      const grid = cssVar('--jp-border-color2', '#e0e0e0');
+      const line = cssVar('--jp-brand-color1', '#1976d2');
+      this._plots[spec.key] = new uPlot(
+        {
+          width: 260,
+          height: 110,
+          legend: { show: false },
+          cursor: { show: false },
+          scales: { x: { time: true }, y: { range: (_u, lo, hi) => [Math.min(0, lo ?? 0), Math.max(hi ?? 1, spec.max(gpu) ?? 0, 1)] } },
+          axes: [
+            { size: 30, stroke: ink, grid: { stroke: grid, width: 1 }, ticks: { stroke: grid } },
+            { size: 44, stroke: ink, grid: { stroke: grid, width: 1 }, ticks: { stroke: grid } }
+          ],
+          series: [{}, { label: spec.title, stroke: line, fill: line + '26', width: 1.5, spanGaps: false, points: { show: false } }]
+        },
+        [[], []],
+        plotNode
+      );
+    }
+    this.node.appendChild(charts);
+    this._clocks = el('div', 'jp-gpuspawner-Clocks');
+    this._clocks.dataset.field = 'clocks';
+    this.node.appendChild(this._clocks);
+    this._processes = el('div', 'jp-gpuspawner-Processes');
+    this.node.appendChild(this._processes);
+    this._mig = el('div', 'jp-gpuspawner-Mig');
+    this.node.appendChild(this._mig);
+  }
+
+  update(gpu: IGPU, history: ReadonlyArray<ISample>): void {
+    const cuda = gpu.cuda_index === null ? '' : ` (cuda:${gpu.cuda_index})`;
+    this._title.textContent = `GPU ${gpu.index}${cuda} · ${gpu.name ?? na(gpu, 'name')}`;
+    this._title.title = gpu.uuid ?? '';
+    const key = gpuKey(gpu);
+    for (const spec of CHARTS) {
+      const value = spec.value(gpu);
+      const max = spec.max(gpu);
+      const digits = spec.key === 'memory' ? 1 : 0;
+      this._labels[spec.key].textContent =
+        value === null
+          ? `${spec.title}: ${na(gpu, spec.naField)}`
+          : `${spec.title}: ${value.toFixed(digits)}${max !== null ? ` / ${max.toFixed(digits)}` : ''} ${spec.unit}`;
+      const times: number[] = [];
+      const values: (number | null)[] = [];
+      for (const sample of history) {
+        const g = sample.gpus.find(x => gpuKey(x) === key);
+        times.push(sample.time);
+        values.push(g ? spec.value(g) : null);
+      }
+      this._plots[spec.key].setData([times, values] as uPlot.AlignedData);
+    }
+    const clocks = (['sm', 'memory', 'graphics'] as const).map(c => {
+      const value = gpu[`clock_${c}`];
+      const max = gpu[`max_clock_${c}`];
+      return `${c} ${value === null ? na(gpu, `clock_${c}`) : `${value}${max === null ? '' : ` / ${max}`} MHz`}`;
+    });
+    this._clocks.textContent = `Clocks: ${clocks.join(' · ')}`;
+    this._renderProcesses(gpu);
+    this._renderMig(gpu);
+  }
+
+  dispose(): void {
+    for (const plot of Object.values(this._plots)) {
+      plot.destroy();
+    }
+    this.node.remove();
+  }
+
+  private _renderProcesses(gpu: IGPU): void {
+    const box = this._processes;
+    box.textContent = '';
+    box.appendChild(el('h4', undefined, 'Processes'));
+    if (gpu.na['processes']) {
+      box.appendChild(el('p', 'jp-gpuspawner-NA', na(gpu, 'processes')));
+      return;
+    }
+    if (!gpu.processes.length) {
+      box.appendChild(el('p', 'jp-gpuspawner-Empty', 'No process is using this GPU.'));
+      return;
+    }
+    const table = el('table', 'jp-gpuspawner-Table');
+    const head = table.insertRow();
+    for (const h of ['PID', 'Memory', 'Notebook / kernel']) {
+      head.appendChild(el('th', undefined, h));
+    }
+    for (const p of gpu.processes) {
+      const row = table.insertRow();
+      row.insertCell().textContent = String(p.pid);
+      row.insertCell().textContent = p.used_memory === null ? 'N/A' : `${gib(p.used_memory)} GiB`;
+      const k = p.kernel;
+      row.insertCell().textContent = k
+        ? `${k.path ?? '(no notebook)'} · ${k.name ?? 'kernel'} ${k.id.slice(0, 8)}${k.via_child ? ' (child process)' : ''}`
+        : p.note ?? '';
+    }
+    box.appendChild(table);
+  }
+
+  private _renderMig(gpu: IGPU): void {
+    const box = this._mig;
+    box.textContent = '';
+    if (!gpu.mig.length) {
+      return;
+    }
+    box.appendChild(el('h4', undefined, 'MIG instances'));
+    const table = el('table', 'jp-gpuspawner-Table');
+    for (const m of gpu.mig) {
+      const row = table.insertRow();
+      row.insertCell().textContent = m.name ?? m.uuid ?? 'MIG device';
+      row.insertCell().textContent =
+        m.memory_used === null ? na(m, 'memory_used') : `${gib(m.memory_used)} / ${gib(m.memory_total)} GiB`;
+      row.title = m.uuid ?? '';
+    }
+    box.appendChild(table);
+  }
+
+  readonly node: HTMLElement;
+  private _title: HTMLElement;
+  private _labels: { [key: string]: HTMLElement } = {};
+  private _plots: { [key: string]: uPlot } = {};
+  private _clocks: HTMLElement;
+  private _processes: HTMLElement;
+  private _mig: HTMLElement;
+}
+
+export class GPUPanel extends Widget {
+  constructor(stream: GPUStream) {
+    super();
+    this.id = 'gpuspawner-gpu-panel';
+    this.title.label = 'GPU';
+    this.title.caption = 'Live statistics of this server\'s GPUs';
+    this.title.closable = true;
+    this.addClass('jp-gpuspawner-Panel');
+    this._status = el('div', 'jp-gpuspawner-Status');
+    this._status.dataset.gpuspawner = 'panel-status';
+    this._cards = el('div', 'jp-gpuspawner-Cards');
+    this.node.appendChild(this._status);
+    this.node.appendChild(this._cards);
+    this._stream = stream;
+    stream.changed.connect(this._render, this);
+    this._render();
+  }
+
+  dispose(): void {
+    this._stream.changed.disconnect(this._render, this);
+    for (const card of this._byKey.values()) {
+      card.dispose();
+    }
+    super.dispose();
+  }
+
+  private _render(): void {
+    const sample = this._stream.latest;
+    const problem = this._stream.problem;
+    if (!sample) {
+      this._status.textContent = problem ?? 'Waiting for the first GPU sample…';
+      return;
+    }
+    const head = [] as string[];
+    if (problem) {
+      head.push(problem);
+    }
+    if (sample.status !== 'ok') {
+      head.push(sample.status + (sample.detail ? `. ${sample.detail}` : ''));
+    } else {
+      head.push(
+        `${sample.gpus.length} GPU${sample.gpus.length === 1 ? '' : 's'} · driver ${sample.driver_version ?? 'N/A'} · ` +
+          `updated ${new Date(sample.time * 1000).toLocaleTimeString()}`
+      );
+    }
+    this._status.textContent = head.join(' — ');
+    this._status.classList.toggle('jp-gpuspawner-Problem', sample.status !== 'ok' || problem !== null);
+    const seen = new Set<string>();
+    for (const gpu of sample.gpus) {
+      const key = gpuKey(gpu);
+      seen.add(key);
+      let card = this._byKey.get(key);
+      const created = !card;
+      if (!card) {
+        card = new GPUCard(gpu);
+        this._byKey.set(key, card);
+        this._cards.appendChild(card.node);
+      }
+      if (created || this.isVisible) {  // hidden: catch up in onAfterShow
+        card.update(gpu, this._stream.history);
+      }
+    }
+    for (const [key, card] of this._byKey) {
+      if (!seen.has(key)) {
+        card.dispose();
+        this._byKey.delete(key);
+      }
+    }
+  }
+
+  protected onAfterShow(): void {
+    this._render();
+  }
+
+  private _stream: GPUStream;
+  private _status: HTMLElement;
+  private _cards: HTMLElement;
+  private _byKey = new Map<string, GPUCard>();
+}

@@ -1,0 +1,114 @@
+"""The GPU status bar and panel in real JupyterLab, in real Chromium, on the stand-in NVML.
+
+Chromium is Debian's (/usr/bin/chromium, installed by scripts/setup) driven by
+Playwright; Playwright's own browsers are never downloaded. Screenshots go to
+test-artifacts/ (gitignored).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+import fakenvml
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))
+from jupyter_server_proc import JupyterServer  # noqa: E402
+
+CHROMIUM = "/usr/bin/chromium"
+ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
+BUILT = Path(__file__).resolve().parents[2] / "gpuspawner" / "labextension" / "static" / "style.js"
+
+pytestmark = [
+    pytest.mark.monitor,
+    pytest.mark.skipif(not os.access(CHROMIUM, os.X_OK), reason="needs Debian's chromium at /usr/bin/chromium (scripts/setup installs it)"),
+    pytest.mark.skipif(not BUILT.exists(), reason="the JupyterLab extension is not built (scripts/setup builds it)"),
+]
+
+sync_api = pytest.importorskip("playwright.sync_api", reason="needs playwright (pip install -e .[test])")
+
+
+@pytest.fixture
+def browser():
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(
+            executable_path=CHROMIUM,
+            args=["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                  "--disable-component-update", "--no-first-run"],
+        )
+        try:
+            yield browser
+        finally:
+            browser.close()
+
+
+def lab(tmp_path, env, monkeypatch) -> JupyterServer:
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.delenv("NVIDIA_VISIBLE_DEVICES", raising=False)
+    return JupyterServer(tmp_path / "lab", env, ["--GPUMonitor.interval=0.5"], app="jupyterlab")
+
+
+def canvas_images(page) -> list[str]:
+    return page.eval_on_selector_all(".jp-gpuspawner-Card canvas", "cs => cs.map(c => c.toDataURL())")
+
+
+def test_status_bar_and_panel_follow_the_stand_in(tmp_path, fakenvml_libdir, browser, monkeypatch):
+    path = tmp_path / "gpus.json"
+    device = fakenvml.make_device(0, utilization_gpu=73, memory_used=int(12.1 * 2**30), temperature=55,
+                                  power_usage=250_000)
+    fakenvml.write_config(path, {"devices": [device]})
+    ARTIFACTS.mkdir(exist_ok=True)
+    with lab(tmp_path, fakenvml.env(fakenvml_libdir, path), monkeypatch) as server:
+        page = browser.new_page(viewport={"width": 1400, "height": 900})
+        page.set_default_timeout(120_000)
+        page.goto(f"{server.url}lab?token={server.token}")
+        status = page.locator("[data-gpuspawner=status]")
+        sync_api.expect(status).to_have_text("GPU 73% | 12.1 / 80.0 GiB", timeout=120_000)
+        assert "GPU 0 NVIDIA A100-SXM4-80GB: 73%, 12.1 / 80.0 GiB, 55 °C, 250 W" in status.get_attribute("title")
+
+        status.click()  # opens the GPU panel (command gpu:open-panel)
+        card = page.locator(".jp-gpuspawner-Card[data-gpu-index='0']")
+        sync_api.expect(card.locator("[data-field=util]")).to_have_text("Utilisation: 73 / 100 %")
+        sync_api.expect(card.locator("[data-field=memory]")).to_have_text("Memory: 12.1 / 80.0 GiB")
+        sync_api.expect(card.locator("[data-field=power]")).to_have_text("Power: 250 / 400 W")
+        sync_api.expect(card.locator("[data-field=clocks]")).to_contain_text("sm 1410 / 1410 MHz")
+        page.wait_for_timeout(1500)  # a few points on the charts
+        before = canvas_images(page)
+        assert len(before) == 4
+
+        busy = fakenvml.make_device(0, utilization_gpu=41, memory_used=int(60.5 * 2**30), temperature=71,
+                                    power_usage=380_000, processes=[{"pid": os.getpid(), "used_memory": 2**31}])
+        fakenvml.write_config(path, {"devices": [busy]})
+        sync_api.expect(status).to_have_text("GPU 41% | 60.5 / 80.0 GiB")
+        sync_api.expect(card.locator("[data-field=util]")).to_have_text("Utilisation: 41 / 100 %")
+        sync_api.expect(card.locator("[data-field=temperature]")).to_have_text("Temperature: 71 °C")
+        sync_api.expect(card.locator(".jp-gpuspawner-Processes")).to_contain_text(str(os.getpid()))
+        sync_api.expect(card.locator(".jp-gpuspawner-Processes")).to_contain_text("not started by a kernel of this server")
+        page.wait_for_timeout(1500)
+        after = canvas_images(page)
+        assert all(a != b for a, b in zip(before, after)), "every chart drew the new values"
+        page.screenshot(path=str(ARTIFACTS / "monitor-lab-panel.png"))
+
+        # power reading stops being supported: the panel says N/A and why
+        busy["faults"] = {"nvmlDeviceGetPowerUsage": "NOT_SUPPORTED"}
+        fakenvml.write_config(path, {"devices": [busy]})
+        sync_api.expect(card.locator("[data-field=power]")).to_have_text("Power: N/A (not supported by this GPU or driver)")
+
+
+def test_no_driver_is_said_plainly(tmp_path, fakenvml_libdir, browser, monkeypatch):
+    with lab(tmp_path, fakenvml.env(fakenvml_libdir, None), monkeypatch) as server:
+        page = browser.new_page(viewport={"width": 1200, "height": 700})
+        page.set_default_timeout(120_000)
+        page.goto(f"{server.url}lab?token={server.token}")
+        status = page.locator("[data-gpuspawner=status]")
+        sync_api.expect(status).to_have_text("GPU: N/A", timeout=120_000)
+        assert "NVIDIA driver is not loaded" in status.get_attribute("title")
+        status.click()
+        sync_api.expect(page.locator("[data-gpuspawner=panel-status]")).to_contain_text(
+            "NVIDIA driver is not loaded. GPU statistics are not available on this server.")
+        ARTIFACTS.mkdir(exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / "monitor-lab-no-driver.png"))

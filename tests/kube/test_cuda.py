@@ -1,0 +1,42 @@
+"""The CUDA requirement parser of gpu-kube and its node affinity."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpuspawner.kube.cuda import CudaRequirementError, cuda_affinity_terms, node_supports, parse_kube_cuda_requirement
+
+
+@pytest.mark.parametrize("text, version", [
+    ("12.4", (12, 4)), ("12", (12, 0)), ("11.8.0", (11, 8)), ("cuda>=12.2", (12, 2)),
+    ("cuda>=12.4 brand=tesla,driver>=470,driver<471 brand=unknown,driver>=470,driver<471", (12, 4)),
+])
+def test_parse(text, version):
+    assert parse_kube_cuda_requirement(text) == version
+
+
+@pytest.mark.parametrize("text", ["", "latest", "brand=tesla", 12.4, None, "cuda<12"])
+def test_bad_requirements_are_refused_clearly(text):
+    with pytest.raises(CudaRequirementError, match="CUDA requirement"):
+        parse_kube_cuda_requirement(text)
+
+
+def test_affinity_terms_match_the_same_nodes_as_the_comparison():
+    """Evaluate the terms the way the scheduler does, against every driver version 10.0..13.9."""
+    def matches(terms, labels):
+        def ok(e):
+            have = labels.get(e["key"])
+            if have is None:
+                return False
+            if e["operator"] == "In":
+                return have in e["values"]
+            return int(have) > int(e["values"][0])  # Gt
+        return any(all(ok(e) for e in term) for term in terms)
+
+    for need in [(12, 0), (12, 4), (11, 8)]:
+        terms = cuda_affinity_terms(need)
+        for major in range(10, 14):
+            for minor in range(10):
+                labels = {"nvidia.com/cuda.driver.major": str(major), "nvidia.com/cuda.driver.minor": str(minor)}
+                assert matches(terms, labels) == ((major, minor) >= need) == node_supports(labels, need)
+    assert node_supports({}, (12, 0)) is None

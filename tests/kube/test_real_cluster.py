@@ -1,0 +1,51 @@
+"""gpu-kube against a real Kubernetes cluster: runs only when KUBECONFIG is set.
+
+Read only, apart from server-side dry-run pod creation (nothing is created):
+the cluster's GPU capacity is read, the form renders, and the pod of a
+CPU-only choice (and, when the cluster has GPUs, of a one-GPU choice) is
+accepted by the API server's own validation.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+pytestmark = pytest.mark.skipif(
+    not os.environ.get("KUBECONFIG"),
+    reason="needs a real Kubernetes cluster: set KUBECONFIG (and optionally GPUSPAWNER_TEST_NAMESPACE) to run it",
+)
+
+PROFILES = [
+    {"slug": "cpu", "display_name": "CPU only", "gpu_counts": [0]},
+    {"slug": "gpu", "display_name": "GPU", "gpu_models": ["any"], "gpu_counts": [1], "default_gpus": 1},
+]
+
+
+async def test_capacity_form_and_dry_run_pods():
+    from traitlets.config import Config
+
+    from gpuspawner.kube.capacity import pools
+    from gpuspawner.spawners.kube import GPUKubeSpawner
+
+    config = Config()
+    config.KubeSpawner.namespace = os.environ.get("GPUSPAWNER_TEST_NAMESPACE", "default")
+    config.GPUKubeSpawner.gpu_profiles = PROFILES
+    spawner = GPUKubeSpawner(_mock=True, config=config)
+    reading = await spawner.cluster_capacity().read()
+    assert reading.unknown is None, reading.unknown
+    for pool in pools(reading.nodes):
+        assert 0 <= pool.free <= pool.total and pool.largest <= pool.max_per_node
+    html = await spawner._render_options_form()
+    assert "CPU only" in html
+    choices = [{"profile": "cpu"}]
+    if any(p.kind == "gpu" and p.largest >= 1 for p in pools(reading.nodes)):
+        choices.append({"profile": "gpu", "gpus": 1})
+    for options in choices:
+        spawner.user_options = options
+        await spawner._run_apply_user_options(options)
+        await spawner.reserve_gpus()
+        manifest = await spawner.get_pod_manifest()
+        created = await spawner.api.create_namespaced_pod(spawner.namespace, manifest, dry_run="All")
+        assert created.metadata.name == spawner.pod_name
