@@ -300,6 +300,7 @@ class GPUDockerSpawner(GPUSpawnerMixin, DockerSpawner):
         try:
             result = await super().start()  # mixin: place and reserve, then DockerSpawner.start
         except BaseException as e:
+            self._absent = False
             # the mixin has released the GPUs; a refused or failed start leaves no container
             await self._remove_failed_container()
             if isinstance(e, Exception) and _is_unreachable(e):
@@ -314,6 +315,7 @@ class GPUDockerSpawner(GPUSpawnerMixin, DockerSpawner):
         Done before placing, so its GPUs are free again only once it is gone.
         """
         obj = await self.get_object()
+        self._absent = True  # DockerSpawner.start need not ask again
         if obj is None:
             return
         self.log.warning(
@@ -322,6 +324,12 @@ class GPUDockerSpawner(GPUSpawnerMixin, DockerSpawner):
         )
         await self.docker("remove_container", obj["Id"], v=True, force=True)
         self.object_id = ""
+
+    async def get_object(self):
+        if getattr(self, "_absent", False):
+            self._absent = False
+            return None
+        return await super().get_object()
 
     async def _remove_failed_container(self) -> None:
         if not self.object_id:
@@ -339,7 +347,13 @@ class GPUDockerSpawner(GPUSpawnerMixin, DockerSpawner):
     async def pull_image(self, image):
         self.gpu_event(f"Checking image {image}", 40)
         try:
-            await super().pull_image(image)
+            info = await self.docker("inspect_image", image)
+        except docker.errors.NotFound:
+            info = None
+        try:
+            if info is None or self.pull_policy.lower() == "always":
+                await super().pull_image(image)  # pulls, or says why it cannot
+                info = await self.docker("inspect_image", image)
         except docker.errors.APIError as e:
             message = (
                 f"Image {image} is not on the Docker host and could not be pulled "
@@ -349,7 +363,6 @@ class GPUDockerSpawner(GPUSpawnerMixin, DockerSpawner):
             raise user_error(500, message) from e
         if not (self.check_cuda_compatibility and self.gpu_allocation):
             return
-        info = await self.docker("inspect_image", image)
         config = info.get("Config") or {}
         try:
             requirements = compat.image_requirements(config.get("Env"), config.get("Labels"))

@@ -48,6 +48,7 @@ c.DockerSpawner.prefix = settings["prefix"]
 c.DockerSpawner.remove = True
 c.DockerSpawner.volumes = settings["volumes"]
 c.DockerSpawner.environment = settings["container_env"]
+c.DockerSpawner.extra_host_config = settings["extra_host_config"]
 c.Spawner.start_timeout = 300
 c.Spawner.http_timeout = 300
 c.Spawner.default_url = "/lab"
@@ -76,6 +77,7 @@ class DockerHub(Hub):
         slow_spawn_timeout: float = 10,
         check_cuda: bool = True,
         image: str = IMAGE_TAG,
+        extra_host_config: dict | None = None,
     ) -> None:
         super().__init__(directory, nvml_env, profiles)
         self.engine = engine
@@ -90,6 +92,7 @@ class DockerHub(Hub):
             "hub_id": self.hub_id,
             "check_cuda": check_cuda,
             "slow_spawn_timeout": slow_spawn_timeout,
+            "extra_host_config": extra_host_config or {},
             "volumes": {
                 str(libdir): {"bind": CONTAINER_LIB, "mode": "ro"},
                 str(engine.gpus_path): {"bind": CONTAINER_GPUS, "mode": "ro"},
