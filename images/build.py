@@ -5,7 +5,8 @@
 ``singleuser`` (the default) is the minimal image; ``tensorflow`` adds CPU
 TensorFlow (the ``tensorflow-cpu`` wheel: about 320 MB of wheels) and the GPU
 benchmark notebook; ``pytorch`` adds PyPI's torch (CUDA libraries included,
-several GB: not built by the tests).
+several GB: not built by the tests); ``hub`` builds ``images/hub/Dockerfile``
+(JupyterHub, gpuspawner[kube]) the same way, from a copy of this checkout.
 
 The engine is the one ``DOCKER_HOST`` names (default: the local socket).
 Three steps, each cached under ``--cache`` by a key of its inputs, so a rerun
@@ -30,6 +31,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -156,8 +158,9 @@ def build(tag: str, cache: Path, client: docker.DockerClient | None = None, imag
     wheel = gpuspawner_wheel(cache)
     dockerfile_dir = IMAGES_DIR / image
     buildargs = dict(IMAGES[image][1])
+    notebooks = sorted(NOTEBOOKS_DIR.glob("*.ipynb")) if image != "singleuser" else []
     key = _key(base.name, wheels.name, wheel.parent.name, sorted(buildargs.items()),
-               _tree_key([dockerfile_dir / "Dockerfile", *sorted(NOTEBOOKS_DIR.glob("*.ipynb"))]))
+               _tree_key([dockerfile_dir / "Dockerfile", *notebooks]))
     keyed = f"gpuspawner-{image}:{key}"
     saved = cache / f"{image}-{key}.tar"
 
@@ -166,12 +169,7 @@ def build(tag: str, cache: Path, client: docker.DockerClient | None = None, imag
         with open(saved, "rb") as f:
             client.images.load(f)
     if not _has_image(client, keyed):
-        base_tag = f"gpuspawner-base:{base.stem.split('-', 1)[1]}"
-        if not _has_image(client, base_tag):
-            _log(f"importing {base.name} as {base_tag}")
-            repo, _, btag = base_tag.partition(":")
-            with open(base, "rb") as f:
-                client.api.import_image_from_data(f, repository=repo, tag=btag)
+        base_tag = _import_base(client, base)
         with tempfile.TemporaryDirectory(prefix=f"{image}-", dir=cache) as context:
             ctx = Path(context)
             shutil.copy(dockerfile_dir / "Dockerfile", ctx / "Dockerfile")
@@ -199,6 +197,68 @@ def build(tag: str, cache: Path, client: docker.DockerClient | None = None, imag
     return keyed
 
 
+HUB_BUILD_REQUIREMENTS = ("hatchling>=1.21", "hatch-jupyter-builder>=0.9")
+
+
+def hub_wheelhouse(cache: Path) -> Path:
+    """Wheels for ``pip install /src[kube]`` in the hub image: its dependencies and build backend."""
+    deps = []
+    for req in metadata.requires("gpuspawner") or []:
+        name, _, marker = req.partition(";")
+        if not marker or re.search(r"""extra\s*==\s*['"]kube['"]""", marker):
+            deps.append(name.strip())
+    deps = sorted(deps) + list(HUB_BUILD_REQUIREMENTS)
+    key = _key(deps, PIP_TARGET)
+    path = cache / f"hubwheels-{key}"
+    if path.is_dir():
+        return path
+    _log("downloading wheels for the hub image")
+    tmp = Path(tempfile.mkdtemp(prefix=".hubwheels-", dir=cache))
+    try:
+        _run([sys.executable, "-m", "pip", "download", "-q", *PIP_TARGET, "-d", str(tmp), *deps])
+        os.replace(tmp, path)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return path
+
+
+def build_hub(tag: str, cache: Path, client: docker.DockerClient | None = None) -> str:
+    """Build ``images/hub/Dockerfile`` offline on the mmdebstrap base (no cache of the result)."""
+    cache.mkdir(parents=True, exist_ok=True)
+    client = client or docker.from_env(timeout=600)
+    base = base_tarball(cache)
+    wheels = hub_wheelhouse(cache)
+    base_tag = _import_base(client, base)
+    with tempfile.TemporaryDirectory(prefix="hub-", dir=cache) as context:
+        ctx = Path(context)
+        # the Dockerfile's context is the repository root: copy only what it reads
+        (ctx / "images" / "hub").mkdir(parents=True)
+        shutil.copy(IMAGES_DIR / "hub" / "Dockerfile", ctx / "images" / "hub" / "Dockerfile")
+        shutil.copytree(wheels, ctx / "images" / "hub" / "wheels")
+        for name in ("pyproject.toml", "README.md"):
+            shutil.copy(ROOT / name, ctx / name)
+        shutil.copytree(ROOT / "gpuspawner", ctx / "gpuspawner", ignore=shutil.ignore_patterns("__pycache__"))
+        _log(f"building {tag}")
+        try:
+            client.images.build(path=str(ctx), dockerfile="images/hub/Dockerfile", tag=tag, rm=True, forcerm=True,
+                                timeout=1800, buildargs={"BASE_IMAGE": base_tag,
+                                                         "PIP_ARGS": "--no-index --find-links /tmp/wheels"})
+        except docker.errors.BuildError as e:
+            lines = "".join(str(item.get("stream") or item.get("error") or "") for item in e.build_log)
+            raise RuntimeError(f"docker build failed: {e}\n{lines[-4000:]}") from e
+    return tag
+
+
+def _import_base(client: docker.DockerClient, base: Path) -> str:
+    base_tag = f"gpuspawner-base:{base.stem.split('-', 1)[1]}"
+    if not _has_image(client, base_tag):
+        _log(f"importing {base.name} as {base_tag}")
+        repo, _, btag = base_tag.partition(":")
+        with open(base, "rb") as f:
+            client.api.import_image_from_data(f, repository=repo, tag=btag)
+    return base_tag
+
+
 def _has_image(client: docker.DockerClient, name: str) -> bool:
     try:
         client.images.get(name)
@@ -209,7 +269,7 @@ def _has_image(client: docker.DockerClient, name: str) -> bool:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--image", choices=sorted(IMAGES), default="singleuser")
+    parser.add_argument("--image", choices=sorted([*IMAGES, "hub"]), default="singleuser")
     parser.add_argument("--tag", help="default: gpuspawner-IMAGE:latest")
     parser.add_argument("--cache", type=Path, default=ROOT / "build" / "images")
     parser.add_argument("--if-missing", action="store_true", help="do nothing if the engine has --tag already")
@@ -219,7 +279,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.if_missing and _has_image(docker.from_env(), args.tag):
             print(args.tag)
             return 0
-        build(args.tag, args.cache.resolve(), image=args.image)
+        if args.image == "hub":
+            build_hub(args.tag, args.cache.resolve())
+        else:
+            build(args.tag, args.cache.resolve(), image=args.image)
     except (RuntimeError, docker.errors.DockerException) as e:
         print(f"images/build: {e}", file=sys.stderr)
         return 1

@@ -34,6 +34,14 @@ def engine():
         eng.stop()
 
 
+@pytest.fixture(scope="session")
+def tensorflow_image(engine) -> str:
+    """The TensorFlow notebook image (CPU TensorFlow here), built on the private engine."""
+    from engine import TENSORFLOW_TAG
+
+    return engine.build_image(TENSORFLOW_TAG, "tensorflow")
+
+
 def gpu_config(count: int) -> dict:
     """A stand-in host with ``count`` GPUs: half A100 80GB, half Tesla T4 (all A100 if odd)."""
     t4 = count // 2 if count > 1 else 0
