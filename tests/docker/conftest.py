@@ -10,9 +10,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # engine, dockerhub
 
 import fakenvml  # noqa: E402
-from gpuspawner.simulation import simulated_devices  # noqa: E402
 
-from engine import Engine, unavailable_reason  # noqa: E402
+from engine import Engine, gpu_config, unavailable_reason  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -40,17 +39,6 @@ def tensorflow_image(engine) -> str:
     from engine import TENSORFLOW_TAG
 
     return engine.build_image(TENSORFLOW_TAG, "tensorflow")
-
-
-def gpu_config(count: int) -> dict:
-    """A stand-in host with ``count`` GPUs: half A100 80GB, half Tesla T4 (all A100 if odd)."""
-    t4 = count // 2 if count > 1 else 0
-    return {
-        "driver_version": "550.54.15",
-        "cuda_driver_version": 12040,
-        "nvml_version": "12.550.54.15",
-        "devices": simulated_devices(a100=count - t4, t4=t4),
-    }
 
 
 @pytest.fixture(scope="session")

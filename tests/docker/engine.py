@@ -26,6 +26,8 @@ from pathlib import Path
 
 import docker
 
+from gpuspawner.simulation import simulated_devices
+
 TESTS = Path(__file__).resolve().parent.parent
 ROOT = TESTS.parent
 HOOK_DIR = Path(__file__).resolve().parent / "hook"
@@ -218,3 +220,14 @@ def visible_devices(container) -> str:
 def device_requests(container) -> list[dict]:
     container.reload()
     return container.attrs["HostConfig"].get("DeviceRequests") or []
+
+
+def gpu_config(count: int) -> dict:
+    """A stand-in host with ``count`` GPUs: half A100 80GB, half Tesla T4 (all A100 if odd)."""
+    t4 = count // 2 if count > 1 else 0
+    return {
+        "driver_version": "550.54.15",
+        "cuda_driver_version": 12040,
+        "nvml_version": "12.550.54.15",
+        "devices": simulated_devices(a100=count - t4, t4=t4),
+    }

@@ -199,7 +199,7 @@ def test_unknown_gpu_is_refused_by_the_runtime_hook_and_released(docker_hub, eng
     """The hub believes in a GPU the engine's host lacks: the hook refuses it, as NVIDIA's does."""
     import fakenvml
 
-    from conftest import gpu_config
+    from engine import gpu_config
 
     hub = docker_hub(gpus=4, start=False)
     ghost = gpu_config(6)  # the hub's NVML lists 6 GPUs; the engine's host has 4
