@@ -1,6 +1,12 @@
-"""Build the single-user image on a Docker engine that reaches no registry.
+"""Build the notebook images on a Docker engine that reaches no registry.
 
-    .venv/bin/python images/build.py [--tag gpuspawner-singleuser:latest] [--cache build/images]
+    .venv/bin/python images/build.py [--image singleuser|tensorflow|pytorch] [--tag NAME:TAG] [--cache build/images]
+
+``singleuser`` (the default) is the minimal image; ``tensorflow`` adds CPU
+TensorFlow (the ``tensorflow-cpu`` wheel: about 320 MB of wheels) and the GPU
+benchmark notebook; ``pytorch`` adds PyPI's torch (CUDA libraries included,
+several GB: not built by the tests); ``hub`` builds ``images/hub/Dockerfile``
+(JupyterHub, gpuspawner[kube]) the same way, from a copy of this checkout.
 
 The engine is the one ``DOCKER_HOST`` names (default: the local socket).
 Three steps, each cached under ``--cache`` by a key of its inputs, so a rerun
@@ -11,8 +17,9 @@ Three steps, each cached under ``--cache`` by a key of its inputs, so a rerun
    stand-in NVML), then ``docker import``;
 2. wheelhouse: ``pip download`` on this host for the image's Python (3.11.2,
    manylinux), plus a wheel of this checkout of gpuspawner;
-3. ``docker build`` of ``images/singleuser/Dockerfile`` with the base as the
-   ``BASE`` build argument; the result is also ``docker save``d, and loaded
+3. ``docker build`` of ``images/IMAGE/Dockerfile`` with the base as the
+   ``BASE_IMAGE`` build argument (context: the Dockerfile, ``wheels/`` and
+   ``images/notebooks/``); the result is also ``docker save``d, and loaded
    from there when an engine lacks it.
 
 Prints the image's tag when done. Containers never reach a package registry:
@@ -24,6 +31,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -34,19 +42,29 @@ from pathlib import Path
 import docker
 
 ROOT = Path(__file__).resolve().parent.parent
-DOCKERFILE_DIR = ROOT / "images" / "singleuser"
+IMAGES_DIR = ROOT / "images"
+NOTEBOOKS_DIR = IMAGES_DIR / "notebooks"
 SUITE = "bookworm"
 BASE_PACKAGES = ("python3", "python3-venv", "ca-certificates", "libcjson1")
 PIP_TARGET = (
     "--only-binary=:all:", "--python-version", "3.11.2",
-    "--platform", "manylinux2014_x86_64", "--platform", "manylinux_2_28_x86_64", "--platform", "any",
+    "--platform", "manylinux2014_x86_64", "--platform", "manylinux_2_17_x86_64", "--platform", "manylinux_2_28_x86_64", "--platform", "any",
 )
 
 
-def requirements() -> list[str]:
+# image name -> (extra wheels, build arguments besides BASE_IMAGE)
+IMAGES: dict[str, tuple[tuple[str, ...], dict[str, str]]] = {
+    "singleuser": ((), {}),
+    "tensorflow": (("tensorflow-cpu", "nbclient"), {"TENSORFLOW": "tensorflow-cpu", "PIP_ARGS": "--no-index"}),
+    "pytorch": (("torch", "nbclient"), {"TORCH": "torch", "PIP_ARGS": "--no-index"}),
+}
+
+
+def requirements(image: str = "singleuser") -> list[str]:
     """What the image installs besides gpuspawner; jupyterhub matches the hub's version."""
     hub = metadata.version("jupyterhub")
-    return [f"jupyterhub=={hub}", "jupyterlab", "jupyter_server", "nvidia-ml-py", "jinja2", "tornado", "traitlets"]
+    base = [f"jupyterhub=={hub}", "jupyterlab", "jupyter_server", "nvidia-ml-py", "jinja2", "tornado", "traitlets"]
+    return base + list(IMAGES[image][0])
 
 
 def _key(*parts: object) -> str:
@@ -93,14 +111,14 @@ def base_tarball(cache: Path) -> Path:
     return path
 
 
-def wheelhouse(cache: Path) -> Path:
-    """Wheels for the image's Python, downloaded on this host (cached)."""
-    reqs = requirements()
+def wheelhouse(cache: Path, image: str = "singleuser") -> Path:
+    """Wheels for the image's Python, downloaded on this host (cached by the requirement list)."""
+    reqs = requirements(image)
     key = _key(reqs, PIP_TARGET)
     path = cache / f"wheels-{key}"
     if path.is_dir():
         return path
-    _log("downloading wheels for the image")
+    _log(f"downloading wheels for the {image} image")
     tmp = Path(tempfile.mkdtemp(prefix=".wheels-", dir=cache))
     try:
         _run([sys.executable, "-m", "pip", "download", "-q", *PIP_TARGET, "-d", str(tmp), *reqs])
@@ -129,52 +147,116 @@ def gpuspawner_wheel(cache: Path) -> Path:
     return next(outdir.glob("gpuspawner-*.whl"))
 
 
-def build(tag: str, cache: Path, client: docker.DockerClient | None = None) -> str:
+def build(tag: str, cache: Path, client: docker.DockerClient | None = None, image: str = "singleuser") -> str:
     """Make ``tag`` exist on the engine; return the content-keyed tag it points at too."""
+    if image not in IMAGES:
+        raise RuntimeError(f"unknown image {image!r}: choose one of {', '.join(IMAGES)}")
     cache.mkdir(parents=True, exist_ok=True)
     client = client or docker.from_env(timeout=600)
     base = base_tarball(cache)
-    wheels = wheelhouse(cache)
+    wheels = wheelhouse(cache, image)
     wheel = gpuspawner_wheel(cache)
-    dockerfile = (DOCKERFILE_DIR / "Dockerfile").read_bytes()
-    key = _key(base.name, wheels.name, wheel.parent.name, hashlib.sha256(dockerfile).hexdigest())
-    keyed = f"gpuspawner-singleuser:{key}"
-    saved = cache / f"singleuser-{key}.tar"
+    dockerfile_dir = IMAGES_DIR / image
+    buildargs = dict(IMAGES[image][1])
+    notebooks = sorted(NOTEBOOKS_DIR.glob("*.ipynb")) if image != "singleuser" else []
+    key = _key(base.name, wheels.name, wheel.parent.name, sorted(buildargs.items()),
+               _tree_key([dockerfile_dir / "Dockerfile", *notebooks]))
+    keyed = f"gpuspawner-{image}:{key}"
+    saved = cache / f"{image}-{key}.tar"
 
     if not _has_image(client, keyed) and saved.exists():
         _log(f"loading {saved.name}")
         with open(saved, "rb") as f:
             client.images.load(f)
     if not _has_image(client, keyed):
-        base_tag = f"gpuspawner-base:{base.stem.split('-', 1)[1]}"
-        if not _has_image(client, base_tag):
-            _log(f"importing {base.name} as {base_tag}")
-            repo, _, btag = base_tag.partition(":")
-            with open(base, "rb") as f:
-                client.api.import_image_from_data(f, repository=repo, tag=btag)
-        with tempfile.TemporaryDirectory(prefix="singleuser-", dir=cache) as context:
+        base_tag = _import_base(client, base)
+        with tempfile.TemporaryDirectory(prefix=f"{image}-", dir=cache) as context:
             ctx = Path(context)
-            shutil.copy(DOCKERFILE_DIR / "Dockerfile", ctx / "Dockerfile")
+            shutil.copy(dockerfile_dir / "Dockerfile", ctx / "Dockerfile")
             shutil.copytree(wheels, ctx / "wheels")
             shutil.copy(wheel, ctx / "wheels" / wheel.name)
+            shutil.copytree(NOTEBOOKS_DIR, ctx / "notebooks")
             _log(f"building {keyed}")
             try:
-                client.images.build(path=str(ctx), tag=keyed, buildargs={"BASE": base_tag}, rm=True, forcerm=True)
+                client.images.build(path=str(ctx), tag=keyed, buildargs={"BASE_IMAGE": base_tag, **buildargs},
+                                    rm=True, forcerm=True, timeout=1800)
             except docker.errors.BuildError as e:
                 lines = "".join(str(item.get("stream") or item.get("error") or "") for item in e.build_log)
                 raise RuntimeError(f"docker build failed: {e}\n{lines[-4000:]}") from e
         _log(f"saving {saved.name}")
-        for old in cache.glob("singleuser-*.tar"):
+        for old in cache.glob(f"{image}-*.tar"):
             old.unlink()
         tmp = saved.with_suffix(f".tmp{os.getpid()}")
         with open(tmp, "wb") as f:
             for chunk in client.images.get(keyed).save(named=True):
                 f.write(chunk)
         os.replace(tmp, saved)
-    image = client.images.get(keyed)
+    built = client.images.get(keyed)
     repo, _, name_tag = tag.rpartition(":") if ":" in tag.split("/")[-1] else (tag, "", "latest")
-    image.tag(repo, name_tag)
+    built.tag(repo, name_tag)
     return keyed
+
+
+HUB_BUILD_REQUIREMENTS = ("hatchling>=1.21", "hatch-jupyter-builder>=0.9")
+
+
+def hub_wheelhouse(cache: Path) -> Path:
+    """Wheels for ``pip install /src[kube]`` in the hub image: its dependencies and build backend."""
+    deps = []
+    for req in metadata.requires("gpuspawner") or []:
+        name, _, marker = req.partition(";")
+        if not marker or re.search(r"""extra\s*==\s*['"]kube['"]""", marker):
+            deps.append(name.strip())
+    deps = sorted(deps) + list(HUB_BUILD_REQUIREMENTS)
+    key = _key(deps, PIP_TARGET)
+    path = cache / f"hubwheels-{key}"
+    if path.is_dir():
+        return path
+    _log("downloading wheels for the hub image")
+    tmp = Path(tempfile.mkdtemp(prefix=".hubwheels-", dir=cache))
+    try:
+        _run([sys.executable, "-m", "pip", "download", "-q", *PIP_TARGET, "-d", str(tmp), *deps])
+        os.replace(tmp, path)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return path
+
+
+def build_hub(tag: str, cache: Path, client: docker.DockerClient | None = None) -> str:
+    """Build ``images/hub/Dockerfile`` offline on the mmdebstrap base (no cache of the result)."""
+    cache.mkdir(parents=True, exist_ok=True)
+    client = client or docker.from_env(timeout=600)
+    base = base_tarball(cache)
+    wheels = hub_wheelhouse(cache)
+    base_tag = _import_base(client, base)
+    with tempfile.TemporaryDirectory(prefix="hub-", dir=cache) as context:
+        ctx = Path(context)
+        # the Dockerfile's context is the repository root: copy only what it reads
+        (ctx / "images" / "hub").mkdir(parents=True)
+        shutil.copy(IMAGES_DIR / "hub" / "Dockerfile", ctx / "images" / "hub" / "Dockerfile")
+        shutil.copytree(wheels, ctx / "images" / "hub" / "wheels")
+        for name in ("pyproject.toml", "README.md"):
+            shutil.copy(ROOT / name, ctx / name)
+        shutil.copytree(ROOT / "gpuspawner", ctx / "gpuspawner", ignore=shutil.ignore_patterns("__pycache__"))
+        _log(f"building {tag}")
+        try:
+            client.images.build(path=str(ctx), dockerfile="images/hub/Dockerfile", tag=tag, rm=True, forcerm=True,
+                                timeout=1800, buildargs={"BASE_IMAGE": base_tag,
+                                                         "PIP_ARGS": "--no-index --find-links /tmp/wheels"})
+        except docker.errors.BuildError as e:
+            lines = "".join(str(item.get("stream") or item.get("error") or "") for item in e.build_log)
+            raise RuntimeError(f"docker build failed: {e}\n{lines[-4000:]}") from e
+    return tag
+
+
+def _import_base(client: docker.DockerClient, base: Path) -> str:
+    base_tag = f"gpuspawner-base:{base.stem.split('-', 1)[1]}"
+    if not _has_image(client, base_tag):
+        _log(f"importing {base.name} as {base_tag}")
+        repo, _, btag = base_tag.partition(":")
+        with open(base, "rb") as f:
+            client.api.import_image_from_data(f, repository=repo, tag=btag)
+    return base_tag
 
 
 def _has_image(client: docker.DockerClient, name: str) -> bool:
@@ -187,15 +269,20 @@ def _has_image(client: docker.DockerClient, name: str) -> bool:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--tag", default="gpuspawner-singleuser:latest")
+    parser.add_argument("--image", choices=sorted([*IMAGES, "hub"]), default="singleuser")
+    parser.add_argument("--tag", help="default: gpuspawner-IMAGE:latest")
     parser.add_argument("--cache", type=Path, default=ROOT / "build" / "images")
     parser.add_argument("--if-missing", action="store_true", help="do nothing if the engine has --tag already")
     args = parser.parse_args(argv)
+    args.tag = args.tag or f"gpuspawner-{args.image}:latest"
     try:
         if args.if_missing and _has_image(docker.from_env(), args.tag):
             print(args.tag)
             return 0
-        build(args.tag, args.cache.resolve())
+        if args.image == "hub":
+            build_hub(args.tag, args.cache.resolve())
+        else:
+            build(args.tag, args.cache.resolve(), image=args.image)
     except (RuntimeError, docker.errors.DockerException) as e:
         print(f"images/build: {e}", file=sys.stderr)
         return 1

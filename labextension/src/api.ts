@@ -4,7 +4,7 @@
  *
  * EventSource cannot send headers: it carries the server's cookie (JupyterHub
  * and a logged-in JupyterLab) and, when the page was opened with a token, the
- * token as a query parameter.
+ * token as a query parameter (and the _xsrf cookie, which JupyterHub requires).
  */
 import { URLExt } from '@jupyterlab/coreutils';
 import { ServerConnection } from '@jupyterlab/services';
@@ -70,11 +70,25 @@ export interface ISample {
 /** Seconds of history the panel shows and asks for when it connects. */
 export const HISTORY_SECONDS = 600;
 
-/** The URL of an API path, with the token when the page has one. */
+/** The page's _xsrf cookie, or null. */
+function xsrfCookie(): string | null {
+  const match = typeof document === 'undefined' ? null : document.cookie.match('\\b_xsrf=([^;]*)\\b');
+  return match ? decodeURIComponent(match[1]) : null;
+}
+
+/**
+ * The URL of an API path, with the token when the page has one, and the _xsrf cookie's value:
+ * JupyterHub (4.1+) refuses cookie-authenticated requests that are not page loads unless they
+ * carry it, and EventSource cannot send it as a header.
+ */
 export function apiUrl(settings: ServerConnection.ISettings, path: string, query: { [key: string]: string } = {}): string {
   const params = { ...query };
   if (settings.token) {
     params['token'] = settings.token;
+  }
+  const xsrf = xsrfCookie();
+  if (xsrf) {
+    params['_xsrf'] = xsrf;
   }
   return URLExt.join(settings.baseUrl, path) + URLExt.objectToQueryString(params);
 }

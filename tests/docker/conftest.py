@@ -33,6 +33,12 @@ def engine():
         eng.stop()
 
 
+@pytest.fixture(scope="session")
+def tensorflow_image(engine) -> str:
+    """The TensorFlow notebook image (CPU TensorFlow here), built on the private engine."""
+    from engine import TENSORFLOW_TAG
+
+    return engine.build_image(TENSORFLOW_TAG, "tensorflow")
 
 
 @pytest.fixture(scope="session")

@@ -32,6 +32,7 @@ TESTS = Path(__file__).resolve().parent.parent
 ROOT = TESTS.parent
 HOOK_DIR = Path(__file__).resolve().parent / "hook"
 IMAGE_TAG = "gpuspawner-singleuser:test"
+TENSORFLOW_TAG = "gpuspawner-tensorflow:test"
 
 
 def unavailable_reason() -> str | None:
@@ -141,14 +142,14 @@ class Engine:
         except OSError:
             return ""
 
-    def build_image(self, tag: str = IMAGE_TAG) -> str:
-        """Build (or load from build/images) the single-user image on this engine."""
+    def build_image(self, tag: str = IMAGE_TAG, image: str = "singleuser") -> str:
+        """Build (or load from build/images) one of images/build.py's images on this engine."""
         proc = subprocess.run(
-            [sys.executable, str(ROOT / "images" / "build.py"), "--tag", tag],
+            [sys.executable, str(ROOT / "images" / "build.py"), "--image", image, "--tag", tag],
             env={**os.environ, **self.env()}, capture_output=True, text=True, timeout=1200,
         )
         if proc.returncode != 0:
-            raise RuntimeError(f"building the single-user image failed:\n{proc.stdout}{proc.stderr}")
+            raise RuntimeError(f"building the {image} image failed:\n{proc.stdout}{proc.stderr}")
         return tag
 
     def containers(self, **filters) -> list:
