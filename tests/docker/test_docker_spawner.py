@@ -63,12 +63,17 @@ def start(hub, name: str, options=GPU) -> set[str]:
     return gpu_set(hub.container(name))
 
 
-def no_container(hub, name: str) -> bool:
-    try:
-        hub.container(name)
-    except docker.errors.NotFound:
-        return True
-    return False
+def no_container(hub, name: str, timeout: float = 30) -> bool:
+    """Whether the user's container is gone (allowing the engine a moment to finish removing it)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            hub.container(name)
+        except docker.errors.NotFound:
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.3)
 
 
 def test_three_users_two_gpus_each_on_four(docker_hub):
