@@ -20,7 +20,7 @@ The contract (identical for the form and ``POST /hub/api/users/NAME/server``):
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
 from .gpu import slug_matches

@@ -152,7 +152,7 @@ class GPUKubeSpawner(GPUSpawnerMixin, KubeSpawner):
         capabilities = tuple(choice.profile.capabilities)
         try:
             placement = place(reading.nodes, choice.models, choice.gpus, cuda, refuse_now=reading.unknown is None)
-        except CapacityError as e:
+        except CapacityError:
             if reading.unknown is None:
                 raise
             # The API cannot be read: ask for whole GPUs and let the scheduler decide.

@@ -7,7 +7,6 @@ test-artifacts/ (gitignored).
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from pathlib import Path
@@ -15,35 +14,20 @@ from pathlib import Path
 import pytest
 
 import fakenvml
+from chromium import ARTIFACTS, NEEDS_BROWSER
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))
 from jupyter_server_proc import JupyterServer  # noqa: E402
 
-CHROMIUM = "/usr/bin/chromium"
-ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
-BUILT = Path(__file__).resolve().parents[2] / "gpuspawner" / "labextension" / "static" / "style.js"
 
 pytestmark = [
     pytest.mark.monitor,
-    pytest.mark.skipif(not os.access(CHROMIUM, os.X_OK), reason="needs Debian's chromium at /usr/bin/chromium (scripts/setup installs it)"),
-    pytest.mark.skipif(not BUILT.exists(), reason="the JupyterLab extension is not built (scripts/setup builds it)"),
+    *NEEDS_BROWSER,
 ]
 
 sync_api = pytest.importorskip("playwright.sync_api", reason="needs playwright (pip install -e .[test])")
 
 
-@pytest.fixture
-def browser():
-    with sync_api.sync_playwright() as p:
-        browser = p.chromium.launch(
-            executable_path=CHROMIUM,
-            args=["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                  "--disable-component-update", "--no-first-run"],
-        )
-        try:
-            yield browser
-        finally:
-            browser.close()
 
 
 def lab(tmp_path, env, monkeypatch) -> JupyterServer:

@@ -6,7 +6,6 @@ test_monitor_lab.py; Playwright's own browsers are never downloaded.
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
@@ -20,18 +19,20 @@ from jupyter_server_proc import JupyterServer  # noqa: E402
 from ops_hub import OpsHub  # noqa: E402
 from test_local_hub import TWO_GPUS, start  # noqa: E402
 
-from test_monitor_lab import ARTIFACTS, BUILT, CHROMIUM, browser, sync_api  # noqa: E402,F401
+from chromium import ARTIFACTS, NEEDS_CHROMIUM, NEEDS_LABEXTENSION  # noqa: E402
+
+sync_api = pytest.importorskip("playwright.sync_api", reason="needs playwright (pip install -e .[test])")
 
 pytestmark = [
     pytest.mark.integration,
-    pytest.mark.skipif(not os.access(CHROMIUM, os.X_OK), reason="needs Debian's chromium at /usr/bin/chromium (scripts/setup installs it)"),
+    NEEDS_CHROMIUM,
 ]
 
 PROFILES = [{"slug": "gpu", "display_name": "GPU notebook", "gpu_models": ["any"], "gpu_counts": [1, 2],
              "default_gpus": 1, "default": True}]
 
 
-def test_admin_page_shows_holders_and_live_utilisation(tmp_path, fakenvml_libdir, browser):  # noqa: F811
+def test_admin_page_shows_holders_and_live_utilisation(tmp_path, fakenvml_libdir, browser):
     hub = OpsHub(tmp_path, fakenvml_libdir, PROFILES)
     hub.start()
     try:
@@ -62,8 +63,8 @@ def test_admin_page_shows_holders_and_live_utilisation(tmp_path, fakenvml_libdir
         hub.close()
 
 
-@pytest.mark.skipif(not BUILT.exists(), reason="the JupyterLab extension is not built (scripts/setup builds it)")
-def test_culler_notice_shows_in_jupyterlab(tmp_path, fakenvml_libdir, browser, monkeypatch):  # noqa: F811
+@NEEDS_LABEXTENSION
+def test_culler_notice_shows_in_jupyterlab(tmp_path, fakenvml_libdir, browser, monkeypatch):
     path = tmp_path / "gpus.json"
     fakenvml.write_config(path, {"devices": [fakenvml.make_device(0)]})
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)

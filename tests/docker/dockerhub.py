@@ -14,30 +14,11 @@ import secrets
 from pathlib import Path
 
 import requests
-from integration.hub import Hub, free_port
+from integration.hub import BASE_HUB_CONFIG, Hub, free_port
 
 from engine import IMAGE_TAG, Engine
 
-DOCKER_HUB_CONFIG = """
-import os, json
-c = get_config()
-settings = json.loads(os.environ["GPUSPAWNER_TEST_HUB"])
-c.JupyterHub.bind_url = settings["bind_url"]
-c.JupyterHub.hub_bind_url = settings["hub_bind_url"]
-c.ConfigurableHTTPProxy.api_url = settings["proxy_api_url"]
-c.ConfigurableHTTPProxy.pid_file = settings["dir"] + "/proxy.pid"
-c.JupyterHub.db_url = "sqlite:///" + settings["dir"] + "/hub.sqlite"
-c.JupyterHub.cookie_secret_file = settings["dir"] + "/cookie_secret"
-c.JupyterHub.cleanup_servers = False
-c.JupyterHub.authenticator_class = "dummy"
-c.DummyAuthenticator.password = "test-password"
-c.Authenticator.allow_all = True
-c.JupyterHub.services = [{"name": "tests", "api_token": settings["token"]}]
-c.JupyterHub.load_roles = [{
-    "name": "tests",
-    "scopes": ["admin:users", "admin:servers", "admin:server_state", "list:users", "read:users"],
-    "services": ["tests"],
-}]
+DOCKER_HUB_CONFIG = BASE_HUB_CONFIG + """
 c.JupyterHub.tornado_settings = {"slow_spawn_timeout": settings["slow_spawn_timeout"]}
 c.JupyterHub.spawner_class = settings["spawner_class"]
 c.DockerSpawner.image = settings["image"]

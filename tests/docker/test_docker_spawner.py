@@ -142,7 +142,7 @@ def test_spawn_progress_in_plain_words(docker_hub):
     text = "\n".join(messages)
     assert ready, text
     gpu = gpu_set(hub.container("fay")).pop()
-    for expected in ("Placing 1 GPU(s), any model", f"Reserved 1 GPU(s) on", gpu, "Checking image",
+    for expected in ("Placing 1 GPU(s), any model", "Reserved 1 GPU(s) on", gpu, "Checking image",
                      f"Creating container {hub.prefix}-fay", "waiting for the Jupyter server"):
         assert expected in text, f"{expected!r} not in progress:\n{text}"
     order = [text.index(s) for s in ("Placing", "Reserved", "Creating container", "waiting for the Jupyter")]

@@ -24,19 +24,16 @@ import pytest
 import requests
 
 import fakenvml
+from chromium import ARTIFACTS, NEEDS_BROWSER
 from gpuspawner.simulation import simulated_config
 from integration.hub import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
-CHROMIUM = "/usr/bin/chromium"
-ARTIFACTS = ROOT / "test-artifacts"
-BUILT = ROOT / "gpuspawner" / "labextension" / "static" / "style.js"
 PASSWORD = "journey-password"
 
 pytestmark = [
     pytest.mark.docker,
-    pytest.mark.skipif(not os.access(CHROMIUM, os.X_OK), reason="needs Debian's chromium at /usr/bin/chromium (scripts/setup installs it)"),
-    pytest.mark.skipif(not BUILT.exists(), reason="the JupyterLab extension is not built (scripts/setup builds it)"),
+    *NEEDS_BROWSER,
 ]
 
 sync_api = pytest.importorskip("playwright.sync_api", reason="needs playwright (pip install -e .[test])")
@@ -95,18 +92,6 @@ def readme_hub(engine, tensorflow_image, container_libdir, tmp_path):
         engine.remove_containers()
 
 
-@pytest.fixture
-def browser():
-    with sync_api.sync_playwright() as p:
-        browser = p.chromium.launch(
-            executable_path=CHROMIUM,
-            args=["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                  "--disable-component-update", "--no-first-run"],
-        )
-        try:
-            yield browser
-        finally:
-            browser.close()
 
 
 def shot(page, name: str) -> None:

@@ -42,7 +42,8 @@ def process_env(pid: int) -> dict[str, str]:
     return {k.decode(): v.decode() for k, v in pairs}
 
 
-HUB_CONFIG = """
+# What every test hub shares: loopback ports, a private database, dummy logins, a test service token.
+BASE_HUB_CONFIG = """
 import os, json
 c = get_config()
 settings = json.loads(os.environ["GPUSPAWNER_TEST_HUB"])
@@ -62,6 +63,9 @@ c.JupyterHub.load_roles = [{
     "scopes": ["admin:users", "admin:servers", "admin:server_state", "list:users", "read:users"],
     "services": ["tests"],
 }]
+"""
+
+HUB_CONFIG = BASE_HUB_CONFIG + """
 c.JupyterHub.spawner_class = "gpu-local-simple"
 c.SimpleLocalProcessSpawner.home_dir_template = settings["dir"] + "/users/{username}"
 c.Spawner.cmd = [settings["singleuser"]]

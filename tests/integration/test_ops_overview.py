@@ -9,7 +9,7 @@ import pytest
 import requests
 
 from ops_hub import OpsHub
-from test_local_hub import TWO_GPUS, gpu_set, login, start
+from test_local_hub import TWO_GPUS, login, start
 
 pytestmark = pytest.mark.integration
 

@@ -18,7 +18,7 @@ import pytest
 import pytest_asyncio
 import yaml
 
-from kubefixtures import EVENTS, FIXTURES
+from kubefixtures import FIXTURES
 
 NODES = kmock.resource("", "v1", "nodes")
 PODS = kmock.resource("", "v1", "pods")

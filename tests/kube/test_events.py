@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import copy
 import json
 
 from kubefixtures import EVENTS, FIXTURES

@@ -7,7 +7,6 @@ rendered manifest is validated against the Kubernetes OpenAPI schema.
 
 from __future__ import annotations
 
-import os
 import subprocess
 from pathlib import Path
 

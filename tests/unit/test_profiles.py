@@ -24,7 +24,6 @@ from gpuspawner.profiles import (
     load_profiles,
     options_from_form,
     parse_options,
-    profile_from_config,
 )
 
 A100 = model_slug("NVIDIA A100-SXM4-80GB")  # "a100-sxm4-80gb"
