@@ -1,6 +1,6 @@
 """Debian's Chromium driven by Playwright: what every browser test shares.
 
-Never `playwright install`: it downloads a browser, which fails here; the
+Playwright never downloads a browser of its own (that fails here); the
 tests use /usr/bin/chromium (scripts/setup installs it).
 """
 
