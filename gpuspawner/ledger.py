@@ -1,9 +1,10 @@
 """Who holds which GPU, kept consistent under one lock.
 
 JupyterHub runs every spawner of a hub in one process, one spawner object per
-user server. They all consult the same :class:`Ledger` (see
-:func:`shared_ledger`) so that two concurrent spawns can never be given the
-same GPU: choosing GPUs and recording them happen under one lock.
+user server. They all consult the same :class:`Ledger` (the hub's
+:class:`~gpuspawner.state.HubState` owns it) so that two concurrent spawns can
+never be given the same GPU: choosing GPUs and recording them happen under one
+lock, and the lock is never held across I/O.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from collections.abc import Callable, Iterable, Mapping
 from gpuspawner.gpu import GPU
 from gpuspawner.placement import GPURequest, place
 
-__all__ = ["Ledger", "set_shared_ledger", "shared_ledger"]
+__all__ = ["Ledger"]
 
 
 class Ledger:
@@ -114,27 +115,3 @@ class Ledger:
         self._since.setdefault(owner, time.time())
         for uuid in uuids:
             self._by_uuid[uuid] = owner
-
-
-_shared: Ledger | None = None
-_shared_lock = threading.Lock()
-
-
-def shared_ledger() -> Ledger:
-    """The process-wide ledger every spawner in this hub shares (created on first use)."""
-    global _shared
-    with _shared_lock:
-        if _shared is None:
-            _shared = Ledger()
-        return _shared
-
-
-def set_shared_ledger(ledger: Ledger | None) -> Ledger | None:
-    """Replace the process-wide ledger (for tests); ``None`` means a fresh one next time.
-
-    Returns the ledger that was shared before, so a test can put it back.
-    """
-    global _shared
-    with _shared_lock:
-        previous, _shared = _shared, ledger
-        return previous

@@ -1,5 +1,7 @@
 """The hub's GPU queue: spawns of ``queue: true`` profiles wait here for free GPUs.
 
+One queue per hub, owned by its :class:`~gpuspawner.state.HubState`.
+
 Order: first come, first served, with fairness across users. Each waiting
 request gets a rank when it joins: how many requests of the same user are
 already waiting. Requests are served by (rank, arrival), so a user's second
@@ -20,7 +22,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import itertools
-import threading
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable
@@ -30,7 +31,7 @@ from typing import TypeVar
 from .gpu import GPU, model_slug, slug_matches
 from .placement import PlacementError
 
-__all__ = ["GPUQueue", "QueueTimeout", "Waiter", "WAITABLE", "shared_queue", "set_shared_queue"]
+__all__ = ["GPUQueue", "QueueTimeout", "Waiter", "WAITABLE"]
 
 #: Refusal codes that a wait can cure; any other refusal ends the wait at once.
 WAITABLE = frozenset({"none_free", "not_enough_on_one_host", "none_usable"})
@@ -208,24 +209,3 @@ class GPUQueue:
                     pass
         finally:
             self.leave(waiter)
-
-
-_shared: GPUQueue | None = None
-_shared_lock = threading.Lock()
-
-
-def shared_queue() -> GPUQueue:
-    """The hub-wide queue (created on first use)."""
-    global _shared
-    with _shared_lock:
-        if _shared is None:
-            _shared = GPUQueue()
-        return _shared
-
-
-def set_shared_queue(queue: GPUQueue | None) -> GPUQueue | None:
-    """Replace the hub-wide queue (for tests); returns the previous one."""
-    global _shared
-    with _shared_lock:
-        previous, _shared = _shared, queue
-        return previous

@@ -14,38 +14,15 @@ from datetime import datetime, timezone
 
 from jupyterhub.apihandlers import APIHandler
 from jupyterhub.handlers import BaseHandler
-from traitlets.config import Config
 from tornado import web
 
-from ..queue import shared_queue
-from ..spawners.base import GPUSpawnerMixin
-from . import metrics
+from ..state import HubState, hub_state
 from .live import LiveStats
 from .overview import Holder, build
 
 SCOPE = "custom:gpus:read"
 ADMIN_SCOPE = "admin-ui"  # in JupyterHub's admin role
 SETTINGS_KEY = "gpuspawner_ops"  # tornado_settings entry: {"token": a token that may access servers}
-
-_live = LiveStats()
-_probes: dict[int, GPUSpawnerMixin] = {}
-
-
-def configured_mixin(settings: dict) -> GPUSpawnerMixin:
-    """A GPUSpawnerMixin with the GPU settings the hub's spawner class is configured with."""
-    key = id(settings["config"])
-    if key not in _probes:
-        config, spawner_class = settings["config"], settings.get("spawner_class")
-        names = set(GPUSpawnerMixin.class_trait_names(config=True))
-        merged = Config()
-        for klass in reversed(getattr(spawner_class, "__mro__", (GPUSpawnerMixin,))):
-            section = config.get(klass.__name__) if klass.__name__ in config else None
-            for name, value in (section or {}).items():
-                if name in names:
-                    merged.GPUSpawnerMixin[name] = value
-        _probes[key] = GPUSpawnerMixin(config=merged)
-    return _probes[key]
-
 
 class _Overview:
     """Shared by the page and the API handler (both are JupyterHub BaseHandlers)."""
@@ -73,22 +50,27 @@ class _Overview:
             holders[owner] = Holder(owner, user_name, server_name, ledger.since(owner), state, url)
         return holders, targets
 
+    @property
+    def hub_state(self) -> HubState:
+        """The GPU state this hub's spawners share."""
+        return hub_state(self.settings["config"], self.settings.get("spawner_class"))
+
     async def overview(self) -> dict:
-        probe = configured_mixin(self.settings)
-        inventory, ledger = probe.inventory, probe._ledger()
-        metrics.COLLECTOR.watch(inventory, ledger)
-        reading = await inventory.read()
+        state = self.hub_state
+        ledger = state.ledger
+        reading = await state.inventory.read()
         allocations = ledger.allocations()
         holders, targets = self._holders(allocations, ledger)
+        live_stats: LiveStats = state.cache("live", LiveStats)
         live = {}
-        if probe.gpu_inventory == "nvml":
-            live.update(await _live.from_hub_nvml([g.uuid for g in reading.gpus]))
+        if state.inventory_source == "nvml":
+            live.update(await live_stats.from_hub_nvml([g.uuid for g in reading.gpus]))
         token = (self.settings.get(SETTINGS_KEY) or {}).get("token")
-        from_servers, problems = await _live.from_monitors(targets, token)
+        from_servers, problems = await live_stats.from_monitors(targets, token)
         for uuid, numbers in from_servers.items():
             if uuid not in live or numbers.sampled_at >= live[uuid].sampled_at - 5:
                 live[uuid] = numbers
-        return build(reading, allocations, holders, live, problems, shared_queue().waiters(), time.time())
+        return build(reading, allocations, holders, live, problems, state.queue.waiters(), time.time())
 
 
 class GPUsAPIHandler(_Overview, APIHandler):

@@ -11,18 +11,16 @@ device requests, pod resources).
 from __future__ import annotations
 
 import asyncio
-import json
 from typing import Any
 
 from jinja2 import Environment, PackageLoader, select_autoescape
 from tornado import web
-from traitlets import Bool, Dict, Float, List, Unicode, default, validate
-from traitlets import TraitError
+from traitlets import Dict, List, TraitError, default, validate
 
 from ..form import form_context
 from ..gpu import GPU
-from ..inventory import CachedInventory, NVMLInventory, StaticInventory
-from ..ledger import Ledger, shared_ledger
+from ..inventory import CachedInventory
+from ..ledger import Ledger
 from ..placement import GPURequest, PlacementError
 from ..profiles import (
     Choice,
@@ -32,15 +30,13 @@ from ..profiles import (
     options_from_form,
     parse_options,
 )
+from ..state import GPUHubSettings, HubState, hub_state
 from .policies import GPUPolicyMixin
 
 _templates = Environment(
     loader=PackageLoader("gpuspawner", "templates"),
     autoescape=select_autoescape(["html"]),
 )
-
-# One cached inventory per source configuration, shared by every spawner of the hub.
-_inventories: dict[str, CachedInventory] = {}
 
 
 def user_error(status: int, message: str) -> web.HTTPError:
@@ -50,7 +46,7 @@ def user_error(status: int, message: str) -> web.HTTPError:
     return error
 
 
-class GPUSpawnerMixin(GPUPolicyMixin):
+class GPUSpawnerMixin(GPUPolicyMixin, GPUHubSettings):
     """GPU profiles, placement and the GPU ledger for any JupyterHub spawner."""
 
     gpu_profiles = List(
@@ -68,31 +64,6 @@ class GPUSpawnerMixin(GPUPolicyMixin):
         """,
     ).tag(config=True)
 
-    gpu_inventory = Unicode(
-        "nvml",
-        help="""
-        Where the hub learns which GPUs exist: ``"nvml"`` (the GPUs of the host the
-        hub runs on) or ``"static"`` (the list in ``static_gpus``, for a hub whose
-        GPUs are on another host).
-        """,
-    ).tag(config=True)
-
-    static_gpus = List(
-        Dict(),
-        help="""GPUs for ``gpu_inventory = "static"``: dicts with ``uuid``, ``name`` and
-        optionally ``host``, ``index``, ``memory_total`` (bytes), ``compute_capability``,
-        ``driver_version``, ``cuda_driver_version``.""",
-    ).tag(config=True)
-
-    gpu_inventory_ttl = Float(
-        5.0, help="Seconds an inventory reading is reused before the GPUs are read again."
-    ).tag(config=True)
-
-    simulated_gpus = Bool(
-        False,
-        help="Set when the GPUs come from the stand-in NVML library; the form says they are simulated.",
-    ).tag(config=True)
-
     @validate("gpu_profiles")
     def _check_profiles(self, proposal):
         try:
@@ -101,30 +72,28 @@ class GPUSpawnerMixin(GPUPolicyMixin):
             raise TraitError(f"Invalid GPU profile configuration: {e}") from e
         return proposal["value"]
 
-    @validate("gpu_inventory")
-    def _check_inventory(self, proposal):
-        if proposal["value"] not in ("nvml", "static"):
-            raise TraitError(f"gpu_inventory must be 'nvml' or 'static', not {proposal['value']!r}")
-        return proposal["value"]
-
     # ------------------------------------------------------------ collaborators
 
-    ledger: Ledger | None = None  # set by tests; default: the hub-wide ledger
+    _hub_state: HubState | None = None
 
-    def _ledger(self) -> Ledger:
-        return self.ledger or shared_ledger()
+    @property
+    def hub_state(self) -> HubState:
+        """The hub's shared GPU state (ledger, queue, inventory, metrics); tests may set their own."""
+        if self._hub_state is None:
+            self._hub_state = hub_state(self.config, type(self), settings=self)
+        return self._hub_state
+
+    @hub_state.setter
+    def hub_state(self, state: HubState) -> None:
+        self._hub_state = state
+
+    @property
+    def ledger(self) -> Ledger:
+        return self.hub_state.ledger
 
     @property
     def inventory(self) -> CachedInventory:
-        if self.gpu_inventory == "static":
-            key = "static:" + json.dumps(self.static_gpus, sort_keys=True)
-            make = lambda: StaticInventory(self.static_gpus)  # noqa: E731
-        else:
-            key = f"nvml:{self.simulated_gpus}"
-            make = lambda: NVMLInventory(simulated=self.simulated_gpus)  # noqa: E731
-        if key not in _inventories:
-            _inventories[key] = CachedInventory(make(), ttl=self.gpu_inventory_ttl)
-        return _inventories[key]
+        return self.hub_state.inventory
 
     @property
     def profiles(self) -> tuple[Profile, ...]:
@@ -153,13 +122,17 @@ class GPUSpawnerMixin(GPUPolicyMixin):
         return self._render_options_form
 
     async def _render_options_form(self, spawner=None) -> str:
+        try:
+            await self.ensure_reconciled()
+        except Exception as e:  # the form still renders; a spawn will say what is wrong
+            self.log.warning("%s: ledger not reconciled yet: %s", self._log_name, e)
         context = await self.options_form_context()
         return _templates.get_template("form.html").render(**context)
 
     async def options_form_context(self) -> dict:
         """What the form shows; backends that count GPUs their own way override this."""
         reading = await self.inventory.read()
-        return form_context(self.profiles, reading, self._ledger().held(), self.user_options or {})
+        return form_context(self.profiles, reading, self.ledger.held(), self.user_options or {})
 
     async def offered_models(self) -> set[str]:
         """The model slugs users may pick (``gpu_model``); backends override with their inventory."""
@@ -226,12 +199,12 @@ class GPUSpawnerMixin(GPUPolicyMixin):
             choice = self.gpu_choice
         self._gpu_events = []
         self.gpu_event(f"Placing {self.describe_request(choice)}", 10)
+        await self.ensure_reconciled()
         reading = await self.inventory.read()
-        ledger = self._ledger()
-        ledger.release(self.gpu_owner)  # a failed earlier start of this server holds nothing
+        self.ledger.release(self.gpu_owner)  # a failed earlier start of this server holds nothing
         request = GPURequest(owner=self.gpu_owner, count=choice.gpus, models=choice.models)
         try:
-            self.gpu_allocation = await self.place_request(ledger, self.inventory, reading, request, choice)
+            self.gpu_allocation = await self.place_request(reading, request, choice)
         except PlacementError as e:
             self.gpu_event(f"Refused: {e}", 100)
             raise user_error(409, str(e)) from e
@@ -248,7 +221,7 @@ class GPUSpawnerMixin(GPUPolicyMixin):
         return f"{choice.gpus} GPU(s), {model}"
 
     def release_gpus(self) -> None:
-        freed = self._ledger().release(self.gpu_owner)
+        freed = self.ledger.release(self.gpu_owner)
         if freed:
             self.log.info("%s: released GPUs %s", self._log_name, ", ".join(freed))
         self.gpu_allocation = ()
@@ -257,7 +230,10 @@ class GPUSpawnerMixin(GPUPolicyMixin):
     async def start(self):
         await self.reserve_gpus()
         try:
-            return await super().start()
+            self.save_state()  # the GPUs are in the database before anything is created
+            result = await super().start()
+            self.save_state()  # with what the backend learnt (pid, container)
+            return result
         except BaseException:
             self.release_gpus()
             raise
@@ -268,7 +244,31 @@ class GPUSpawnerMixin(GPUPolicyMixin):
         finally:
             self.release_gpus()
 
+    # ------------------------------------------------------------ the runtime's truth
+
+    async def reconcile_allocations(self) -> None:
+        """Make the ledger hold what the runtime's servers really hold; backends override.
+
+        Runs once per hub (:meth:`ensure_reconciled`), before anything is placed.
+        """
+
+    async def ensure_reconciled(self) -> None:
+        """Reconcile the ledger with the runtime once per hub; concurrent callers wait for it."""
+        await self.hub_state.once(("reconcile", type(self).__name__), self.reconcile_allocations)
+
     # ------------------------------------------------------------ state
+
+    def save_state(self) -> None:
+        """Write this server's state (its GPUs first) to the hub's database now.
+
+        JupyterHub saves it only after ``start`` returns; a hub that dies before
+        that must still know, when it comes back, which GPUs its servers hold.
+        """
+        orm_spawner = getattr(self, "orm_spawner", None)
+        if orm_spawner is None or getattr(self, "db", None) is None:
+            return
+        orm_spawner.state = self.get_state()
+        self.db.commit()
 
     def get_state(self) -> dict:
         state = super().get_state()
@@ -282,7 +282,7 @@ class GPUSpawnerMixin(GPUPolicyMixin):
         if not records:
             return
         gpus = tuple(_gpu_from_state(r) for r in records)
-        refused = self._ledger().adopt(self.gpu_owner, [g.uuid for g in gpus])
+        refused = self.ledger.adopt(self.gpu_owner, [g.uuid for g in gpus])
         if refused:
             self.log.error(
                 "%s: state says it holds GPUs %s, but another server holds them",

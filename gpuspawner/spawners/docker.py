@@ -17,7 +17,6 @@ functions of :mod:`gpuspawner.spawners.docker_objects` and
 
 from __future__ import annotations
 
-import asyncio
 import os
 from typing import Any
 
@@ -25,7 +24,7 @@ import docker.errors
 import requests
 from dockerspawner import DockerSpawner
 from tornado import web
-from traitlets import Bool, Unicode, default
+from traitlets import Bool, default
 
 from .. import compat
 from ..profiles import Choice
@@ -53,11 +52,6 @@ def reachable_engine(timeout: float = 3.0) -> str | None:
         return None
     return url
 
-
-# One reconciliation per (hub id, ledger) in this hub process; retried after a failure.
-_reconciled: dict[tuple[str, int], asyncio.Future] = {}
-# owner -> GPUs read from container labels by the last reconciliation
-_label_allocations: dict[tuple[str, int], dict] = {}
 
 #: Errors that mean "the engine did not answer", as opposed to "the engine said no".
 UNREACHABLE = (requests.exceptions.ConnectionError, requests.exceptions.Timeout)
@@ -97,15 +91,6 @@ def add_gpus_to_create_kwargs(
 
 class GPUDockerSpawner(GPUSpawnerMixin, DockerSpawner):
     """DockerSpawner whose containers get exactly their placed GPUs, by UUID."""
-
-    gpu_hub_id = Unicode(
-        "jupyterhub",
-        help="""
-        Written on every container as the label ``org.gpuspawner.hub``. At start the
-        hub adopts the running containers with its own id only, so two hubs may share
-        one Docker engine if their ids differ.
-        """,
-    ).tag(config=True)
 
     check_cuda_compatibility = Bool(
         True,
@@ -193,19 +178,8 @@ class GPUDockerSpawner(GPUSpawnerMixin, DockerSpawner):
 
     # ------------------------------------------------------------ reconciliation
 
-    @property
-    def _reconcile_key(self) -> tuple[str, int]:
-        return (self.gpu_hub_id, id(self._ledger()))
-
-    async def ensure_reconciled(self) -> None:
-        """Make the ledger match the running containers, once per hub process."""
-        key = self._reconcile_key
-        future = _reconciled.get(key)
-        if future is None or (future.done() and (future.cancelled() or future.exception())):
-            future = _reconciled[key] = asyncio.ensure_future(self._reconcile())
-        await asyncio.shield(future)
-
-    async def _reconcile(self) -> None:
+    async def reconcile_allocations(self) -> None:
+        """Make the ledger hold exactly what this hub's running containers hold (their labels)."""
         try:
             containers = await self.docker(
                 "containers", all=True, filters={"label": [f"{HUB}={self.gpu_hub_id}"]}
@@ -214,7 +188,7 @@ class GPUDockerSpawner(GPUSpawnerMixin, DockerSpawner):
             if _is_unreachable(e):
                 raise self._unreachable(e, "No GPU was reserved.") from e
             raise
-        ledger = self._ledger()
+        ledger = self.ledger
         before = ledger.allocations()
         plan = reconcile(self.gpu_hub_id, containers, before)
         for sentence in plan.conflicts:
@@ -225,7 +199,7 @@ class GPUDockerSpawner(GPUSpawnerMixin, DockerSpawner):
             ledger.release(owner)
         for owner, uuids in plan.holdings.items():
             ledger.adopt(owner, uuids)
-        _label_allocations[self._reconcile_key] = {
+        self.hub_state.found = {
             owner: tuple(g for g in alloc.gpus if g.uuid in plan.holdings.get(owner, ()))
             for owner, alloc in plan.allocations.items()
         }
@@ -248,10 +222,10 @@ class GPUDockerSpawner(GPUSpawnerMixin, DockerSpawner):
 
     def _adopt_reconciled_allocation(self) -> None:
         """Take the GPUs the ledger holds for this server (from its container's labels)."""
-        held = self._ledger().allocations().get(self.gpu_owner, ())
+        held = self.ledger.allocations().get(self.gpu_owner, ())
         if held == self.gpu_uuids:
             return
-        from_labels = _label_allocations.get(self._reconcile_key, {}).get(self.gpu_owner, ())
+        from_labels = self.hub_state.found.get(self.gpu_owner, ())
         by_uuid = {g.uuid: g for g in (*self.gpu_allocation, *from_labels)}
         self.gpu_allocation = tuple(by_uuid[u] for u in held if u in by_uuid)
 

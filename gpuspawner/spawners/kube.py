@@ -32,9 +32,6 @@ from ..kube.podspec import DEFAULT_TOLERATIONS, GPU_TRAITS, PodGPURequest, PodGP
 from ..profiles import Choice
 from .base import GPUSpawnerMixin, user_error
 
-# One cached capacity reader per API client (KubeSpawner shares one client per event loop).
-_capacities: dict[int, tuple[Any, ClusterCapacity]] = {}
-
 # Traits a profile sets: restored to their configured values at every spawn.
 _PROFILE_TRAITS = ("image", "cpu_limit", "mem_limit")
 
@@ -90,12 +87,16 @@ class GPUKubeSpawner(GPUSpawnerMixin, KubeSpawner):
     # ------------------------------------------------------------ capacity
 
     def cluster_capacity(self) -> ClusterCapacity:
-        """The capacity reader on this spawner's Kubernetes client (shared by the hub's spawners)."""
-        entry = _capacities.get(id(self.api))
-        if entry is None or entry[0] is not self.api:
-            entry = (self.api, ClusterCapacity(self.api, ttl=self.gpu_inventory_ttl,
-                                               timeout=self.k8s_api_request_timeout))
-            _capacities[id(self.api)] = entry
+        """The capacity reader on this spawner's Kubernetes client, kept in the hub state.
+
+        KubeSpawner shares one API client per event loop, so the hub's spawners share one reader.
+        """
+        caches = self.hub_state.caches
+        key = ("kube-capacity", id(self.api))
+        entry = caches.get(key)
+        if entry is None or entry[0] is not self.api:  # (an id can be reused once a client is gone)
+            reader = ClusterCapacity(self.api, ttl=self.gpu_inventory_ttl, timeout=self.k8s_api_request_timeout)
+            entry = caches[key] = (self.api, reader)
         return entry[1]
 
     async def offered_models(self) -> set[str]:

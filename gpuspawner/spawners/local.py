@@ -1,10 +1,36 @@
-"""``gpu-local``: single-user servers as local processes on exactly their GPUs."""
+"""``gpu-local``: single-user servers as local processes on exactly their GPUs.
+
+Crash safety: a server's GPUs are saved in the hub's database *before* its
+process starts, and written in the process's own environment (see
+:mod:`gpuspawner.spawners.processes`). Before it places anything, a
+(re)started hub rebuilds its ledger from the live processes:
+
+- a process whose start the database records (same server, same start id) is
+  adopted: its GPUs stay held, and if the old hub died before saving the pid,
+  the pid and port come from the process table and the saved state, so
+  JupyterHub finds the server where it runs;
+- any other live process of this hub (a start the database does not know) is
+  stopped, and its GPUs stay held until it is gone; the log says why.
+
+When a server stops, every process of that start still alive (kernels the
+server left behind) is ended before its GPUs are given back.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import uuid as uuidlib
+
 from jupyterhub.spawner import LocalProcessSpawner, SimpleLocalProcessSpawner
+from jupyterhub.utils import random_port
 
 from .base import GPUSpawnerMixin
+from .processes import HUB_VAR, SERVER_VAR, SPAWN_VAR, ServerProcesses, end_processes, find_servers
+
+
+def orphan_owner(group: ServerProcesses) -> str:
+    """The ledger owner of an unrecorded start being stopped: ``user/server/stopping-<start id>``."""
+    return f"{group.owner}/stopping-{group.spawn[:12]}"
 
 
 def visible_devices(uuids: tuple[str, ...]) -> dict[str, str]:
@@ -18,23 +44,141 @@ def visible_devices(uuids: tuple[str, ...]) -> dict[str, str]:
     return {"CUDA_VISIBLE_DEVICES": joined, "NVIDIA_VISIBLE_DEVICES": joined or "none"}
 
 
-class GPULocalProcessSpawner(GPUSpawnerMixin, LocalProcessSpawner):
-    """LocalProcessSpawner whose servers see only the GPUs placed for them."""
+class _LocalGPUs(GPUSpawnerMixin):
+    """What both local spawners add to JupyterHub's local process spawners."""
+
+    gpu_spawn_id: str = ""
 
     def get_env(self):
         env = super().get_env()
         env.update(visible_devices(self.gpu_uuids))
+        env.update({HUB_VAR: self.gpu_hub_id, SERVER_VAR: self.gpu_owner, SPAWN_VAR: self.gpu_spawn_id})
         return env
 
+    # ------------------------------------------------------------ state
 
-class GPUSimpleLocalProcessSpawner(GPUSpawnerMixin, SimpleLocalProcessSpawner):
+    def get_state(self) -> dict:
+        state = super().get_state()
+        if self.gpu_spawn_id:
+            state["gpu_spawn"] = self.gpu_spawn_id
+            state["port"] = self.port
+        return state
+
+    def load_state(self, state: dict) -> None:
+        super().load_state(state)
+        if state.get("gpu_spawn"):
+            self.gpu_spawn_id = state["gpu_spawn"]
+            self.port = int(state.get("port") or self.port)
+            self.hub_state.cache("local-starts", dict)[self.gpu_owner] = self.gpu_spawn_id
+
+    def clear_state(self) -> None:
+        # Not the mixin's: processes of this start may outlive the server (kernels), so its
+        # GPUs are released only once they are gone (poll and stop below).
+        LocalProcessSpawner.clear_state(self)
+        self.gpu_spawn_id = ""
+
+    # ------------------------------------------------------------ reconciliation
+
+    async def reconcile_allocations(self) -> None:
+        """Make the ledger hold exactly what this hub's live server processes hold."""
+        groups = await asyncio.to_thread(find_servers, self.gpu_hub_id)
+        state = self.hub_state
+        recorded: dict[str, str] = state.cache("local-starts", dict)
+        found_pids: dict[str, int] = state.cache("local-pids", dict)
+        ledger = self.ledger
+        before = ledger.allocations()
+        # Nothing is placed before this runs (spawns wait for it): what the ledger holds came
+        # from saved state; the processes say what is really held.
+        for owner in before:
+            ledger.release(owner)
+        for group in groups:
+            if recorded.get(group.owner) == group.spawn:
+                conflict = ledger.adopt(group.owner, group.uuids)
+                found_pids[group.owner] = group.leader
+                self.log.info("gpu-local: adopted %s's server (pid %d) on GPUs %s",
+                              group.owner, group.leader, ", ".join(group.uuids) or "none")
+            else:
+                conflict = ledger.adopt(orphan_owner(group), group.uuids)
+                self.log.warning(
+                    "gpu-local: stopping pid(s) %s of %s: the hub's database does not record this start "
+                    "(the hub stopped while it was starting); its GPUs %s stay held until they are gone",
+                    ", ".join(map(str, group.pids)), group.owner, ", ".join(group.uuids) or "none",
+                )
+                state.cache("local-orphans", set).add(asyncio.ensure_future(self._end_orphan(group)))
+            if conflict:
+                self.log.error("gpu-local: GPUs %s are used by two live servers (%s among them)",
+                               ", ".join(conflict), group.owner)
+        live = {g.owner for g in groups}
+        for owner, uuids in before.items():
+            if owner not in live:
+                self.log.warning("gpu-local: %s's GPUs %s were freed: no live process holds them",
+                                 owner, ", ".join(uuids))
+        self.log.info("gpu-local: ledger rebuilt from %d live server start(s)", len(groups))
+
+    async def _end_orphan(self, group: ServerProcesses) -> None:
+        left = await end_processes(group.pids)
+        if left:
+            self.log.error("gpu-local: pid(s) %s of %s would not die; their GPUs stay held",
+                           ", ".join(map(str, left)), group.owner)
+            return
+        self.log.info("gpu-local: stopped the unrecorded start of %s; GPUs %s are free",
+                      group.owner, ", ".join(group.uuids) or "none")
+        self.gpu_released(self.ledger.release(orphan_owner(group)))
+
+    # ------------------------------------------------------------ lifecycle
+
+    async def start(self):
+        self.gpu_spawn_id = uuidlib.uuid4().hex
+        if self.port == 0:
+            self.port = random_port()  # chosen now, so that the saved state has it
+        return await super().start()
+
+    async def poll(self):
+        await self.ensure_reconciled()
+        spawn = self.gpu_spawn_id
+        if not self.pid and spawn:
+            # the old hub died between starting the process and saving its pid
+            pid = self.hub_state.cache("local-pids", dict).get(self.gpu_owner)
+            if pid:
+                self.pid = pid
+        status = await super().poll()
+        if status is not None and self.gpu_allocation:
+            await self._release_after(spawn)
+        return status
+
+    async def get_url(self):
+        """Where the server listens: its saved port (the database may not have it after a crash)."""
+        url = await super().get_url()
+        if self.pid and self.gpu_spawn_id and self.server is not None:
+            host = self.ip or "127.0.0.1"
+            return f"http://{host}:{self.port}{self.server.base_url}"
+        return url
+
+    async def stop(self, now: bool = False):
+        spawn = self.gpu_spawn_id
+        await LocalProcessSpawner.stop(self, now=now)
+        await self._release_after(spawn)
+
+    async def _release_after(self, spawn: str) -> None:
+        """End what is left of start ``spawn`` (kernels the server left behind), then give its GPUs back."""
+        if spawn:
+            for group in await asyncio.to_thread(find_servers, self.gpu_hub_id, "/proc", spawn):
+                self.log.info("%s: ending %d leftover process(es) of the server", self._log_name, len(group.pids))
+                left = await end_processes(group.pids)
+                if left:
+                    self.log.error("%s: pid(s) %s would not die; the server's GPUs stay held",
+                                   self._log_name, ", ".join(map(str, left)))
+                    return
+        self.release_gpus()
+
+
+class GPULocalProcessSpawner(_LocalGPUs, LocalProcessSpawner):
+    """LocalProcessSpawner whose servers see only the GPUs placed for them."""
+
+
+class GPUSimpleLocalProcessSpawner(_LocalGPUs, SimpleLocalProcessSpawner):
     """The same, running every server as the hub's own user in a per-user folder.
 
     For demos and tests with made-up user names (``gpu-local-simple``); use
     ``gpu-local`` where users are system accounts.
     """
-
-    def get_env(self):
-        env = super().get_env()
-        env.update(visible_devices(self.gpu_uuids))
-        return env

@@ -18,12 +18,9 @@ from traitlets import Dict, Float, Int, TraitError, validate
 from traitlets.config import Configurable
 
 from ..gpu import GPU
-from ..hub import metrics
-from ..inventory import CachedInventory, InventoryReading
-from ..ledger import Ledger
+from ..inventory import InventoryReading
 from ..placement import GPURequest, PlacementError
 from ..profiles import Choice, Profile, load_profiles
-from ..queue import GPUQueue, shared_queue
 from ..quota import Quota, check
 
 
@@ -74,13 +71,6 @@ class GPUPolicyMixin(Configurable):
         if not proposal["value"] > 0:
             raise TraitError(f"{proposal['trait'].name} must be > 0 seconds")
         return proposal["value"]
-
-    gpu_queue: GPUQueue | None = None  # set by tests; default: the hub-wide queue
-
-    def _queue(self) -> GPUQueue:
-        queue = self.gpu_queue or shared_queue()
-        metrics.COLLECTOR.watch_queue(queue.__len__)
-        return queue
 
     # ------------------------------------------------------------ groups and profiles
 
@@ -134,14 +124,11 @@ class GPUPolicyMixin(Configurable):
 
     # ------------------------------------------------------------ placing
 
-    async def place_request(
-        self, ledger: Ledger, inventory: CachedInventory, reading: InventoryReading, request: GPURequest,
-        choice: Choice,
-    ) -> tuple[GPU, ...]:
-        """Reserve GPUs within the quotas; wait in the queue for ``queue: true`` profiles."""
-        metrics.COLLECTOR.watch(inventory, ledger)
+    async def place_request(self, reading: InventoryReading, request: GPURequest, choice: Choice) -> tuple[GPU, ...]:
+        """Reserve GPUs within the quotas; wait in the hub's queue for ``queue: true`` profiles."""
+        state = self.hub_state
+        ledger, inventory, queue, metrics = state.ledger, state.inventory, state.queue, state.metrics
         quota = self.gpu_quota()
-        queue = self._queue()
         started = time.monotonic()
 
         def place(gpus: tuple[GPU, ...]) -> tuple[GPU, ...]:
@@ -184,4 +171,4 @@ class GPUPolicyMixin(Configurable):
     def gpu_released(self, uuids: tuple[str, ...]) -> None:
         """GPUs were given back: wake the queue."""
         if uuids:
-            self._queue().wake()
+            self.hub_state.queue.wake()

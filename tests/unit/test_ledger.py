@@ -9,9 +9,8 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from gpuspawner import ledger as ledger_module
 from gpuspawner.gpu import GPU
-from gpuspawner.ledger import Ledger, set_shared_ledger, shared_ledger
+from gpuspawner.ledger import Ledger
 from gpuspawner.placement import GPURequest, PlacementError
 
 A100 = "NVIDIA A100-SXM4-80GB"
@@ -125,41 +124,6 @@ def test_adopt_adds_to_existing_allocation(ledger):
 def test_adopt_nothing_records_no_owner(ledger):
     assert ledger.adopt("alice", []) == ()
     assert ledger.allocations() == {}
-
-
-# --------------------------------------------------------------------------
-# Shared ledger
-# --------------------------------------------------------------------------
-
-
-@pytest.fixture
-def restore_shared():
-    previous = set_shared_ledger(None)
-    yield
-    set_shared_ledger(previous)
-
-
-def test_shared_ledger_is_one_instance(restore_shared):
-    assert shared_ledger() is shared_ledger()
-
-
-def test_shared_ledger_can_be_replaced(restore_shared):
-    mine = Ledger()
-    set_shared_ledger(mine)
-    assert shared_ledger() is mine
-    assert set_shared_ledger(None) is mine
-    assert shared_ledger() is not mine
-
-
-def test_shared_ledger_created_once_under_concurrency(restore_shared):
-    seen: list[Ledger] = []
-    threads = [threading.Thread(target=lambda: seen.append(shared_ledger())) for _ in range(20)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    assert len({id(x) for x in seen}) == 1
-    assert ledger_module._shared is seen[0]
 
 
 # --------------------------------------------------------------------------

@@ -1,0 +1,94 @@
+"""Prometheus metrics of one hub's GPUs: a collector owned by the hub's :class:`~gpuspawner.state.HubState`.
+
+JupyterHub serves prometheus_client's default registry at ``/hub/metrics`` (a
+token with the ``read:metrics`` scope, or ``c.JupyterHub.authenticate_prometheus
+= False``); the hub state registers its :class:`HubMetrics` there when it is
+created (nothing is registered on import).
+
+- ``gpuspawner_gpus{model,host,state}``: GPUs per model and host; ``state`` is
+  ``total``, ``allocated`` or ``free`` (free: healthy and not held);
+- ``gpuspawner_spawn_refusals_total{reason}``: refused spawns, by the
+  refusal's code (``none_free``, ``quota_user``, ``queue_timeout``, ...);
+- ``gpuspawner_queue_length``: spawns waiting for a GPU;
+- ``gpuspawner_placement_seconds{outcome}``: from asking for GPUs to getting
+  them (queue wait included) or being refused.
+
+Collecting never does I/O: it uses the newest inventory reading the hub has.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Iterator
+
+from prometheus_client import Counter as PromCounter
+from prometheus_client import Histogram
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import REGISTRY, Collector, CollectorRegistry
+
+from .inventory import CachedInventory
+from .ledger import Ledger
+
+BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 15, 60, 300, 900, 3600)
+
+
+class HubMetrics(Collector):
+    """The hub's GPU metrics: live gauges from the ledger, inventory and queue, plus counters."""
+
+    def __init__(self, inventory: CachedInventory, ledger: Ledger, queue_length: Callable[[], int]) -> None:
+        self._inventory = inventory
+        self._ledger = ledger
+        self._queue_length = queue_length
+        # unregistered metric objects: this collector yields them
+        self.refusals = PromCounter(
+            "gpuspawner_spawn_refusals", "GPU spawns refused, by reason (PlacementError code)", ["reason"],
+            registry=None,
+        )
+        self.placement_seconds = Histogram(
+            "gpuspawner_placement_seconds",
+            "Seconds from asking for GPUs to getting them (queue wait included) or being refused",
+            ["outcome"], buckets=BUCKETS, registry=None,
+        )
+        self._registry: CollectorRegistry | None = None
+
+    # ------------------------------------------------------------ recording
+
+    def refused(self, code: str, seconds: float) -> None:
+        self.refusals.labels(reason=code).inc()
+        self.placement_seconds.labels(outcome="refused").observe(seconds)
+
+    def placed(self, seconds: float) -> None:
+        self.placement_seconds.labels(outcome="placed").observe(seconds)
+
+    # ------------------------------------------------------------ serving
+
+    def collect(self) -> Iterator[Metric]:
+        gpus = GaugeMetricFamily("gpuspawner_gpus", "GPUs per model and host", labels=["model", "host", "state"])
+        counts: Counter[tuple[str, str, str]] = Counter()
+        reading = self._inventory.last_reading()
+        if reading is not None:
+            held = self._ledger.held()
+            for gpu in reading.gpus:
+                counts[(gpu.model, gpu.host, "total")] += 1
+                taken = gpu.uuid in held
+                counts[(gpu.model, gpu.host, "allocated")] += taken
+                counts[(gpu.model, gpu.host, "free")] += gpu.healthy and not taken
+        for labels, value in sorted(counts.items()):
+            gpus.add_metric(list(labels), value)
+        yield gpus
+        queue = GaugeMetricFamily("gpuspawner_queue_length", "Spawns waiting in the hub's queue for a free GPU")
+        queue.add_metric([], self._queue_length())
+        yield queue
+        yield from self.refusals.collect()
+        yield from self.placement_seconds.collect()
+
+    def register(self, registry: CollectorRegistry = REGISTRY) -> None:
+        """Serve these metrics from ``registry`` (JupyterHub's ``/hub/metrics`` serves the default one)."""
+        if self._registry is None:
+            registry.register(self)
+            self._registry = registry
+
+    def unregister(self) -> None:
+        if self._registry is not None:
+            self._registry.unregister(self)
+            self._registry = None

@@ -1,0 +1,206 @@
+"""The hub's one shared GPU state: :class:`HubState`.
+
+JupyterHub runs every spawner of a hub, and every hub handler, in one process.
+What they must agree on lives in one object per hub, created on first use and
+found again by :func:`hub_state`:
+
+- the ledger (who holds which GPU, under one lock) and the fair queue;
+- the cached GPU inventory (NVML on this host, or the configured list);
+- reconciliation with the runtime (containers, processes), run once per hub
+  before anything is placed, and what it learnt;
+- the Prometheus metrics, registered in JupyterHub's registry;
+- the admin overview's live readings and per-client caches (cluster capacity).
+
+Spawners and hub handlers both reach it through :func:`hub_state` with the
+hub's traitlets ``Config`` and spawner class, so the hub's GPU settings
+(``c.GPUSpawnerMixin.gpu_inventory`` and friends, or the same traits set on the
+spawner class's own section) are read the way traitlets reads them for the
+spawners themselves. Nothing here imports a spawner backend or a hub handler.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import warnings
+from collections.abc import Awaitable, Callable, Hashable
+from typing import Any
+
+from traitlets import Bool, Dict, Float, List, TraitError, Unicode, validate
+from traitlets.config import Config, Configurable
+
+from .gpu import GPU
+from .inventory import CachedInventory, NVMLInventory, StaticInventory, gpus_from_config
+from .ledger import Ledger
+from .metrics import HubMetrics
+from .queue import GPUQueue
+
+__all__ = ["GPUHubSettings", "HubState", "hub_state", "forget_hub_states"]
+
+
+class GPUHubSettings(Configurable):
+    """The settings one hub's GPU state is built from (a parent of every gpuspawner spawner).
+
+    Configure them as ``c.GPUSpawnerMixin.<name>`` (or on the spawner class, e.g.
+    ``c.GPUDockerSpawner.<name>``).
+    """
+
+    gpu_inventory = Unicode(
+        "nvml",
+        help="""
+        Where the hub learns which GPUs exist: ``"nvml"`` (the GPUs of the host the
+        hub runs on) or ``"static"`` (the list in ``static_gpus``, for a hub whose
+        GPUs are on another host, e.g. a remote Docker engine).
+        """,
+    ).tag(config=True)
+
+    static_gpus = List(
+        Dict(),
+        help="""GPUs for ``gpu_inventory = "static"``: dicts with ``uuid``, ``name`` and
+        optionally ``host``, ``index``, ``memory_total`` (bytes), ``compute_capability``,
+        ``driver_version``, ``cuda_driver_version``.""",
+    ).tag(config=True)
+
+    gpu_inventory_ttl = Float(
+        5.0, help="Seconds an inventory reading is reused before the GPUs are read again."
+    ).tag(config=True)
+
+    simulated_gpus = Bool(
+        False,
+        help="Set when the GPUs come from the stand-in NVML library; the form says they are simulated.",
+    ).tag(config=True)
+
+    gpu_hub_id = Unicode(
+        "jupyterhub",
+        help="""
+        This hub's name on what its servers run in: the label ``org.gpuspawner.hub`` on
+        gpu-docker containers, the variable ``GPUSPAWNER_HUB`` in gpu-local server
+        processes. After a restart the hub adopts (or stops) only what carries its own
+        id, so two hubs may share one Docker engine or host if their ids differ.
+        """,
+    ).tag(config=True)
+
+    @validate("gpu_inventory")
+    def _check_inventory(self, proposal):
+        if proposal["value"] not in ("nvml", "static"):
+            raise TraitError(f"gpu_inventory must be 'nvml' or 'static', not {proposal['value']!r}")
+        return proposal["value"]
+
+    @validate("static_gpus")
+    def _check_static_gpus(self, proposal):
+        try:
+            gpus_from_config(proposal["value"])
+        except ValueError as e:
+            raise TraitError(f"static_gpus: {e}") from e
+        return proposal["value"]
+
+    @validate("gpu_inventory_ttl")
+    def _check_ttl(self, proposal):
+        if proposal["value"] < 0:
+            raise TraitError(f"gpu_inventory_ttl must be >= 0 seconds, not {proposal['value']}")
+        return proposal["value"]
+
+    def state_key(self) -> str:
+        """What makes two settings objects describe the same GPUs."""
+        return json.dumps(
+            [self.gpu_inventory, self.static_gpus if self.gpu_inventory == "static" else None,
+             self.simulated_gpus, self.gpu_hub_id],
+            sort_keys=True,
+        )
+
+
+def settings_for(config: Config, spawner_class: type | None) -> GPUHubSettings:
+    """The GPU settings ``spawner_class`` gets from ``config``, read by traitlets itself.
+
+    A settings object whose config sections are the spawner class's own, so that
+    ``c.GPUSpawnerMixin.x``, ``c.GPUDockerSpawner.x`` and ``c.Spawner.x`` apply
+    with the same priorities as for the spawners. The spawner's other options are
+    not settings, so traitlets' "not recognized" warnings are silenced here.
+    """
+    sections = spawner_class.section_names() if isinstance(spawner_class, type) and issubclass(
+        spawner_class, Configurable) else GPUHubSettings.section_names()
+
+    class _AsSpawner(GPUHubSettings):
+        @classmethod
+        def section_names(cls) -> list[str]:
+            return sections
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        return _AsSpawner(config=config)
+
+
+class HubState:
+    """Everything one hub's spawners and handlers share (see the module docstring)."""
+
+    def __init__(self, settings: GPUHubSettings) -> None:
+        self.hub_id = settings.gpu_hub_id
+        if settings.gpu_inventory == "static":
+            source: Any = StaticInventory(list(settings.static_gpus))
+        else:
+            source = NVMLInventory(simulated=settings.simulated_gpus)
+        self.inventory_source = settings.gpu_inventory
+        self.inventory = CachedInventory(source, ttl=settings.gpu_inventory_ttl)
+        self.ledger = Ledger()
+        self.queue = GPUQueue()
+        self.metrics = HubMetrics(self.inventory, self.ledger, self.queue.__len__)
+        #: owner -> GPU records the runtime reported (container labels, process environments)
+        self.found: dict[str, tuple[GPU, ...]] = {}
+        #: per-purpose caches a backend or handler keeps for this hub (e.g. cluster capacity)
+        self.caches: dict[Hashable, Any] = {}
+        self._once: dict[Hashable, asyncio.Future] = {}
+
+    async def once(self, key: Hashable, run: Callable[[], Awaitable[None]]) -> None:
+        """Run ``run`` once for this hub (a reconciliation); concurrent callers wait for it.
+
+        A failed run is tried again by the next caller.
+        """
+        future = self._once.get(key)
+        if future is None or (future.done() and (future.cancelled() or future.exception())):
+            future = self._once[key] = asyncio.ensure_future(run())
+        await asyncio.shield(future)
+
+    def cache(self, key: Hashable, make: Callable[[], Any]) -> Any:
+        """The object kept under ``key`` for this hub, made on first use."""
+        if key not in self.caches:
+            self.caches[key] = make()
+        return self.caches[key]
+
+    def close(self) -> None:
+        """Stop serving this state's metrics."""
+        self.metrics.unregister()
+
+
+_states: dict[tuple[int, str], tuple[Config, HubState]] = {}
+_states_lock = threading.Lock()
+
+
+def hub_state(config: Config, spawner_class: type | None = None,
+              settings: GPUHubSettings | None = None) -> HubState:
+    """The hub state for this hub's ``config`` (created on first use, then always the same).
+
+    ``settings`` are the caller's own resolved GPU settings (a spawner passes
+    itself); otherwise they are read from ``config`` for ``spawner_class``. The
+    newest state's metrics are the ones served at ``/hub/metrics``.
+    """
+    if settings is None:
+        settings = settings_for(config, spawner_class)
+    key = (id(config), settings.state_key())
+    with _states_lock:
+        entry = _states.get(key)
+        if entry is None or entry[0] is not config:
+            for _config, old in _states.values():
+                old.close()
+            state = HubState(settings)
+            state.metrics.register()
+            entry = _states[key] = (config, state)
+        return entry[1]
+
+
+def forget_hub_states() -> None:
+    """Drop every hub state of this process (tests)."""
+    with _states_lock:
+        for _config, state in _states.values():
+            state.close()
+        _states.clear()

@@ -1,0 +1,109 @@
+"""One GPU state per hub, shared by its spawners and its handlers, found the way traitlets reads config."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+
+import pytest
+from prometheus_client import REGISTRY
+from traitlets.config import Config
+
+from gpuspawner.spawners.local import GPUSimpleLocalProcessSpawner
+from gpuspawner.state import HubState, forget_hub_states, hub_state
+
+STATIC = [{"uuid": "GPU-a", "name": "Tesla T4", "host": "gpu-host-1"},
+          {"uuid": "GPU-b", "name": "Tesla T4", "host": "gpu-host-1"}]
+
+
+@pytest.fixture(autouse=True)
+def fresh_states():
+    forget_hub_states()
+    yield
+    forget_hub_states()
+
+
+def static_config(section: str = "GPUSimpleLocalProcessSpawner") -> Config:
+    config = Config()
+    config[section].gpu_inventory = "static"
+    config[section].static_gpus = STATIC
+    return config
+
+
+async def test_spawners_and_handlers_of_one_hub_share_one_state():
+    config = static_config()
+    first = GPUSimpleLocalProcessSpawner(config=config)
+    second = GPUSimpleLocalProcessSpawner(config=config)
+    # a hub handler knows the config and the spawner class, not a spawner
+    from_handler = hub_state(config, GPUSimpleLocalProcessSpawner)
+    assert first.hub_state is second.hub_state is from_handler
+    assert first.ledger is from_handler.ledger and first.inventory is from_handler.inventory
+    reading = await from_handler.inventory.read()
+    assert [g.uuid for g in reading.gpus] == ["GPU-a", "GPU-b"]
+
+
+@pytest.mark.parametrize("section", ["GPUSpawnerMixin", "GPUHubSettings", "Spawner", "LocalProcessSpawner"])
+async def test_settings_on_any_parent_section_reach_the_handler(section):
+    config = static_config(section)
+    state = hub_state(config, GPUSimpleLocalProcessSpawner)
+    assert state is GPUSimpleLocalProcessSpawner(config=config).hub_state
+    assert [g.uuid for g in (await state.inventory.read()).gpus] == ["GPU-a", "GPU-b"]
+
+
+def test_another_hub_config_gets_another_state():
+    assert hub_state(static_config(), GPUSimpleLocalProcessSpawner) is not hub_state(
+        static_config(), GPUSimpleLocalProcessSpawner)
+
+
+def test_created_once_under_concurrency():
+    config = static_config()
+    seen: list[HubState] = []
+    barrier = threading.Barrier(20)
+
+    def look():
+        barrier.wait()
+        seen.append(hub_state(config, GPUSimpleLocalProcessSpawner))
+
+    threads = [threading.Thread(target=look) for _ in range(20)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len({id(s) for s in seen}) == 1
+
+
+def test_bad_static_inventory_is_refused_at_configuration():
+    config = Config()
+    config.GPUSpawnerMixin.gpu_inventory = "static"
+    config.GPUSpawnerMixin.static_gpus = [{"uuid": "GPU-a"}]
+    with pytest.raises(Exception, match="static_gpus: static GPU entry 0 needs a 'name' string"):
+        GPUSimpleLocalProcessSpawner(config=config)
+
+
+def test_metrics_are_served_for_the_newest_state_only():
+    def gpus_total() -> float:
+        return sum(s.value for m in REGISTRY.collect() if m.name == "gpuspawner_gpus"
+                   for s in m.samples if s.labels.get("state") == "total")
+
+    state = hub_state(static_config(), GPUSimpleLocalProcessSpawner)
+    state.inventory.read_now()
+    assert gpus_total() == 2
+    newer = hub_state(static_config(), GPUSimpleLocalProcessSpawner)  # a second hub in this process
+    assert gpus_total() == 0  # the old one is no longer served, the new one has read nothing yet
+    newer.inventory.read_now()
+    assert gpus_total() == 2
+
+
+def test_nothing_registers_on_import_and_hub_handlers_do_not_import_backends():
+    code = (
+        "import sys\n"
+        "from prometheus_client import REGISTRY\n"
+        "import gpuspawner.hub.handlers, gpuspawner.hub.setup, gpuspawner.metrics, gpuspawner.state\n"
+        "names = {m.name for m in REGISTRY.collect()}\n"
+        "assert not any(n.startswith('gpuspawner') for n in names), names\n"
+        "assert not any(m.startswith('gpuspawner.spawners') for m in sys.modules), "
+        "sorted(m for m in sys.modules if m.startswith('gpuspawner.spawners'))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
