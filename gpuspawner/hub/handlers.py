@@ -14,8 +14,8 @@ from datetime import datetime, timezone
 
 from jupyterhub.apihandlers import APIHandler
 from jupyterhub.handlers import BaseHandler
-from traitlets.config import Config
 from tornado import web
+from traitlets.config import Config
 
 from ..queue import shared_queue
 from ..spawners.base import GPUSpawnerMixin

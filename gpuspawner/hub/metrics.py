@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
-from typing import Callable
+from collections.abc import Callable
 
 from prometheus_client import REGISTRY, Counter as PromCounter, Histogram
 from prometheus_client.core import GaugeMetricFamily

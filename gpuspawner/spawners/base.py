@@ -16,8 +16,7 @@ from typing import Any
 
 from jinja2 import Environment, PackageLoader, select_autoescape
 from tornado import web
-from traitlets import Bool, Dict, Float, List, Unicode, default, validate
-from traitlets import TraitError
+from traitlets import Bool, Dict, Float, List, TraitError, Unicode, default, validate
 
 from ..form import form_context
 from ..gpu import GPU

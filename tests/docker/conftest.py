@@ -10,7 +10,6 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # engine, dockerhub
 
 import fakenvml  # noqa: E402
-
 from engine import Engine, gpu_config, unavailable_reason  # noqa: E402
 
 

@@ -29,8 +29,9 @@ import struct
 import subprocess
 import sys
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 __all__ = [
     "LIBRARY_NAME",
@@ -238,7 +239,9 @@ def make_device(index: int, name: str = "NVIDIA A100-SXM4-80GB", **overrides: An
     return device
 
 
-def make_mig_device(parent: Mapping[str, Any], index: int, profile: str = "1g.10gb", **overrides: Any) -> dict[str, Any]:
+def make_mig_device(
+    parent: Mapping[str, Any], index: int, profile: str = "1g.10gb", **overrides: Any
+) -> dict[str, Any]:
     """A MIG device entry for ``parent["mig_devices"]`` (the parent needs ``mig_mode=1``).
 
     ``profile`` is the MIG profile name (``"1g.10gb"``, ``"3g.40gb"`` ...); its

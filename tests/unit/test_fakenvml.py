@@ -179,7 +179,8 @@ def test_values_come_from_the_device_file(nvml):
             v2 = N.nvmlDeviceGetMemoryInfo(h, version=N.nvmlMemory_v2)
             out["devices"].append({
                 "index": N.nvmlDeviceGetIndex(h), "uuid": N.nvmlDeviceGetUUID(h), "name": N.nvmlDeviceGetName(h),
-                "serial": N.nvmlDeviceGetSerial(h), "bus_id": pci.busId if isinstance(pci.busId, str) else pci.busId.decode(), "bus": pci.bus,
+                "serial": N.nvmlDeviceGetSerial(h),
+                "bus_id": pci.busId if isinstance(pci.busId, str) else pci.busId.decode(), "bus": pci.bus,
                 "pci_device_id": pci.pciDeviceId,
                 "by_uuid": N.nvmlDeviceGetIndex(N.nvmlDeviceGetHandleByUUID(N.nvmlDeviceGetUUID(h))),
                 "memory": mem(N.nvmlDeviceGetMemoryInfo(h)),
@@ -331,7 +332,8 @@ def test_argument_errors_match_nvml(nvml):
             "procs_size": [raw("nvmlDeviceGetComputeRunningProcesses_v3", h, ctypes.byref(count), None), count.value],
         }
         count.value = 1
-        out["procs_small"] = [raw("nvmlDeviceGetComputeRunningProcesses_v3", h, ctypes.byref(count), infos), count.value]
+        rc = raw("nvmlDeviceGetComputeRunningProcesses_v3", h, ctypes.byref(count), infos)
+        out["procs_small"] = [rc, count.value]
         count.value = 8
         out["procs_ok"] = [raw("nvmlDeviceGetComputeRunningProcesses_v3", h, ctypes.byref(count), infos),
                            count.value, infos[2].pid, infos[2].gpuInstanceId]

@@ -97,7 +97,9 @@ def test_entries_are_not_modified():
 # ==========================================================================
 
 
-@pytest.mark.parametrize("entry, type_name", [("GPU-1", "str"), (["GPU-1", A100], "list"), (None, "NoneType"), (3, "int")])
+@pytest.mark.parametrize("entry, type_name", [
+    ("GPU-1", "str"), (["GPU-1", A100], "list"), (None, "NoneType"), (3, "int"),
+])
 def test_entry_must_be_a_dict(entry, type_name):
     message = refusal([{"uuid": "ok", "name": T4}, entry])
     assert message == f"static GPU entry 1 must be a dict, not {type_name}"

@@ -9,8 +9,7 @@ images). Anything else is an OptionsError whose ``.field`` names the field.
 from __future__ import annotations
 
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 from gpuspawner.gpu import model_slug
 from gpuspawner.profiles import (
@@ -176,7 +175,8 @@ def test_kubespawner_gpu_limit_as_string_number():
 
 
 def test_kubespawner_gpu_limit_is_checked_like_gpu_counts():
-    e = config_refusal([{"display_name": "X", "kubespawner_override": {"extra_resource_limits": {"nvidia.com/gpu": -1}}}])
+    override = {"extra_resource_limits": {"nvidia.com/gpu": -1}}
+    e = config_refusal([{"display_name": "X", "kubespawner_override": override}])
     assert e.field == "profile 'x'"
     assert "gpu_counts" in str(e)
 
@@ -215,7 +215,9 @@ def test_entry_must_be_a_dict(entry):
     assert type(entry).__name__ in str(e)
 
 
-@pytest.mark.parametrize("entry", [{}, {"display_name": ""}, {"display_name": "   "}, {"display_name": 5}, {"slug": "x"}])
+@pytest.mark.parametrize("entry", [
+    {}, {"display_name": ""}, {"display_name": "   "}, {"display_name": 5}, {"slug": "x"},
+])
 def test_display_name_is_required(entry):
     e = config_refusal([entry])
     assert e.field == "gpu_profiles[0]"
@@ -462,7 +464,9 @@ def test_huge_gpu_count_is_not_echoed():
     assert "that number is not allowed in profile 'gpu'; allowed: 1, 2, 4" in str(e)
 
 
-@pytest.mark.parametrize("value, type_name", [(True, "bool"), (2.0, "float"), ("2", "str"), (None, "NoneType"), ([2], "list")])
+@pytest.mark.parametrize("value, type_name", [
+    (True, "bool"), (2.0, "float"), ("2", "str"), (None, "NoneType"), ([2], "list"),
+])
 def test_gpus_wrong_type(value, type_name):
     e = refusal({"gpus": value})
     assert e.field == "gpus"
