@@ -36,7 +36,8 @@ from pathlib import Path
 import requests
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT / "tests" / "docker"), str(ROOT / "tests"), str(ROOT)]
+# the test helpers (as pytest's pythonpath in pyproject.toml has them) and this checkout's gpuspawner
+sys.path[:0] = [str(ROOT / "tests" / d) for d in ("", "integration", "docker")] + [str(ROOT)]
 
 import fakenvml  # noqa: E402
 from dockerhub import DockerHub  # noqa: E402

@@ -1,12 +1,8 @@
 """Shared fixtures: the stand-in NVML library, built once per test session."""
 
-import sys
 from pathlib import Path
 
 import pytest
-
-TESTS = Path(__file__).resolve().parent
-sys.path.insert(0, str(TESTS))  # makes `fakenvml` (the stand-in's Python helpers) importable
 
 
 @pytest.fixture(scope="session")

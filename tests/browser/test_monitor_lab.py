@@ -8,16 +8,12 @@ test-artifacts/ (gitignored).
 from __future__ import annotations
 
 import os
-import sys
-from pathlib import Path
 
 import pytest
 
 import fakenvml
 from chromium import ARTIFACTS, NEEDS_BROWSER
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))
-from jupyter_server_proc import JupyterServer  # noqa: E402
+from jupyter_server_proc import JupyterServer
 
 pytestmark = [
     pytest.mark.monitor,

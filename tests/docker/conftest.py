@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # engine, dockerhub
-
-import fakenvml  # noqa: E402
-from engine import Engine, gpu_config, unavailable_reason  # noqa: E402
+import fakenvml
+from engine import Engine, gpu_config, unavailable_reason
 
 
 @pytest.fixture(scope="session")

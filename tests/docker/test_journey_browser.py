@@ -26,7 +26,7 @@ import requests
 import fakenvml
 from chromium import ARTIFACTS, NEEDS_BROWSER
 from gpuspawner.simulation import simulated_config
-from integration.hub import free_port
+from hub import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 PASSWORD = "journey-password"

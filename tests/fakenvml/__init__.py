@@ -5,7 +5,7 @@ real nvidia-ml-py bindings load it through the dynamic linker. It reads its
 devices from the JSON file named by ``FAKENVML_CONFIG``; README.md beside
 this file documents the format and the behaviours it reproduces.
 
-Typical use in a test (tests/conftest.py puts ``tests/`` on ``sys.path``)::
+Typical use in a test (``tests/`` is on pytest's ``pythonpath``, set in pyproject.toml)::
 
     import fakenvml
 

@@ -18,11 +18,7 @@ from pathlib import Path
 
 import pytest
 
-TESTS = Path(__file__).resolve().parents[1]
-if str(TESTS) not in sys.path:  # tests/conftest.py does the same
-    sys.path.insert(0, str(TESTS))
-
-import fakenvml  # noqa: E402
+import fakenvml
 
 # What pynvml looks up (nvml.h maps unversioned names to these).
 REQUIRED_SYMBOLS = """
