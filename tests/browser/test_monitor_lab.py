@@ -12,7 +12,7 @@ import os
 import pytest
 
 import fakenvml
-from chromium import ARTIFACTS, NEEDS_BROWSER
+from chromium import ARTIFACTS, NEEDS_BROWSER, playwright_sync_api
 from jupyter_server_proc import JupyterServer
 
 pytestmark = [
@@ -20,7 +20,7 @@ pytestmark = [
     *NEEDS_BROWSER,
 ]
 
-sync_api = pytest.importorskip("playwright.sync_api", reason="needs playwright (pip install -e .[test])")
+sync_api = playwright_sync_api()
 
 
 

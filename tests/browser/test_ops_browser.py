@@ -10,12 +10,12 @@ import pytest
 import requests
 
 import fakenvml
-from chromium import ARTIFACTS, NEEDS_CHROMIUM, NEEDS_LABEXTENSION
+from chromium import ARTIFACTS, NEEDS_CHROMIUM, NEEDS_LABEXTENSION, playwright_sync_api
 from jupyter_server_proc import JupyterServer
 from ops_hub import OpsHub
 from test_local_hub import TWO_GPUS, start
 
-sync_api = pytest.importorskip("playwright.sync_api", reason="needs playwright (pip install -e .[test])")
+sync_api = playwright_sync_api()
 
 pytestmark = [
     pytest.mark.integration,

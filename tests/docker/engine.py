@@ -8,7 +8,7 @@ never meets another engine on the machine. The stand-in
 PATH, which makes dockerd register its ``nvidia`` device driver; the hook
 checks requested GPUs against the stand-in NVML device file ``gpus_path``.
 
-:func:`unavailable_reason` says why no engine can run here (then tests skip).
+:func:`unavailable_reason` says why no engine can run here (then tests skip, or fail in CI).
 """
 
 from __future__ import annotations

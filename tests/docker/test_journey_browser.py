@@ -24,7 +24,7 @@ import pytest
 import requests
 
 import fakenvml
-from chromium import ARTIFACTS, NEEDS_BROWSER
+from chromium import ARTIFACTS, NEEDS_BROWSER, playwright_sync_api
 from gpuspawner.simulation import simulated_config
 from hub import free_port
 
@@ -36,7 +36,7 @@ pytestmark = [
     *NEEDS_BROWSER,
 ]
 
-sync_api = pytest.importorskip("playwright.sync_api", reason="needs playwright (pip install -e .[test])")
+sync_api = playwright_sync_api()
 expect = sync_api.expect
 
 
