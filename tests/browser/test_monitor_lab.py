@@ -65,11 +65,12 @@ def test_status_bar_and_panel_follow_the_stand_in(tmp_path, fakenvml_libdir, bro
         sync_api.expect(status).to_have_text("GPU 41% | 60.5 / 80.0 GiB")
         sync_api.expect(card.locator("[data-field=util]")).to_have_text("Utilisation: 41 / 100 %")
         sync_api.expect(card.locator("[data-field=temperature]")).to_have_text("Temperature: 71 °C")
-        sync_api.expect(card.locator(".jp-gpuspawner-Processes")).to_contain_text(str(os.getpid()))
         processes = card.locator(".jp-gpuspawner-Processes")
+        sync_api.expect(processes).to_contain_text(str(os.getpid()))
         sync_api.expect(processes).to_contain_text("not started by a kernel of this server")
         page.wait_for_timeout(1500)
         after = canvas_images(page)
+        assert len(after) == len(before) == 4, "the panel still shows its four charts"
         assert all(a != b for a, b in zip(before, after, strict=True)), "every chart drew the new values"
         page.screenshot(path=str(ARTIFACTS / "monitor-lab-panel.png"))
 
