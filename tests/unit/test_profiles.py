@@ -8,6 +8,9 @@ images). Anything else is an OptionsError whose ``.field`` names the field.
 
 from __future__ import annotations
 
+import ast
+import re
+
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
@@ -24,6 +27,7 @@ from gpuspawner.profiles import (
     options_from_form,
     parse_options,
 )
+from gpuspawner.spawners.base import GPUSpawnerMixin
 
 A100 = model_slug("NVIDIA A100-SXM4-80GB")  # "a100-sxm4-80gb"
 T4 = model_slug("Tesla T4")  # "t4"
@@ -852,3 +856,11 @@ def test_options_from_form_never_crashes(form):
         parse(options)
     except OptionsError:
         pass
+
+
+def test_gpu_profiles_help_explains_every_key_a_profile_accepts():
+    message = str(config_refusal([{"display_name": "X", "no_such_key": 1}]))
+    known = ast.literal_eval(re.search(r"known keys: (\[.*\])", message).group(1))
+    assert {"groups", "queue", "kubespawner_override"} <= set(known)
+    help_text = GPUSpawnerMixin.class_traits()["gpu_profiles"].help
+    assert [k for k in known if f"- ``{k}``:" not in help_text] == []
