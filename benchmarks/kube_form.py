@@ -100,7 +100,8 @@ def summary(label: str, times: list[float]) -> float:
 def main() -> None:
     rng = random.Random(20240610)
     nodes, pods = make_cluster(rng)
-    print(f"gpu-kube form, {NODES} GPU nodes, {len(pods)} pods; Python {platform.python_version()}, {platform.machine()}")
+    print(f"gpu-kube form, {NODES} GPU nodes, {len(pods)} pods; "
+          f"Python {platform.python_version()}, {platform.machine()}")
 
     def capacity():
         return pools(cluster_inventory(nodes, pods))

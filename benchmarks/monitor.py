@@ -28,8 +28,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "tests" / "integration")]
 
-import fakenvml  # noqa: E402
 import requests  # noqa: E402
+
+import fakenvml  # noqa: E402
 from jupyter_server_proc import JupyterServer  # noqa: E402
 
 TICKS = os.sysconf("SC_CLK_TCK")
@@ -65,9 +66,11 @@ async def measure(server: JupyterServer, counts: Path, clients: int, window: flo
     while min(received) == 0 and time.monotonic() < deadline:  # every client connected and got a sample
         await asyncio.sleep(0.2)
     await asyncio.sleep(1.0)
-    calls0, cpu0, t0, got0 = sum(fakenvml.read_counts(counts).values()), cpu_seconds(server.proc.pid), time.monotonic(), sum(received)
+    calls0, cpu0 = sum(fakenvml.read_counts(counts).values()), cpu_seconds(server.proc.pid)
+    t0, got0 = time.monotonic(), sum(received)
     await asyncio.sleep(window)
-    calls1, cpu1, t1, got1 = sum(fakenvml.read_counts(counts).values()), cpu_seconds(server.proc.pid), time.monotonic(), sum(received)
+    calls1, cpu1 = sum(fakenvml.read_counts(counts).values()), cpu_seconds(server.proc.pid)
+    t1, got1 = time.monotonic(), sum(received)
     for task in tasks:
         task.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)
@@ -95,7 +98,8 @@ def snapshot_latency(server: JupyterServer, n: int = 300) -> tuple[float, float]
 
 def nvdashboard_note(libdir: Path, config: Path, target: str | None) -> str:
     if not target:
-        return "jupyterlab-nvdashboard: not measured (pass --nvdashboard PATH of `pip install --target PATH jupyterlab-nvdashboard`)"
+        return ("jupyterlab-nvdashboard: not measured "
+                "(pass --nvdashboard PATH of `pip install --target PATH jupyterlab-nvdashboard`)")
     env = {**os.environ, **fakenvml.env(libdir, config), "PYTHONPATH": target}
     probe = subprocess.run([sys.executable, "-c", "import jupyterlab_nvdashboard.apps.gpu as g; print(g.ngpus)"],
                            env=env, capture_output=True, text=True, timeout=120)
@@ -109,7 +113,8 @@ def nvdashboard_note(libdir: Path, config: Path, target: str | None) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--window", type=float, default=20.0, help="seconds measured per client count")
-    parser.add_argument("--nvdashboard", default=None, help="directory where jupyterlab-nvdashboard is pip-installed (--target)")
+    parser.add_argument("--nvdashboard", default=None,
+                        help="directory where jupyterlab-nvdashboard is pip-installed (--target)")
     args = parser.parse_args()
     for key in ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES"):
         os.environ.pop(key, None)
@@ -123,13 +128,15 @@ def main() -> None:
         counts = tmp / "counts"
         server = JupyterServer(tmp / "server", fakenvml.env(libdir, config, counts), ["--GPUMonitor.interval=1"])
         with server:
-            print(f"gpuspawner monitor: 4 simulated GPUs, 1 sample/s, {args.window:.0f} s per row, server pid {server.proc.pid}")
+            print(f"gpuspawner monitor: 4 simulated GPUs, 1 sample/s, {args.window:.0f} s per row, "
+                  f"server pid {server.proc.pid}")
             print(f"{'clients':>8} {'NVML calls/s':>13} {'server CPU %':>13} {'events/s':>9}")
             rows = []
             for n in (1, 10, 100):
                 row = asyncio.run(measure(server, counts, n, args.window))
                 rows.append(row)
-                print(f"{row['clients']:>8} {row['nvml_per_s']:>13.1f} {row['cpu_pct']:>13.2f} {row['events_per_s']:>9.1f}")
+                print(f"{row['clients']:>8} {row['nvml_per_s']:>13.1f} {row['cpu_pct']:>13.2f} "
+                      f"{row['events_per_s']:>9.1f}")
             ratio = rows[-1]["nvml_per_s"] / rows[0]["nvml_per_s"] if rows[0]["nvml_per_s"] else float("nan")
             print(f"NVML calls/s at 100 clients / at 1 client: {ratio:.2f}")
             p50, p99 = snapshot_latency(server)

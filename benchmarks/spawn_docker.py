@@ -36,12 +36,12 @@ from pathlib import Path
 import requests
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT / "tests" / "docker"), str(ROOT / "tests"), str(ROOT)]
+# the test helpers (as pytest's pythonpath in pyproject.toml has them) and this checkout's gpuspawner
+sys.path[:0] = [str(ROOT / "tests" / d) for d in ("", "integration", "docker")] + [str(ROOT)]
 
 import fakenvml  # noqa: E402
-from engine import gpu_config  # noqa: E402  (tests/docker/engine.py)
 from dockerhub import DockerHub  # noqa: E402
-from engine import Engine, unavailable_reason, visible_devices  # noqa: E402
+from engine import Engine, gpu_config, unavailable_reason, visible_devices  # noqa: E402  (tests/docker/engine.py)
 
 GPU_PROFILE = [{"slug": "gpu", "display_name": "GPU", "gpu_models": ["any"], "gpu_counts": [1],
                 "default_gpus": 1, "default": True}]
@@ -190,7 +190,9 @@ def main() -> int:
             return h
 
         # the usual GPU DockerSpawner config: a count-based request (always GPU 0), same runtime hook
-        count_request = {"device_requests": [{"driver": "nvidia", "count": 1, "capabilities": [["compute", "utility"]]}]}
+        count_request = {
+            "device_requests": [{"driver": "nvidia", "count": 1, "capabilities": [["compute", "utility"]]}],
+        }
         spawners = {
             "plain": hub("plain", spawner_class="docker", slow_spawn_timeout=0),
             "plain+gpu": hub("plaingpu", spawner_class="docker", slow_spawn_timeout=0, extra_host_config=count_request),

@@ -7,8 +7,9 @@ plain dict the Jinja2 template renders. No I/O here.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
-from typing import Any, Collection, Mapping
+from typing import Any
 
 from .gpu import GPU
 from .inventory import InventoryReading

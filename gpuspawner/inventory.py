@@ -12,8 +12,9 @@ import asyncio
 import socket
 import threading
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Iterable, Protocol
+from typing import Protocol
 
 from . import nvml
 from .gpu import GPU

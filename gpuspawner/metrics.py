@@ -21,8 +21,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Iterator
 
-from prometheus_client import Counter as PromCounter
-from prometheus_client import Histogram
+from prometheus_client import Counter as PromCounter, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import REGISTRY, Collector, CollectorRegistry
 

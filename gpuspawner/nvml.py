@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import os
 import threading
-from typing import Any, Callable, NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 try:  # nvidia-ml-py is a dependency, but a broken install must not crash the hub
     import pynvml

@@ -23,8 +23,7 @@ from __future__ import annotations
 
 import functools
 from collections import Counter
-from collections.abc import Collection, Iterable, Sequence
-from collections.abc import Set as AbstractSet
+from collections.abc import Collection, Iterable, Sequence, Set as AbstractSet
 from dataclasses import dataclass, field
 
 from gpuspawner.gpu import GPU, model_slug, slug_matches

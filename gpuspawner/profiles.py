@@ -20,8 +20,9 @@ The contract (identical for the form and ``POST /hub/api/users/NAME/server``):
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 from .gpu import slug_matches
 
@@ -184,7 +185,8 @@ def profile_from_config(entry: Mapping, position: int = 0) -> Profile:
     default_gpus = values.get("default_gpus", counts[0])
     if type(default_gpus) is not int or default_gpus not in counts:
         raise OptionsError(where, f"default_gpus {default_gpus!r} is not one of gpu_counts {list(counts)}")
-    models = _words(values.get("gpu_models", ["any"]), _SLUG, where, "gpu_models", "model slugs such as 'a100' or 'any'", lower=True)
+    models = _words(values.get("gpu_models", ["any"]), _SLUG, where, "gpu_models",
+                    "model slugs such as 'a100' or 'any'", lower=True)
     if not models:
         raise OptionsError(where, "gpu_models must name at least one model, or 'any'")
     images = _words(values.get("images", []), _IMAGE, where, "images", "image names")

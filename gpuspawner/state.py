@@ -57,9 +57,13 @@ class GPUHubSettings(Configurable):
 
     static_gpus = List(
         Dict(),
-        help="""GPUs for ``gpu_inventory = "static"``: dicts with ``uuid``, ``name`` and
-        optionally ``host``, ``index``, ``memory_total`` (bytes), ``compute_capability``,
-        ``driver_version``, ``cuda_driver_version``.""",
+        help="""GPUs for ``gpu_inventory = "static"``: dicts with ``uuid`` and ``name``
+        (the NVML name, e.g. ``"NVIDIA A100-SXM4-80GB"``) and optionally ``host``
+        (default ``"localhost"``), ``index`` (on its host; default: the next one),
+        ``memory_total`` (bytes), ``compute_capability`` (e.g. ``[8, 0]``),
+        ``driver_version``, ``cuda_driver_version`` (as NVML reports it, e.g. ``12040``),
+        ``mig_mode`` (bool), ``healthy`` (default ``True``; ``False`` keeps the GPU out of
+        placement) and ``reason`` (why it is unhealthy, shown on the admin page).""",
     ).tag(config=True)
 
     gpu_inventory_ttl = Float(

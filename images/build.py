@@ -48,7 +48,8 @@ SUITE = "bookworm"
 BASE_PACKAGES = ("python3", "python3-venv", "ca-certificates", "libcjson1")
 PIP_TARGET = (
     "--only-binary=:all:", "--python-version", "3.11.2",
-    "--platform", "manylinux2014_x86_64", "--platform", "manylinux_2_17_x86_64", "--platform", "manylinux_2_28_x86_64", "--platform", "any",
+    "--platform", "manylinux2014_x86_64", "--platform", "manylinux_2_17_x86_64",
+    "--platform", "manylinux_2_28_x86_64", "--platform", "any",
 )
 
 

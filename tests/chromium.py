@@ -1,15 +1,18 @@
 """Debian's Chromium driven by Playwright: what every browser test shares.
 
 Playwright never downloads a browser of its own (that fails here); the
-tests use /usr/bin/chromium (scripts/setup installs it).
+tests use /usr/bin/chromium (scripts/setup installs it). Where Chromium,
+Playwright or the built JupyterLab extension is missing the tests skip,
+and fail in CI (tests/needs.py decides).
 """
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
+
+import needs
 
 ROOT = Path(__file__).resolve().parents[1]
 CHROMIUM = "/usr/bin/chromium"
@@ -18,9 +21,16 @@ BUILT = ROOT / "gpuspawner" / "labextension" / "static" / "style.js"
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
         "--disable-component-update", "--no-first-run"]
 
-NEEDS_CHROMIUM = pytest.mark.skipif(
-    not os.access(CHROMIUM, os.X_OK), reason="needs Debian's chromium at /usr/bin/chromium (scripts/setup installs it)")
-NEEDS_LABEXTENSION = pytest.mark.skipif(
-    not BUILT.exists(), reason="the JupyterLab extension is not built (scripts/setup builds it)")
-#: skip marks for a test that needs the browser and the built JupyterLab extension
+# Marks that check before any other fixture starts (a Docker engine, a hub); the fixtures are in tests/conftest.py.
+#: the test needs Debian's Chromium (the ``browser`` fixture checks it too)
+NEEDS_CHROMIUM = pytest.mark.usefixtures("chromium_installed")
+#: the test needs the built JupyterLab extension
+NEEDS_LABEXTENSION = pytest.mark.usefixtures("labextension_built")
+#: marks for a test that needs the browser and the built JupyterLab extension
 NEEDS_BROWSER = [NEEDS_CHROMIUM, NEEDS_LABEXTENSION]
+
+
+def playwright_sync_api():
+    """``playwright.sync_api``; where Playwright is missing, skips the calling module (fails it in CI)."""
+    __tracebackhide__ = True
+    return needs.module("playwright.sync_api", "needs playwright (pip install -e .[test])")

@@ -1,12 +1,11 @@
-"""Shared fixtures: the stand-in NVML library, built once per test session."""
+"""Shared fixtures: the stand-in NVML library, built once per test session, and the browser."""
 
-import sys
+import os
 from pathlib import Path
 
 import pytest
 
-TESTS = Path(__file__).resolve().parent
-sys.path.insert(0, str(TESTS))  # makes `fakenvml` (the stand-in's Python helpers) importable
+from needs import missing
 
 
 @pytest.fixture(scope="session")
@@ -17,13 +16,30 @@ def fakenvml_libdir(tmp_path_factory) -> Path:
     return fakenvml.build(tmp_path_factory.mktemp("fakenvml"))
 
 
-@pytest.fixture
-def browser():
-    """A headless Chromium (Debian's), closed after the test."""
-    from chromium import ARGS, CHROMIUM
+@pytest.fixture(scope="session")
+def chromium_installed() -> None:
+    """Debian's Chromium is there; else the test skips (fails in CI)."""
+    from chromium import CHROMIUM
 
-    sync_api = pytest.importorskip("playwright.sync_api", reason="needs playwright (pip install -e .[test])")
-    with sync_api.sync_playwright() as p:
+    if not os.access(CHROMIUM, os.X_OK):
+        missing(f"needs Debian's chromium at {CHROMIUM} (scripts/setup installs it)")
+
+
+@pytest.fixture(scope="session")
+def labextension_built() -> None:
+    """The JupyterLab extension is built; else the test skips (fails in CI)."""
+    from chromium import BUILT
+
+    if not BUILT.exists():
+        missing("the JupyterLab extension is not built (scripts/setup builds it)")
+
+
+@pytest.fixture
+def browser(chromium_installed):
+    """A headless Chromium (Debian's), closed after the test."""
+    from chromium import ARGS, CHROMIUM, playwright_sync_api
+
+    with playwright_sync_api().sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
         try:
             yield browser

@@ -152,13 +152,14 @@ class Culler:
         samples = [(s["time"], highest_utilization(s)) for s in sample.get("history", [])]
         samples.append((sample["time"], highest_utilization(sample)))
         action, idle_for = self.tracker.observe(owner, samples, now)
-        what = f"its GPUs ({', '.join(holder['uuids'])}) stayed below {self.args.threshold:g}% utilisation for {_duration(idle_for)}"
+        what = (f"its GPUs ({', '.join(holder['uuids'])}) stayed below {self.args.threshold:g}% utilisation "
+                f"for {_duration(idle_for)}")
         if action == "warn":
             message = (f"This server will be stopped in {_duration(self.args.warn_before)} because its GPUs are idle "
                        f"(below {self.args.threshold:g}% utilisation for {_duration(idle_for)}). "
                        "Use them, or stop the server yourself to give them to others.")
-            code, _ = await self._call("POST", f"{base}/api/gpus/notices",
-                                       {"id": NOTICE_ID, "level": "warning", "message": message, "source": "gpu-culler"})
+            notice = {"id": NOTICE_ID, "level": "warning", "message": message, "source": "gpu-culler"}
+            code, _ = await self._call("POST", f"{base}/api/gpus/notices", notice)
             self.tracker.warned(owner, now)
             log.warning("warned %s (notice HTTP %s): %s; stopping it in %s unless they are used",
                         owner, code, what, _duration(self.args.warn_before))

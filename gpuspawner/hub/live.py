@@ -46,7 +46,9 @@ class LiveStats:
         self._nvml: _Fetched | None = None
         self._inflight: dict[str, asyncio.Future] = {}
 
-    async def from_monitors(self, targets: dict[str, str], token: str | None) -> tuple[dict[str, GPUNumbers], dict[str, str]]:
+    async def from_monitors(
+        self, targets: dict[str, str], token: str | None
+    ) -> tuple[dict[str, GPUNumbers], dict[str, str]]:
         """uuid -> numbers from the servers in ``targets`` (owner -> server URL), and owner -> error."""
         now = time.monotonic()
         due = [o for o in targets if o not in self._servers or now - self._servers[o].at > self.ttl]

@@ -31,8 +31,9 @@ from __future__ import annotations
 
 import re
 from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any
 
 from ..gpu import model_slug, slug_matches
 from .cuda import CudaVersion, format_cuda, node_cuda

@@ -9,8 +9,8 @@ The scheduler explains a pending pod as, for example,
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping
 
 from .cuda import CudaVersion, format_cuda
 
@@ -72,7 +72,10 @@ def explain_scheduling(message: str, ctx: EventContext) -> str | None:
             parts.append(f"{n} {'is' if n == 1 else 'are'} cordoned")
         else:
             parts.append(f"{n}: {reason}")
-    lead = f"Waiting for {_what(ctx)}" if busy or not parts else f"No node can take {_what(ctx).replace('a free ', 'a ')} yet"
+    if busy or not parts:
+        lead = f"Waiting for {_what(ctx)}"
+    else:
+        lead = f"No node can take {_what(ctx).replace('a free ', 'a ')} yet"
     detail = f": of {nodes} node{'s' if nodes != 1 else ''}, " + "; ".join(parts) if parts else ""
     tail = ". Your server starts as soon as one is free." if busy else "."
     return f"{lead}{detail}{tail}"

@@ -12,8 +12,9 @@ the GPU limit, the GPU node selector or the GPU runtime class.
 from __future__ import annotations
 
 import copy
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from .capacity import GPU_RESOURCE, PRODUCT_LABEL
 from .cuda import CudaVersion, cuda_affinity_terms

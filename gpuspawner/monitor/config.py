@@ -16,7 +16,9 @@ from traitlets.config import Configurable
 class GPUMonitor(Configurable):
     """Live GPU statistics of this server's GPUs, for the JupyterLab status bar and GPU panel."""
 
-    enabled = Bool(True, help="Serve the GPU monitor's API (api/gpus, api/gpus/stream, api/gpus/metrics).").tag(config=True)
+    enabled = Bool(
+        True, help="Serve the GPU monitor's API (api/gpus, api/gpus/stream, api/gpus/metrics)."
+    ).tag(config=True)
 
     interval = Float(
         1.0,

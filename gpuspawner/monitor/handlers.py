@@ -52,7 +52,7 @@ class _GPUHandler(APIHandler):
         try:
             seconds = float(raw)
         except ValueError:
-            raise web.HTTPError(400, f"history: expected 1 or a number of seconds, not {raw!r}")
+            raise web.HTTPError(400, f"history: expected 1 or a number of seconds, not {raw!r}") from None
         if not math.isfinite(seconds) or seconds < 0:
             raise web.HTTPError(400, f"history: expected a number of seconds >= 0, not {raw!r}")
         return seconds
@@ -138,7 +138,8 @@ class _SampleCollector:
 
     def collect(self):
         labels = ["index", "uuid", "name"]
-        up = GaugeMetricFamily("gpuspawner_gpu_monitor_up", "1 when NVML answers and a GPU is visible", labels=["status"])
+        up = GaugeMetricFamily("gpuspawner_gpu_monitor_up", "1 when NVML answers and a GPU is visible",
+                               labels=["status"])
         up.add_metric([self.sample["status"]], 1.0 if self.sample["status"] == "ok" else 0.0)
         yield up
         gauges = {

@@ -13,8 +13,9 @@ the container's PID namespace: such a process is listed with a note saying so.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 NOT_VISIBLE = "process not visible from this server (another PID namespace, e.g. a container, or it has ended)"
 NOT_A_KERNEL = "not started by a kernel of this server"

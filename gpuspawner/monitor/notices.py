@@ -58,7 +58,7 @@ def parse_notice(body: bytes) -> dict:
     try:
         data = json.loads(body or b"null")
     except ValueError:
-        raise web.HTTPError(400, "body: not JSON")
+        raise web.HTTPError(400, "body: not JSON") from None
     if not isinstance(data, dict):
         raise web.HTTPError(400, "body: must be a JSON object")
     unknown = set(data) - {"message", "level", "id", "source"}

@@ -11,8 +11,9 @@ read is None, and its field name maps to the reason in the GPU's ``na`` dict.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from .. import nvml
 from .visibility import Device, Visibility
@@ -133,7 +134,7 @@ def read_static(visibility: Visibility) -> Static:
         gpus.append(gpu)
     decisions = visibility.decide([Device(g.index, g.uuid, tuple(m.uuid for m in g.mig if m.uuid)) for g in gpus])
     shown = []
-    for gpu, decision in zip(gpus, decisions):
+    for gpu, decision in zip(gpus, decisions, strict=True):
         if not decision.visible:
             continue
         gpu.cuda_index = decision.cuda_index

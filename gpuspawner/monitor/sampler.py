@@ -17,7 +17,7 @@ import logging
 import threading
 import time
 from collections import deque
-from typing import Callable
+from collections.abc import Callable
 
 from .reading import Attribution, Static, read_sample, read_static
 from .visibility import Visibility

@@ -26,8 +26,8 @@ CUDA_VISIBLE_DEVICES indexes are the ones this process's NVML uses.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Mapping, Sequence
 
 _UUID = re.compile(r"^(GPU|MIG)-[0-9A-Za-z-]+$")
 _INDEX = re.compile(r"^\d+$")
@@ -148,7 +148,7 @@ class Visibility:
     nvidia: Selector
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str]) -> "Visibility":
+    def from_env(cls, env: Mapping[str, str]) -> Visibility:
         return cls(
             parse("CUDA_VISIBLE_DEVICES", env.get("CUDA_VISIBLE_DEVICES")),
             parse("NVIDIA_VISIBLE_DEVICES", env.get("NVIDIA_VISIBLE_DEVICES")),

@@ -52,14 +52,33 @@ class GPUSpawnerMixin(GPUPolicyMixin, GPUHubSettings):
     gpu_profiles = List(
         Dict(),
         help="""
-        The profiles users choose from. Each is a dict with:
-        ``slug``, ``display_name``, ``description``, ``gpu_models`` (model slugs such
-        as ``"a100"`` or ``"t4"``, or ``["any"]``), ``gpu_counts`` (e.g. ``[0, 1, 2, 4]``),
-        ``default_gpus``, ``images`` (optional list a user may pick from),
-        ``cpu_limit``, ``mem_limit``, ``default`` (bool) and ``capabilities``
-        (NVIDIA driver capabilities, default ``["compute", "utility"]``).
-        KubeSpawner-style ``profile_list`` entries (``display_name``, ``slug``,
-        ``description``, ``default``, ``kubespawner_override``) are accepted too.
+        The profiles users choose from: a list of dicts with these keys (only
+        ``display_name`` is required; any other key is refused):
+
+        - ``display_name``: the name shown in the form.
+        - ``slug``: the profile's id in spawn options and the REST API (lowercase
+          letters, digits and dashes; default: made from ``display_name``).
+        - ``description``: text shown with the name.
+        - ``gpu_models``: model slugs the user picks from, such as ``"a100"`` or
+          ``"t4"``, or ``["any"]`` (the default) for any model.
+        - ``gpu_counts``: the GPU counts offered, e.g. ``[0, 1, 2, 4]`` (default ``[0]``).
+        - ``default_gpus``: the count preselected, one of ``gpu_counts`` (default: the smallest).
+        - ``images``: images the user may pick from (default: none to pick; the
+          spawner's own image).
+        - ``cpu_limit``: CPUs for the server (a number; sets the spawner's ``cpu_limit``).
+        - ``mem_limit``: memory for the server, bytes or a size such as ``"8G"``
+          (sets the spawner's ``mem_limit``).
+        - ``default``: ``True`` for the profile preselected in the form (at most one).
+        - ``capabilities``: NVIDIA driver capabilities the server's GPUs get
+          (default ``["compute", "utility"]``).
+        - ``groups``: JupyterHub group names; only their members see and may use the
+          profile (default: empty, everyone).
+        - ``queue``: ``True`` to wait in the hub's GPU queue while no GPU is free instead
+          of being refused (default ``False``; the wait is bounded by ``gpu_queue_timeout``).
+        - ``kubespawner_override``: as in KubeSpawner's ``profile_list``; its
+          ``extra_resource_limits["nvidia.com/gpu"]`` becomes ``gpu_counts``, its
+          ``image`` ``images``, and its ``cpu_limit`` and ``mem_limit`` are used as above.
+
         Empty: a CPU-only profile and a GPU profile of 1, 2 or 4 GPUs of any model.
         """,
     ).tag(config=True)

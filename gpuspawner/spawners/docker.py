@@ -37,6 +37,7 @@ from .docker_objects import (
     visible_devices_env,
 )
 
+
 def reachable_engine(timeout: float = 3.0) -> str | None:
     """The URL of the Docker engine ``DOCKER_HOST`` (or the local socket) names, if it answers."""
     url = os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"

@@ -18,8 +18,7 @@ import copy
 from typing import Any
 
 from kubespawner import KubeSpawner
-from traitlets import Dict, List, Unicode, validate
-from traitlets import TraitError
+from traitlets import Dict, List, TraitError, Unicode, validate
 
 from ..form import ModelAvailability, form_context
 from ..gpu import GPU
@@ -28,7 +27,14 @@ from ..kube.api import ClusterCapacity, ClusterReading
 from ..kube.capacity import GPU_RESOURCE, PRODUCT_LABEL, CapacityError, place, pools
 from ..kube.cuda import CudaRequirementError, CudaVersion, format_cuda, parse_kube_cuda_requirement
 from ..kube.events import EventContext, explain_event
-from ..kube.podspec import DEFAULT_TOLERATIONS, GPU_TRAITS, PodGPURequest, PodGPUSettings, gpu_overrides, merge_overrides
+from ..kube.podspec import (
+    DEFAULT_TOLERATIONS,
+    GPU_TRAITS,
+    PodGPURequest,
+    PodGPUSettings,
+    gpu_overrides,
+    merge_overrides,
+)
 from ..profiles import Choice
 from .base import GPUSpawnerMixin, user_error
 
@@ -157,7 +163,8 @@ class GPUKubeSpawner(GPUSpawnerMixin, KubeSpawner):
             if reading.unknown is None:
                 raise
             # The API cannot be read: ask for whole GPUs and let the scheduler decide.
-            self.gpu_event(f"GPU availability unknown ({reading.unknown}); the scheduler places the server when a GPU is free", 20)
+            self.gpu_event(f"GPU availability unknown ({reading.unknown}); "
+                           "the scheduler places the server when a GPU is free", 20)
             request = PodGPURequest(choice.gpus, GPU_RESOURCE, (), cuda, capabilities)
             return request, EventContext("GPU", choice.gpus, GPU_RESOURCE, cuda)
         request = PodGPURequest(choice.gpus, placement.resource, placement.products, cuda, capabilities)

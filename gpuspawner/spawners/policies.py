@@ -11,7 +11,8 @@ for ``queue: true`` profiles), :meth:`gpu_refused` on a refusal and
 from __future__ import annotations
 
 import time
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from tornado import web
 from traitlets import Dict, Float, Int, TraitError, validate

@@ -8,24 +8,19 @@ test-artifacts/ (gitignored).
 from __future__ import annotations
 
 import os
-import sys
-from pathlib import Path
 
 import pytest
 
 import fakenvml
-from chromium import ARTIFACTS, NEEDS_BROWSER
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))
-from jupyter_server_proc import JupyterServer  # noqa: E402
-
+from chromium import ARTIFACTS, NEEDS_BROWSER, playwright_sync_api
+from jupyter_server_proc import JupyterServer
 
 pytestmark = [
     pytest.mark.monitor,
     *NEEDS_BROWSER,
 ]
 
-sync_api = pytest.importorskip("playwright.sync_api", reason="needs playwright (pip install -e .[test])")
+sync_api = playwright_sync_api()
 
 
 
@@ -70,17 +65,20 @@ def test_status_bar_and_panel_follow_the_stand_in(tmp_path, fakenvml_libdir, bro
         sync_api.expect(status).to_have_text("GPU 41% | 60.5 / 80.0 GiB")
         sync_api.expect(card.locator("[data-field=util]")).to_have_text("Utilisation: 41 / 100 %")
         sync_api.expect(card.locator("[data-field=temperature]")).to_have_text("Temperature: 71 °C")
-        sync_api.expect(card.locator(".jp-gpuspawner-Processes")).to_contain_text(str(os.getpid()))
-        sync_api.expect(card.locator(".jp-gpuspawner-Processes")).to_contain_text("not started by a kernel of this server")
+        processes = card.locator(".jp-gpuspawner-Processes")
+        sync_api.expect(processes).to_contain_text(str(os.getpid()))
+        sync_api.expect(processes).to_contain_text("not started by a kernel of this server")
         page.wait_for_timeout(1500)
         after = canvas_images(page)
-        assert all(a != b for a, b in zip(before, after)), "every chart drew the new values"
+        assert len(after) == len(before) == 4, "the panel still shows its four charts"
+        assert all(a != b for a, b in zip(before, after, strict=True)), "every chart drew the new values"
         page.screenshot(path=str(ARTIFACTS / "monitor-lab-panel.png"))
 
         # power reading stops being supported: the panel says N/A and why
         busy["faults"] = {"nvmlDeviceGetPowerUsage": "NOT_SUPPORTED"}
         fakenvml.write_config(path, {"devices": [busy]})
-        sync_api.expect(card.locator("[data-field=power]")).to_have_text("Power: N/A (not supported by this GPU or driver)")
+        power = card.locator("[data-field=power]")
+        sync_api.expect(power).to_have_text("Power: N/A (not supported by this GPU or driver)")
 
 
 def test_no_driver_is_said_plainly(tmp_path, fakenvml_libdir, browser, monkeypatch):

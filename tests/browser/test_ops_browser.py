@@ -6,22 +6,16 @@ test_monitor_lab.py; Playwright's own browsers are never downloaded.
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 import requests
 
 import fakenvml
+from chromium import ARTIFACTS, NEEDS_CHROMIUM, NEEDS_LABEXTENSION, playwright_sync_api
+from jupyter_server_proc import JupyterServer
+from ops_hub import OpsHub
+from test_local_hub import TWO_GPUS, start
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))
-from jupyter_server_proc import JupyterServer  # noqa: E402
-from ops_hub import OpsHub  # noqa: E402
-from test_local_hub import TWO_GPUS, start  # noqa: E402
-
-from chromium import ARTIFACTS, NEEDS_CHROMIUM, NEEDS_LABEXTENSION  # noqa: E402
-
-sync_api = pytest.importorskip("playwright.sync_api", reason="needs playwright (pip install -e .[test])")
+sync_api = playwright_sync_api()
 
 pytestmark = [
     pytest.mark.integration,

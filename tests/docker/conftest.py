@@ -2,31 +2,31 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # engine, dockerhub
-
-import fakenvml  # noqa: E402
-
-from engine import Engine, gpu_config, unavailable_reason  # noqa: E402
+import fakenvml
+from engine import Engine, gpu_config, unavailable_reason
+from needs import missing
 
 
 @pytest.fixture(scope="session")
 def engine():
-    """A private dockerd with the stand-in hook, and the single-user image built on it."""
+    """A private dockerd with the stand-in hook, and the single-user image built on it.
+
+    Where no dockerd can run here, the Docker tests skip, saying why; in CI they fail (tests/needs.py).
+    """
     reason = unavailable_reason()
     if reason:
-        pytest.skip(f"no Docker engine can run here: {reason}")
+        missing(f"no Docker engine can run here: {reason}")
     eng = Engine()
     try:
         try:
             eng.start()
         except RuntimeError as e:  # dockerd exited at once: this machine cannot run it
             last = [line for line in str(e).splitlines() if line.strip()][-1:]
-            pytest.skip(f"dockerd cannot run here: {' '.join(last)}")
+            missing(f"dockerd cannot run here: {' '.join(last)}")
         eng.build_image()
         yield eng
     finally:

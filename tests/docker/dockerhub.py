@@ -14,9 +14,9 @@ import secrets
 from pathlib import Path
 
 import requests
-from integration.hub import BASE_HUB_CONFIG, Hub, free_port
 
 from engine import IMAGE_TAG, Engine
+from hub import BASE_HUB_CONFIG, Hub, free_port
 
 DOCKER_HUB_CONFIG = BASE_HUB_CONFIG + """
 c.JupyterHub.tornado_settings = {"slow_spawn_timeout": settings["slow_spawn_timeout"]}

@@ -8,7 +8,7 @@ never meets another engine on the machine. The stand-in
 PATH, which makes dockerd register its ``nvidia`` device driver; the hook
 checks requested GPUs against the stand-in NVML device file ``gpus_path``.
 
-:func:`unavailable_reason` says why no engine can run here (then tests skip).
+:func:`unavailable_reason` says why no engine can run here (then tests skip, or fail in CI).
 """
 
 from __future__ import annotations
@@ -83,7 +83,7 @@ class Engine:
         self.network = f"gs-{self.dir.name[4:].lower()}"
         self.gateway = ""
 
-    def start(self, timeout: float = 120) -> "Engine":
+    def start(self, timeout: float = 120) -> Engine:
         env = {
             **os.environ,
             "PATH": f"{HOOK_DIR}:{os.environ.get('PATH', '/usr/sbin:/usr/bin:/sbin:/bin')}",
@@ -110,15 +110,16 @@ class Engine:
                 self.client = docker.DockerClient(base_url=self.url, version="auto", timeout=300)
                 self.client.ping()
                 break
-            except docker.errors.DockerException:
+            except docker.errors.DockerException as e:
                 if time.monotonic() > deadline:
-                    raise TimeoutError(f"dockerd did not answer within {timeout}s:\n{self.log()}")
+                    raise TimeoutError(f"dockerd did not answer within {timeout}s:\n{self.log()}") from e
                 time.sleep(0.3)
         subnet = _free_subnet()
         self.gateway = str(next(subnet.hosts()))
+        pool = docker.types.IPAMPool(subnet=str(subnet), gateway=self.gateway)
         self.client.networks.create(
             self.network, driver="bridge",
-            ipam=docker.types.IPAMConfig(pool_configs=[docker.types.IPAMPool(subnet=str(subnet), gateway=self.gateway)]),
+            ipam=docker.types.IPAMConfig(pool_configs=[pool]),
             options={"com.docker.network.bridge.name": self.network[:15]},
         )
         return self

@@ -116,8 +116,8 @@ def test_nvml_inside_a_container_shows_only_its_gpus(docker_hub):
     for user, expected in (("dana", dana), ("erin", set())):
         container = hub.container(user)
         # a login shell in the container sees what its server sees: the engine's environment
-        result = container.exec_run(["sh", "-c", "export $(tr '\\0' '\\n' < /proc/1/environ | grep ^NVIDIA_VISIBLE_DEVICES=); "
-                                     "python3 -c \"$0\"", code])
+        login = "export $(tr '\\0' '\\n' < /proc/1/environ | grep ^NVIDIA_VISIBLE_DEVICES=); python3 -c \"$0\""
+        result = container.exec_run(["sh", "-c", login, code])
         assert result.exit_code == 0, result.output.decode()
         assert set(json.loads(result.output.decode().strip().splitlines()[-1])) == expected
     assert_exact_device_requests(hub)
@@ -203,7 +203,6 @@ def test_container_exiting_at_start_frees_its_gpus(docker_hub, engine):
 def test_unknown_gpu_is_refused_by_the_runtime_hook_and_released(docker_hub, engine, tmp_path):
     """The hub believes in a GPU the engine's host lacks: the hook refuses it, as NVIDIA's does."""
     import fakenvml
-
     from engine import gpu_config
 
     hub = docker_hub(gpus=4, start=False)

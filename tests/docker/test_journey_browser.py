@@ -24,9 +24,9 @@ import pytest
 import requests
 
 import fakenvml
-from chromium import ARTIFACTS, NEEDS_BROWSER
+from chromium import ARTIFACTS, NEEDS_BROWSER, playwright_sync_api
 from gpuspawner.simulation import simulated_config
-from integration.hub import free_port
+from hub import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 PASSWORD = "journey-password"
@@ -36,7 +36,7 @@ pytestmark = [
     *NEEDS_BROWSER,
 ]
 
-sync_api = pytest.importorskip("playwright.sync_api", reason="needs playwright (pip install -e .[test])")
+sync_api = playwright_sync_api()
 expect = sync_api.expect
 
 
@@ -169,7 +169,8 @@ def test_log_in_choose_two_a100_run_the_benchmark_second_user_other_gpus_third_r
     notebook = ada.locator(".jp-NotebookPanel:not(.lm-mod-hidden) .jp-Notebook")
     expect(notebook.locator(".jp-Cell")).to_have_count(3)
     # the kernel is connected: cells run at once (a cell run before that may be lost)
-    expect(ada.locator(".jp-StatusBar-Widget").filter(has_text="Python 3 (ipykernel) | Idle")).to_have_count(1, timeout=120_000)
+    kernel_idle = ada.locator(".jp-StatusBar-Widget").filter(has_text="Python 3 (ipykernel) | Idle")
+    expect(kernel_idle).to_have_count(1, timeout=120_000)
     notebook.locator(".jp-Cell").first.click()
     for _ in range(3):
         ada.keyboard.press("Shift+Enter")
@@ -178,7 +179,8 @@ def test_log_in_choose_two_a100_run_the_benchmark_second_user_other_gpus_third_r
     printed = "\n".join(outputs.all_inner_texts())
     assert re.search(r"CPU: \d+\.\d{4} s", printed), printed
     assert "4000 x 4000 float32 matrix product, best of 3" in printed, printed
-    assert ",".join(sorted(ada_gpus)) == ",".join(sorted(re.search(r"NVIDIA_VISIBLE_DEVICES\): (\S+)", printed).group(1).split(",")))
+    notebook_gpus = re.search(r"NVIDIA_VISIBLE_DEVICES\): (\S+)", printed).group(1).split(",")
+    assert ",".join(sorted(ada_gpus)) == ",".join(sorted(notebook_gpus))
     assert notebook.locator(".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']").count() == 0
     shot(ada, "5-benchmark")
 

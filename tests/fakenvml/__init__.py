@@ -5,7 +5,7 @@ real nvidia-ml-py bindings load it through the dynamic linker. It reads its
 devices from the JSON file named by ``FAKENVML_CONFIG``; README.md beside
 this file documents the format and the behaviours it reproduces.
 
-Typical use in a test (tests/conftest.py puts ``tests/`` on ``sys.path``)::
+Typical use in a test (``tests/`` is on pytest's ``pythonpath``, set in pyproject.toml)::
 
     import fakenvml
 
@@ -29,8 +29,9 @@ import struct
 import subprocess
 import sys
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 __all__ = [
     "LIBRARY_NAME",
@@ -238,7 +239,9 @@ def make_device(index: int, name: str = "NVIDIA A100-SXM4-80GB", **overrides: An
     return device
 
 
-def make_mig_device(parent: Mapping[str, Any], index: int, profile: str = "1g.10gb", **overrides: Any) -> dict[str, Any]:
+def make_mig_device(
+    parent: Mapping[str, Any], index: int, profile: str = "1g.10gb", **overrides: Any
+) -> dict[str, Any]:
     """A MIG device entry for ``parent["mig_devices"]`` (the parent needs ``mig_mode=1``).
 
     ``profile`` is the MIG profile name (``"1g.10gb"``, ``"3g.40gb"`` ...); its

@@ -16,8 +16,8 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import requests
 
@@ -44,7 +44,7 @@ class JupyterServer:
         self.proc: subprocess.Popen | None = None
         self.log_path = self.workdir / f"server-{self.port}.log"
 
-    def start(self, timeout: float = 120) -> "JupyterServer":
+    def start(self, timeout: float = 120) -> JupyterServer:
         self.workdir.mkdir(parents=True, exist_ok=True)
         (self.workdir / "jupyter-config").mkdir(exist_ok=True)
         (self.workdir / "runtime").mkdir(exist_ok=True)
@@ -96,7 +96,7 @@ class JupyterServer:
         self.log.close()
         self.proc = None
 
-    def __enter__(self) -> "JupyterServer":
+    def __enter__(self) -> JupyterServer:
         return self.start()
 
     def __exit__(self, *exc) -> None:
@@ -143,8 +143,7 @@ class SSEClient:
         self.thread.start()
 
     def _lines(self) -> Iterator[str]:
-        for line in self.response.iter_lines(decode_unicode=True):
-            yield line
+        yield from self.response.iter_lines(decode_unicode=True)
 
     def _read(self) -> None:
         event, data = "message", []

@@ -8,7 +8,6 @@ from pathlib import Path
 
 import fakenvml
 from gpuspawner.simulation import simulated_config
-
 from hub import Hub
 
 OPS_CONFIG = """

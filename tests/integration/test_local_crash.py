@@ -22,7 +22,6 @@ import requests
 
 import fakenvml
 from gpuspawner.simulation import simulated_config
-
 from hub import Hub, pid_alive
 
 pytestmark = pytest.mark.integration

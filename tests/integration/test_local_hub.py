@@ -16,7 +16,6 @@ import requests
 
 import fakenvml
 from gpuspawner.simulation import simulated_config
-
 from hub import Hub
 
 pytestmark = pytest.mark.integration

@@ -83,7 +83,7 @@ def test_snapshot_values_equal_the_stand_in(tmp_path, fakenvml_libdir, gpu_file,
         assert sample["status"] == "ok"
         assert sample["driver_version"] == "550.54.15"
         assert [g["index"] for g in sample["gpus"]] == [0, 1, 2, 3]
-        for gpu, device in zip(sample["gpus"], config["devices"]):
+        for gpu, device in zip(sample["gpus"], config["devices"], strict=True):
             got = {k: gpu[k] for k in expected_values(device)}
             assert got == expected_values(device)
             assert gpu["na"] == {}
@@ -153,7 +153,7 @@ def test_every_fault_is_na_with_its_reason(tmp_path, fakenvml_libdir, gpu_file, 
             fakenvml.write_config(path, faulty)
             sample = server.wait_for(
                 # cached facts (power limit, maximum clocks) follow within static_refresh (1 s here)
-                lambda s: s["gpus"][1]["na"] == {f: not_supported for f in fields},
+                lambda s, na={f: not_supported for f in fields}: s["gpus"][1]["na"] == na,
                 what=f"N/A for {function} alone",
             )
             gpu = sample["gpus"][1]
@@ -254,7 +254,8 @@ def test_only_visible_gpus_by_index_under_a_base_url(tmp_path, fakenvml_libdir, 
         assert [g["index"] for g in sample["gpus"]] == [0, 2]
         assert [g["cuda_index"] for g in sample["gpus"]] == [1, 0]
         assert uuids[1] not in json.dumps(sample) and uuids[3] not in json.dumps(sample)
-        assert requests.get(f"http://127.0.0.1:{server.port}/api/gpus", headers=server.auth, timeout=30).status_code == 404
+        response = requests.get(f"http://127.0.0.1:{server.port}/api/gpus", headers=server.auth, timeout=30)
+        assert response.status_code == 404
 
 
 def test_cpu_only_server_says_no_gpu_visible(tmp_path, fakenvml_libdir, gpu_file, monkeypatch):
@@ -381,12 +382,14 @@ def test_gpu_memory_is_attributed_to_notebooks(tmp_path, fakenvml_libdir, gpu_fi
             assert procs[kernel_pid]["used_memory"] == 3 * 2**30
             assert procs[kernel_pid]["kernel"] == {"id": kernel_id, "name": "python3", "path": "work/train.ipynb",
                                                    "pid": kernel_pid, "via_child": None}
-            assert procs[worker_pid]["kernel"]["id"] == kernel_id and procs[worker_pid]["kernel"]["via_child"] == worker_pid
+            worker_kernel = procs[worker_pid]["kernel"]
+            assert worker_kernel["id"] == kernel_id and worker_kernel["via_child"] == worker_pid
             assert procs[hidden_pid]["kernel"] is None and procs[hidden_pid]["note"] == NOT_VISIBLE
             assert [p["pid"] for p in sample["gpus"][0]["processes"]] == [kernel_pid, worker_pid, hidden_pid]
             assert sample["gpus"][1]["processes"] == []
             metrics = server.get("api/gpus/metrics").text
-            assert f'kernel_id="{kernel_id}",name="NVIDIA A100-SXM4-80GB",path="work/train.ipynb",pid="{kernel_pid}"' in metrics
+            assert (f'kernel_id="{kernel_id}",name="NVIDIA A100-SXM4-80GB",path="work/train.ipynb",'
+                    f'pid="{kernel_pid}"') in metrics
         finally:
             try:
                 os.kill(worker_pid, 9)

@@ -14,11 +14,11 @@ import re
 
 import pytest
 from kubernetes_asyncio import client
-from profiles import A100, MIG_1G, PROFILES, SHARED_T4, TORCH
 from tornado.web import HTTPError
 
 from gpuspawner.kube.api import ClusterCapacity
 from gpuspawner.kube.capacity import CapacityError, cluster_inventory, place, pod_requests, pools
+from profiles import A100, MIG_1G, PROFILES, SHARED_T4, TORCH
 
 
 def text(html: str) -> str:
@@ -79,7 +79,8 @@ def test_refusals_say_why(node_items, pod_items):
     assert not now.value.never
     assert str(now.value) == (
         "No NVIDIA-A100-SXM4-80GB is free right now: 3 of 16 free, at most 2 on one node, and you asked for 4. "
-        "MIG 1g.10gb slice of NVIDIA-A100-SXM4-80GB has 14 free. MIG 2g.20gb slice of NVIDIA-A100-SXM4-80GB has 8 free. "
+        "MIG 1g.10gb slice of NVIDIA-A100-SXM4-80GB has 14 free. "
+        "MIG 2g.20gb slice of NVIDIA-A100-SXM4-80GB has 8 free. "
         "MIG 3g.40gb slice of NVIDIA-A100-SXM4-80GB has 6 free. Pick another model or try again later.")
     with pytest.raises(CapacityError) as never:
         place(nodes, [A100], 16)
@@ -88,7 +89,8 @@ def test_refusals_say_why(node_items, pod_items):
     with pytest.raises(CapacityError) as missing:
         place(nodes, ["h100"], 1)
     assert missing.value.never
-    assert str(missing.value).startswith("No node in this cluster has a H100. GPU models here: NVIDIA-A100-SXM4-80GB (up to 8 per node), ")
+    assert str(missing.value).startswith(
+        "No node in this cluster has a H100. GPU models here: NVIDIA-A100-SXM4-80GB (up to 8 per node), ")
     assert "Tesla-T4 (shared, no memory isolation) (up to 16 per node)" in str(missing.value)
     with pytest.raises(CapacityError) as cuda:
         place(nodes, [A100], 1, cuda=(12, 6))
@@ -123,8 +125,9 @@ def test_cordoned_and_not_ready_nodes_have_nothing_free(node_items):
 
 
 def test_pod_requests_effective_value():
+    two = {"nvidia.com/gpu": "2"}
     pod = {"spec": {"containers": [{"resources": {"limits": {"nvidia.com/gpu": "1"}}},
-                                   {"resources": {"requests": {"nvidia.com/gpu": "2"}, "limits": {"nvidia.com/gpu": "2"}}}],
+                                   {"resources": {"requests": two, "limits": two}}],
                     "initContainers": [{"resources": {"limits": {"nvidia.com/gpu": "4"}}}]}}
     assert pod_requests(pod) == {"nvidia.com/gpu": 4}
 
@@ -150,7 +153,8 @@ async def test_spawn_refused_never_names_the_models(cluster, make_spawner):
     with pytest.raises(HTTPError) as e:
         await spawner.start()
     assert e.value.status_code == 409
-    assert e.value.jupyterhub_message.startswith("No node in this cluster has a H100. GPU models here: NVIDIA-A100-SXM4-80GB")
+    assert e.value.jupyterhub_message.startswith(
+        "No node in this cluster has a H100. GPU models here: NVIDIA-A100-SXM4-80GB")
     assert cluster.requests("POST") == []
 
 

@@ -5,10 +5,9 @@ from __future__ import annotations
 import asyncio
 import json
 
+from gpuspawner.kube.events import EventContext, explain_event, explain_scheduling
 from kubefixtures import EVENTS, FIXTURES
 from profiles import A100, PROFILES, TORCH
-
-from gpuspawner.kube.events import EventContext, explain_event, explain_scheduling
 
 A100_CTX = EventContext("NVIDIA-A100-SXM4-80GB", 1)
 
@@ -45,7 +44,8 @@ def test_no_matching_node_is_not_called_waiting():
 
 def test_other_events():
     assert explain_event({"reason": "Scheduled", "message": "Successfully assigned jhub/jupyter-a to gpu-a100-1"},
-                         A100_CTX) == "Placed on gpu-a100-1; the NVIDIA device plugin gives your server 1 x NVIDIA-A100-SXM4-80GB."
+                         A100_CTX) == (
+        "Placed on gpu-a100-1; the NVIDIA device plugin gives your server 1 x NVIDIA-A100-SXM4-80GB.")
     assert explain_event({"reason": "Pulling", "message": 'Pulling image "x/y:1"'}, A100_CTX) == (
         "Downloading x/y:1 (the first time on a node can take minutes).")
     assert explain_event({"reason": "Created", "message": "Created container notebook"}, A100_CTX) is None
@@ -57,7 +57,8 @@ async def test_progress_translates_the_pods_events(cluster, make_spawner):
     spawner = make_spawner(gpu_profiles=PROFILES, events_enabled=True)
     events = json.loads((FIXTURES / "events.json").read_text())["items"]
     for event in events:
-        event = json.loads(json.dumps(event).replace('"POD', '"' + spawner.pod_name).replace("/POD", "/" + spawner.pod_name))
+        text = json.dumps(event).replace('"POD', '"' + spawner.pod_name).replace("/POD", "/" + spawner.pod_name)
+        event = json.loads(text)
         cluster.handler.objects[EVENTS, "jhub", event["metadata"]["name"]] = event
     spawner.user_options = {"profile": "gpu", "gpus": 1, "gpu_model": A100, "image": TORCH}
     await spawner._run_apply_user_options(spawner.user_options)
@@ -77,7 +78,8 @@ async def test_progress_translates_the_pods_events(cluster, make_spawner):
         await type(spawner)._stop_all_reflectors()  # KubeSpawner's reflectors are per class
     assert messages[0] == "Checking the cluster for 1 GPU(s), a100-sxm4-80gb"
     assert messages[1] == "Asking Kubernetes for 1 x NVIDIA-A100-SXM4-80GB (nvidia.com/gpu)"
-    assert messages[2].startswith("Waiting for a free NVIDIA-A100-SXM4-80GB: of 5 nodes, 2 have too few free right now;")
+    assert messages[2].startswith(
+        "Waiting for a free NVIDIA-A100-SXM4-80GB: of 5 nodes, 2 have too few free right now;")
     assert messages[3] == "Placed on gpu-a100-1; the NVIDIA device plugin gives your server 1 x NVIDIA-A100-SXM4-80GB."
     assert messages[4].startswith("Downloading ghcr.io/example/torch:2.3")
     assert messages[5].endswith("[Normal] Created container notebook")  # KubeSpawner's own wording kept

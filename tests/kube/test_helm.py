@@ -13,11 +13,11 @@ from pathlib import Path
 import kubernetes_validate
 import pytest
 import yaml
-from profiles import K8S_VERSION
 from traitlets.config.loader import PyFileConfigLoader
 
 from gpuspawner.kube.cuda import parse_kube_cuda_requirement
 from gpuspawner.profiles import load_profiles
+from profiles import K8S_VERSION
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "helm" / "gpuspawner"
@@ -149,6 +149,6 @@ def test_z2jh_values_configure_gpu_kube():
 
 def test_hub_dockerfile_takes_the_base_image_as_a_build_arg():
     lines = (ROOT / "images" / "hub" / "Dockerfile").read_text().splitlines()
-    first = [l for l in lines if l and not l.startswith("#")]
+    first = [line for line in lines if line and not line.startswith("#")]
     assert first[0].startswith("ARG BASE_IMAGE=") and first[1] == "FROM ${BASE_IMAGE}"
-    assert any("/src[kube]" in l for l in lines)
+    assert any("/src[kube]" in line for line in lines)

@@ -9,6 +9,7 @@ asks KubeSpawner for the pod and validates it with kubernetes-validate.
 from __future__ import annotations
 
 import pytest
+
 from profiles import A100, MIG_1G, NOTEBOOK, PROFILES, SHARED_T4, TORCH, env, gpu_limits, validate_pod
 
 PRODUCT = "nvidia.com/gpu.product"
@@ -66,10 +67,16 @@ async def test_shared_gpu(make_spawner):
     assert pod["spec"]["nodeSelector"][PRODUCT] == "Tesla-T4"
 
 
+def required_node_terms(pod: dict) -> list:
+    node_affinity = pod["spec"]["affinity"]["nodeAffinity"]
+    return node_affinity["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+
+
 async def test_cuda_requirement_becomes_node_affinity(make_spawner):
-    spawner = make_spawner(gpu_profiles=PROFILES, image_cuda={"ghcr.io/example/torch": "cuda>=12.4 brand=tesla,driver>=470"})
+    spawner = make_spawner(gpu_profiles=PROFILES,
+                           image_cuda={"ghcr.io/example/torch": "cuda>=12.4 brand=tesla,driver>=470"})
     pod = await manifest_for(spawner, {"profile": "gpu", "gpus": 1, "gpu_model": A100, "image": TORCH})
-    terms = pod["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    terms = required_node_terms(pod)
     assert [t["matchExpressions"] for t in terms] == [
         [{"key": "nvidia.com/cuda.driver.major", "operator": "Gt", "values": ["12"]}],
         [{"key": "nvidia.com/cuda.driver.major", "operator": "In", "values": ["12"]},
@@ -81,10 +88,11 @@ async def test_cuda_requirement_becomes_node_affinity(make_spawner):
 
 
 async def test_admin_affinity_and_gpu_affinity_are_both_required(make_spawner):
-    admin_term = {"matchExpressions": [{"key": "topology.kubernetes.io/zone", "operator": "In", "values": ["us-east-1a"]}]}
+    zone = {"key": "topology.kubernetes.io/zone", "operator": "In", "values": ["us-east-1a"]}
+    admin_term = {"matchExpressions": [zone]}
     spawner = make_spawner(gpu_profiles=PROFILES, image_cuda={TORCH: "12.2"}, node_affinity_required=[admin_term])
     pod = await manifest_for(spawner, {"profile": "gpu", "gpus": 2, "gpu_model": A100, "image": TORCH})
-    terms = pod["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    terms = required_node_terms(pod)
     assert len(terms) == 2
     assert all(t["matchExpressions"][0]["key"] == "topology.kubernetes.io/zone" for t in terms)
 

@@ -18,11 +18,7 @@ from pathlib import Path
 
 import pytest
 
-TESTS = Path(__file__).resolve().parents[1]
-if str(TESTS) not in sys.path:  # tests/conftest.py does the same
-    sys.path.insert(0, str(TESTS))
-
-import fakenvml  # noqa: E402
+import fakenvml
 
 # What pynvml looks up (nvml.h maps unversioned names to these).
 REQUIRED_SYMBOLS = """
@@ -179,7 +175,8 @@ def test_values_come_from_the_device_file(nvml):
             v2 = N.nvmlDeviceGetMemoryInfo(h, version=N.nvmlMemory_v2)
             out["devices"].append({
                 "index": N.nvmlDeviceGetIndex(h), "uuid": N.nvmlDeviceGetUUID(h), "name": N.nvmlDeviceGetName(h),
-                "serial": N.nvmlDeviceGetSerial(h), "bus_id": pci.busId if isinstance(pci.busId, str) else pci.busId.decode(), "bus": pci.bus,
+                "serial": N.nvmlDeviceGetSerial(h),
+                "bus_id": pci.busId if isinstance(pci.busId, str) else pci.busId.decode(), "bus": pci.bus,
                 "pci_device_id": pci.pciDeviceId,
                 "by_uuid": N.nvmlDeviceGetIndex(N.nvmlDeviceGetHandleByUUID(N.nvmlDeviceGetUUID(h))),
                 "memory": mem(N.nvmlDeviceGetMemoryInfo(h)),
@@ -331,7 +328,8 @@ def test_argument_errors_match_nvml(nvml):
             "procs_size": [raw("nvmlDeviceGetComputeRunningProcesses_v3", h, ctypes.byref(count), None), count.value],
         }
         count.value = 1
-        out["procs_small"] = [raw("nvmlDeviceGetComputeRunningProcesses_v3", h, ctypes.byref(count), infos), count.value]
+        rc = raw("nvmlDeviceGetComputeRunningProcesses_v3", h, ctypes.byref(count), infos)
+        out["procs_small"] = [rc, count.value]
         count.value = 8
         out["procs_ok"] = [raw("nvmlDeviceGetComputeRunningProcesses_v3", h, ctypes.byref(count), infos),
                            count.value, infos[2].pid, infos[2].gpuInstanceId]

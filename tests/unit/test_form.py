@@ -88,7 +88,8 @@ class FormParser(HTMLParser):
             self._select = {"attrs": a, "options": []}
             self.selects[a["name"]] = self._select
         elif tag == "option" and self._select is not None:
-            self._option = {"value": a.get("value"), "selected": "selected" in a, "disabled": "disabled" in a, "text": ""}
+            self._option = {"value": a.get("value"), "selected": "selected" in a, "disabled": "disabled" in a,
+                            "text": ""}
             self._select["options"].append(self._option)
 
     def handle_data(self, data):
@@ -398,7 +399,8 @@ def test_html_simulated_note():
 def test_html_no_gpu_note_with_problem():
     reading = InventoryReading(problems=("NVML: NVIDIA driver is not loaded",))
     html = render(form_context(PROFILES, reading, set()))
-    assert "No GPU is available on this hub (NVML: NVIDIA driver is not loaded). CPU-only profiles still work." in text(html)
+    assert ("No GPU is available on this hub (NVML: NVIDIA driver is not loaded). "
+            "CPU-only profiles still work.") in text(html)
     assert "No GPU is available" not in render(form_context(PROFILES, READING, HELD))
 
 

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from gpuspawner.gpu import GPU
 from gpuspawner.inventory import InventoryReading, StaticInventory, gpus_from_config
+from gpuspawner.spawners.base import GPUSpawnerMixin
 
 A100 = "NVIDIA A100-SXM4-80GB"
 T4 = "Tesla T4"
@@ -97,7 +100,9 @@ def test_entries_are_not_modified():
 # ==========================================================================
 
 
-@pytest.mark.parametrize("entry, type_name", [("GPU-1", "str"), (["GPU-1", A100], "list"), (None, "NoneType"), (3, "int")])
+@pytest.mark.parametrize("entry, type_name", [
+    ("GPU-1", "str"), (["GPU-1", A100], "list"), (None, "NoneType"), (3, "int"),
+])
 def test_entry_must_be_a_dict(entry, type_name):
     message = refusal([{"uuid": "ok", "name": T4}, entry])
     assert message == f"static GPU entry 1 must be a dict, not {type_name}"
@@ -176,3 +181,8 @@ def test_read_of_an_empty_inventory():
 def test_read_reports_bad_configuration():
     with pytest.raises(ValueError, match="static GPU entry 0 needs a 'uuid' string"):
         StaticInventory([{"name": T4}]).read()
+
+
+def test_static_gpus_help_names_every_key_an_entry_accepts():
+    help_text = GPUSpawnerMixin.class_traits()["static_gpus"].help
+    assert [f.name for f in dataclasses.fields(GPU) if f"``{f.name}``" not in help_text] == []

@@ -14,7 +14,8 @@ from gpuspawner.monitor.kernels import NOT_A_KERNEL, NOT_VISIBLE, Attributor, Ke
 @pytest.fixture
 def parent_and_child():
     """A 'kernel' process that started a child (like a DataLoader worker)."""
-    code = "import subprocess, sys, time; p = subprocess.Popen(['sleep', '300']); print(p.pid, flush=True); time.sleep(300)"
+    code = ("import subprocess, sys, time; p = subprocess.Popen(['sleep', '300']); "
+            "print(p.pid, flush=True); time.sleep(300)")
     parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     try:
         child = int(parent.stdout.readline())

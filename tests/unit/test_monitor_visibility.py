@@ -11,7 +11,7 @@ DEVICES = [Device(0, G[0]), Device(1, G[1], (M[0], M[1], M[2])), Device(2, G[2])
 
 def shown(env, devices=DEVICES):
     decisions = Visibility.from_env(env).decide(devices)
-    return [(d.index, dec.mig_uuids, dec.cuda_index) for d, dec in zip(devices, decisions) if dec.visible]
+    return [(d.index, dec.mig_uuids, dec.cuda_index) for d, dec in zip(devices, decisions, strict=True) if dec.visible]
 
 
 def test_unset_and_all_show_everything():

@@ -67,8 +67,10 @@ def test_notices_replace_by_id_and_are_bounded():
 
 @pytest.mark.parametrize("body, field", [
     (b"{", "body"), (b"[]", "body"), (json.dumps({"message": ""}).encode(), "message"),
-    (json.dumps({"message": "x" * 3000}).encode(), "message"), (json.dumps({"message": "m", "level": "panic"}).encode(), "level"),
-    (json.dumps({"message": "m", "id": "../x"}).encode(), "id"), (json.dumps({"message": "m", "html": 1}).encode(), "unknown"),
+    (json.dumps({"message": "x" * 3000}).encode(), "message"),
+    (json.dumps({"message": "m", "level": "panic"}).encode(), "level"),
+    (json.dumps({"message": "m", "id": "../x"}).encode(), "id"),
+    (json.dumps({"message": "m", "html": 1}).encode(), "unknown"),
 ])
 def test_bad_notices_are_refused_naming_the_field(body, field):
     with pytest.raises(web.HTTPError) as e:

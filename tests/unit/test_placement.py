@@ -5,8 +5,7 @@ from __future__ import annotations
 import random
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 from gpuspawner.gpu import GPU
 from gpuspawner.placement import (
@@ -218,7 +217,7 @@ gpu_lists = st.lists(
     seed=st.integers(0, 1000),
 )
 def test_placement_invariants(gpus, held_mask, count, models, seed):
-    held = {g.uuid for g, h in zip(gpus, held_mask) if h}
+    held = {g.uuid for g, h in zip(gpus, held_mask, strict=False) if h}  # the mask may be shorter or longer
     request = GPURequest("alice", count, tuple(models))
     shuffled = gpus[:]
     random.Random(seed).shuffle(shuffled)

@@ -8,9 +8,11 @@ images). Anything else is an OptionsError whose ``.field`` names the field.
 
 from __future__ import annotations
 
+import ast
+import re
+
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 from gpuspawner.gpu import model_slug
 from gpuspawner.profiles import (
@@ -25,6 +27,7 @@ from gpuspawner.profiles import (
     options_from_form,
     parse_options,
 )
+from gpuspawner.spawners.base import GPUSpawnerMixin
 
 A100 = model_slug("NVIDIA A100-SXM4-80GB")  # "a100-sxm4-80gb"
 T4 = model_slug("Tesla T4")  # "t4"
@@ -176,7 +179,8 @@ def test_kubespawner_gpu_limit_as_string_number():
 
 
 def test_kubespawner_gpu_limit_is_checked_like_gpu_counts():
-    e = config_refusal([{"display_name": "X", "kubespawner_override": {"extra_resource_limits": {"nvidia.com/gpu": -1}}}])
+    override = {"extra_resource_limits": {"nvidia.com/gpu": -1}}
+    e = config_refusal([{"display_name": "X", "kubespawner_override": override}])
     assert e.field == "profile 'x'"
     assert "gpu_counts" in str(e)
 
@@ -215,7 +219,9 @@ def test_entry_must_be_a_dict(entry):
     assert type(entry).__name__ in str(e)
 
 
-@pytest.mark.parametrize("entry", [{}, {"display_name": ""}, {"display_name": "   "}, {"display_name": 5}, {"slug": "x"}])
+@pytest.mark.parametrize("entry", [
+    {}, {"display_name": ""}, {"display_name": "   "}, {"display_name": 5}, {"slug": "x"},
+])
 def test_display_name_is_required(entry):
     e = config_refusal([entry])
     assert e.field == "gpu_profiles[0]"
@@ -462,7 +468,9 @@ def test_huge_gpu_count_is_not_echoed():
     assert "that number is not allowed in profile 'gpu'; allowed: 1, 2, 4" in str(e)
 
 
-@pytest.mark.parametrize("value, type_name", [(True, "bool"), (2.0, "float"), ("2", "str"), (None, "NoneType"), ([2], "list")])
+@pytest.mark.parametrize("value, type_name", [
+    (True, "bool"), (2.0, "float"), ("2", "str"), (None, "NoneType"), ([2], "list"),
+])
 def test_gpus_wrong_type(value, type_name):
     e = refusal({"gpus": value})
     assert e.field == "gpus"
@@ -848,3 +856,11 @@ def test_options_from_form_never_crashes(form):
         parse(options)
     except OptionsError:
         pass
+
+
+def test_gpu_profiles_help_explains_every_key_a_profile_accepts():
+    message = str(config_refusal([{"display_name": "X", "no_such_key": 1}]))
+    known = ast.literal_eval(re.search(r"known keys: (\[.*\])", message).group(1))
+    assert {"groups", "queue", "kubespawner_override"} <= set(known)
+    help_text = GPUSpawnerMixin.class_traits()["gpu_profiles"].help
+    assert [k for k in known if f"- ``{k}``:" not in help_text] == []
