@@ -53,6 +53,7 @@ class GPU:
     driver_version: str | None = None
     cuda_driver_version: int | None = None  # as NVML reports it, e.g. 12040
     mig_mode: bool | None = None
+    minor_number: int | None = None  # of its device node /dev/nvidiaN (character device 195:N)
     healthy: bool = True
     reason: str | None = field(default=None, compare=False)  # why unhealthy
 

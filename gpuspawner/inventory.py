@@ -77,6 +77,7 @@ class NVMLInventory:
         memory = nvml.query("nvmlDeviceGetMemoryInfo", h)
         cc = nvml.query("nvmlDeviceGetCudaComputeCapability", h)
         mig = nvml.query("nvmlDeviceGetMigMode", h)
+        minor = nvml.query("nvmlDeviceGetMinorNumber", h)
         # A GPU that answers its UUID but fails basic reads is not fit to hand out.
         lost = [r.reason for r in (name, memory) if not r.ok and "lost" in (r.reason or "")]
         gpu = GPU(
@@ -89,6 +90,7 @@ class NVMLInventory:
             driver_version=driver,
             cuda_driver_version=cuda,
             mig_mode=bool(mig.value[0]) if mig.ok else None,
+            minor_number=minor.value if minor.ok else None,
             healthy=not lost,
             reason=lost[0] if lost else None,
         )

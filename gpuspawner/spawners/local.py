@@ -14,6 +14,12 @@ process starts, and written in the process's own environment (see
 
 When a server stops, every process of that start still alive (kernels the
 server left behind) is ended before its GPUs are given back.
+
+Isolation: where the host allows it (:mod:`gpuspawner.fence`), each start runs
+in its own device cgroup that denies every GPU but its own, so clearing
+``CUDA_VISIBLE_DEVICES`` or opening ``/dev/nvidiaN`` directly gets ``EPERM``;
+the cgroup goes when the start's last process is gone, and a restarted hub
+keeps the cgroups of the servers it adopts.
 """
 
 from __future__ import annotations
@@ -23,8 +29,10 @@ import uuid as uuidlib
 
 from jupyterhub.spawner import LocalProcessSpawner, SimpleLocalProcessSpawner
 from jupyterhub.utils import random_port
+from traitlets import TraitError, Unicode, validate
 
-from .base import GPUSpawnerMixin
+from ..fence import DeviceFence, Isolation, detect
+from .base import GPUSpawnerMixin, user_error
 from .processes import HUB_VAR, SERVER_VAR, SPAWN_VAR, ServerProcesses, end_processes, find_servers
 
 
@@ -47,7 +55,37 @@ def visible_devices(uuids: tuple[str, ...]) -> dict[str, str]:
 class _LocalGPUs(GPUSpawnerMixin):
     """What both local spawners add to JupyterHub's local process spawners."""
 
+    gpu_isolation = Unicode(
+        "auto",
+        help="""
+        How a server is kept off other users' GPUs beyond ``CUDA_VISIBLE_DEVICES``:
+        ``"auto"`` (default): a device cgroup per server where the host allows it (cgroup v1
+        ``devices`` controller, hub running as root), otherwise advisory only, with a warning
+        in the log and on the admin overview; ``"required"``: refuse to start servers when
+        the kernel cannot enforce it; ``"off"``: environment variables only.
+        """,
+    ).tag(config=True)
+
+    @validate("gpu_isolation")
+    def _check_isolation(self, proposal):
+        if proposal["value"] not in ("auto", "required", "off"):
+            raise TraitError(f"gpu_isolation must be 'auto', 'required' or 'off', not {proposal['value']!r}")
+        return proposal["value"]
+
     gpu_spawn_id: str = ""
+    _fence_path = None
+
+    @classmethod
+    def gpu_isolation_summary(cls) -> Isolation:
+        """How this host isolates local servers' GPUs (shown on the admin overview)."""
+        return detect()
+
+    @property
+    def fence(self) -> DeviceFence | None:
+        """This hub's device cgroups, or None where isolation is off or not possible here."""
+        if self.gpu_isolation == "off" or not self.hub_state.cache("local-isolation", detect).enforced:
+            return None
+        return DeviceFence(self.gpu_hub_id)
 
     def get_env(self):
         env = super().get_env()
@@ -81,7 +119,15 @@ class _LocalGPUs(GPUSpawnerMixin):
 
     async def reconcile_allocations(self) -> None:
         """Make the ledger hold exactly what this hub's live server processes hold."""
+        isolation = self.hub_state.cache("local-isolation", detect)
+        if self.gpu_isolation == "off":
+            self.log.warning("gpu-local: gpu_isolation is 'off': servers get CUDA_VISIBLE_DEVICES only")
+        elif isolation.enforced:
+            self.log.info("gpu-local: %s", isolation.note)
+        else:
+            self.log.warning("gpu-local: %s", isolation.note)
         groups = await asyncio.to_thread(find_servers, self.gpu_hub_id)
+        self._remove_stale_fences({g.spawn for g in groups})
         state = self.hub_state
         recorded: dict[str, str] = state.cache("local-starts", dict)
         found_pids: dict[str, int] = state.cache("local-pids", dict)
@@ -123,15 +169,66 @@ class _LocalGPUs(GPUSpawnerMixin):
             return
         self.log.info("gpu-local: stopped the unrecorded start of %s; GPUs %s are free",
                       group.owner, ", ".join(group.uuids) or "none")
+        self._remove_fence(group.spawn)
         self.gpu_released(self.ledger.release(orphan_owner(group)))
+
+    # ------------------------------------------------------------ the device fence
+
+    def _create_fence(self) -> None:
+        """The device cgroup of this start, made before its process exists; 503 where it is required but impossible."""
+        self._fence_path = None
+        fence = self.fence
+        if fence is None:
+            if self.gpu_isolation == "required":
+                note = self.hub_state.cache("local-isolation", detect).note
+                raise user_error(503, f"This hub must enforce GPU isolation but cannot: {note}. Ask an admin.")
+            return
+        minors = [g.minor_number for g in self.gpu_allocation]
+        if None in minors:
+            unknown = ", ".join(g.uuid for g in self.gpu_allocation if g.minor_number is None)
+            message = f"the device numbers of GPUs {unknown} are unknown (NVML gave no minor number)"
+            if self.gpu_isolation == "required":
+                raise user_error(503, f"GPU isolation cannot be enforced: {message}. Ask an admin.")
+            self.log.warning("%s: not fenced: %s", self._log_name, message)
+            return
+        self._fence_path = fence.create(self.gpu_spawn_id, minors)
+
+    def _remove_fence(self, spawn: str) -> None:
+        fence = self.fence
+        if fence is not None and spawn and not fence.remove(spawn):
+            self.log.error("gpu-local: the device cgroup of start %s still has processes; left in place", spawn)
+
+    def _remove_stale_fences(self, live: set[str]) -> None:
+        """Remove the (empty) cgroups of starts that have no process left."""
+        fence = self.fence
+        for spawn in fence.starts() if fence is not None else ():
+            if spawn not in live:
+                fence.remove(spawn)
+
+    def make_preexec_fn(self, name):
+        self._create_fence()
+        inner = super().make_preexec_fn(name)
+        path = self._fence_path
+        if path is None:
+            return inner
+
+        def preexec():
+            DeviceFence.join(path)  # still root: join before dropping privileges
+            inner()
+
+        return preexec
 
     # ------------------------------------------------------------ lifecycle
 
     async def start(self):
-        self.gpu_spawn_id = uuidlib.uuid4().hex
+        self.gpu_spawn_id = spawn = uuidlib.uuid4().hex
         if self.port == 0:
             self.port = random_port()  # chosen now, so that the saved state has it
-        return await super().start()
+        try:
+            return await super().start()
+        except BaseException:
+            self._remove_fence(spawn)  # no process was started in it
+            raise
 
     async def poll(self):
         await self.ensure_reconciled()
@@ -169,6 +266,7 @@ class _LocalGPUs(GPUSpawnerMixin):
                     self.log.error("%s: pid(s) %s would not die; the server's GPUs stay held",
                                    self._log_name, ", ".join(map(str, left)))
                     return
+            self._remove_fence(spawn)
         self.release_gpus()
 
 

@@ -60,7 +60,7 @@ c.Authenticator.allow_all = True
 c.JupyterHub.services = [{"name": "tests", "api_token": settings["token"]}]
 c.JupyterHub.load_roles = [{
     "name": "tests",
-    "scopes": ["admin:users", "admin:servers", "admin:server_state", "list:users", "read:users"],
+    "scopes": ["admin:users", "admin:servers", "admin:server_state", "list:users", "read:users", "access:servers"],
     "services": ["tests"],
 }]
 """
