@@ -35,7 +35,8 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
 
 from ..gpu import model_slug, slug_matches
-from .cuda import CudaVersion, format_cuda, node_cuda
+from ..compat import CudaVersion, cuda_version_text
+from .cuda import node_cuda
 
 PRODUCT_LABEL = "nvidia.com/gpu.product"
 COUNT_LABEL = "nvidia.com/gpu.count"
@@ -276,7 +277,7 @@ def _inventory_sentence(all_pools: Sequence[Pool]) -> str:
 
 def _cuda_ceiling(nodes: Iterable[NodeGPUs], slugs: set[str]) -> str:
     versions = sorted({n.cuda for n in nodes if n.cuda and any(p.slug in slugs for p in n.pools)})
-    return format_cuda(versions[-1]) if versions else "unknown"
+    return cuda_version_text(versions[-1]) if versions else "unknown"
 
 
 def place(
@@ -317,7 +318,7 @@ def place(
         usable = [p for p in pools(nodes, cuda) if p.slug in slugs]
         if not usable:
             raise CapacityError(
-                f"No {what} node has a driver new enough for CUDA {format_cuda(cuda)}, which this image needs; "
+                f"No {what} node has a driver new enough for CUDA {cuda_version_text(cuda)}, which this image needs; "
                 f"the newest there supports CUDA {_cuda_ceiling(nodes, slugs)}. {_inventory_sentence(all_pools)}",
                 never=True,
             )

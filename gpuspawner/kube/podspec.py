@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 from .capacity import GPU_RESOURCE, PRODUCT_LABEL
-from .cuda import CudaVersion, cuda_affinity_terms
+from ..compat import CudaVersion
+from .cuda import cuda_affinity_terms
 
 # The traits gpu-kube sets on every spawn (from the configured value plus the request).
 GPU_TRAITS = (
