@@ -34,8 +34,8 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
 
-from ..gpu import model_slug, slug_matches
 from ..compat import CudaVersion, cuda_version_text
+from ..gpu import model_slug, slug_matches
 from .cuda import node_cuda
 
 PRODUCT_LABEL = "nvidia.com/gpu.product"

@@ -15,8 +15,8 @@ import copy
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
-from .capacity import GPU_RESOURCE, PRODUCT_LABEL
 from ..compat import CudaVersion
+from .capacity import GPU_RESOURCE, PRODUCT_LABEL
 from .cuda import cuda_affinity_terms
 
 # The traits gpu-kube sets on every spawn (from the configured value plus the request).

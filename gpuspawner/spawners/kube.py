@@ -18,8 +18,7 @@ import copy
 from typing import Any
 
 from kubespawner import KubeSpawner
-from traitlets import Dict, List, Unicode, validate
-from traitlets import TraitError
+from traitlets import Dict, List, TraitError, Unicode, validate
 
 from ..compat import CudaVersion, cuda_version_text, min_cuda
 from ..form import ModelAvailability, form_context
@@ -28,7 +27,14 @@ from ..inventory import InventoryReading
 from ..kube.api import ClusterCapacity, ClusterReading
 from ..kube.capacity import GPU_RESOURCE, PRODUCT_LABEL, CapacityError, place, pools
 from ..kube.events import EventContext, explain_event
-from ..kube.podspec import DEFAULT_TOLERATIONS, GPU_TRAITS, PodGPURequest, PodGPUSettings, gpu_overrides, merge_overrides
+from ..kube.podspec import (
+    DEFAULT_TOLERATIONS,
+    GPU_TRAITS,
+    PodGPURequest,
+    PodGPUSettings,
+    gpu_overrides,
+    merge_overrides,
+)
 from ..profiles import Choice
 from .base import GPUSpawnerMixin, user_error
 
