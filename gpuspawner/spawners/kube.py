@@ -21,7 +21,7 @@ from kubespawner import KubeSpawner
 from traitlets import Dict, List, TraitError, Unicode, validate
 
 from ..compat import CudaVersion, cuda_version_text, min_cuda
-from ..form import ModelAvailability, form_context
+from ..form import form_context
 from ..gpu import GPU
 from ..inventory import InventoryReading
 from ..kube.api import ClusterCapacity, ClusterReading
@@ -111,10 +111,7 @@ class GPUKubeSpawner(GPUSpawnerMixin, KubeSpawner):
     async def options_form_context(self) -> dict:
         reading = await self.cluster_capacity().read()
         known = reading.unknown is None
-        availability = [
-            ModelAvailability(p.slug, p.name, p.free, p.total, p.largest, p.note, known)
-            for p in pools(reading.nodes)
-        ]
+        availability = [p.availability(known) for p in pools(reading.nodes)]
         return form_context(
             self.profiles, InventoryReading(), (), self.user_options or {},
             availability=availability, unknown=reading.unknown,
