@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import re
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 
 # Words that name the vendor or a product line rather than the model.
@@ -16,6 +17,18 @@ _VENDOR_WORDS = {"nvidia", "tesla", "geforce", "quadro"}
 
 # Leading words dropped by display_name(); "Tesla" stays, people say "Tesla T4".
 _DISPLAY_DROP = ("nvidia",)
+
+#: ``NVIDIA_VISIBLE_DEVICES`` of a server without GPUs, on every backend. In the
+#: NVIDIA container toolkit ``void`` (like empty or unset) makes the runtime
+#: behave as plain runc: no GPU and no driver libraries; ``none`` would still
+#: mount the driver's libraries and tools. A CPU-only server needs neither, and a
+#: set value overrides the ``NVIDIA_VISIBLE_DEVICES=all`` CUDA images ship.
+NO_GPU_DEVICES = "void"
+
+
+def nvidia_visible_devices(uuids: Sequence[str]) -> str:
+    """The ``NVIDIA_VISIBLE_DEVICES`` value for exactly these GPUs (:data:`NO_GPU_DEVICES` for none)."""
+    return ",".join(uuids) or NO_GPU_DEVICES
 
 
 @functools.lru_cache(maxsize=4096)  # inventories repeat a handful of names

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from jupyterhub.spawner import LocalProcessSpawner, SimpleLocalProcessSpawner
 
+from ..gpu import nvidia_visible_devices
 from .base import GPUSpawnerMixin
 
 
@@ -12,10 +13,10 @@ def visible_devices(uuids: tuple[str, ...]) -> dict[str, str]:
 
     CUDA accepts GPU UUIDs in CUDA_VISIBLE_DEVICES; an empty value hides every
     GPU. NVIDIA_VISIBLE_DEVICES carries the same set for tools that read it
-    (the container runtime's convention, and gpuspawner's monitor).
+    (the container runtime's convention, and gpuspawner's monitor); ``void``
+    when there is none.
     """
-    joined = ",".join(uuids)
-    return {"CUDA_VISIBLE_DEVICES": joined, "NVIDIA_VISIBLE_DEVICES": joined or "none"}
+    return {"CUDA_VISIBLE_DEVICES": ",".join(uuids), "NVIDIA_VISIBLE_DEVICES": nvidia_visible_devices(uuids)}
 
 
 class GPULocalProcessSpawner(GPUSpawnerMixin, LocalProcessSpawner):
