@@ -33,7 +33,7 @@ sys.path.insert(0, str(ROOT))
 
 from jinja2 import Environment, PackageLoader, select_autoescape  # noqa: E402
 
-from gpuspawner.form import ModelAvailability, form_context  # noqa: E402
+from gpuspawner.form import form_context  # noqa: E402
 from gpuspawner.gpu import GPU  # noqa: E402
 from gpuspawner.inventory import InventoryReading  # noqa: E402
 from gpuspawner.kube.capacity import cluster_inventory, pools  # noqa: E402
@@ -109,7 +109,7 @@ def main() -> None:
     found = capacity()
 
     def render(found=found):
-        availability = [ModelAvailability(p.slug, p.name, p.free, p.total, p.largest, p.note) for p in found]
+        availability = [p.availability() for p in found]
         context = form_context(PROFILES, InventoryReading(), (), {}, availability=availability)
         return TEMPLATES.get_template("form.html").render(**context)
 

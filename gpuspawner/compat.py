@@ -12,7 +12,9 @@ container toolkit reads it:
 - ``NVIDIA_DISABLE_REQUIRE`` set to a true value turns the check off, as it
   does in the toolkit.
 
-The host side is what NVML reports: the CUDA version the driver supports
+Configuration names an image's CUDA too (gpu-kube's ``image_cuda``):
+:func:`min_cuda` reads ``"12.4"`` or a whole ``NVIDIA_REQUIRE_CUDA`` value with
+the same parser. The host side is what NVML reports: the CUDA version the driver supports
 (``nvmlSystemGetCudaDriverVersion``: 12040 means 12.4) and the driver version
 (``"550.54.15"``). :func:`check_image` turns both into a refusal sentence, or
 None when the image can run. A constraint that cannot be judged from what is
@@ -30,15 +32,21 @@ from .gpu import GPU
 
 __all__ = [
     "Constraint",
+    "CudaVersion",
     "HostCuda",
     "Requirement",
     "check_image",
     "cuda_version_text",
     "host_cuda",
     "image_requirements",
+    "min_cuda",
     "parse_requirement",
 ]
 
+#: A CUDA version as (major, minor): (12, 4).
+CudaVersion = tuple[int, int]
+
+_PLAIN_VERSION = re.compile(r"\s*([0-9]{1,3})(?:\.([0-9]{1,3}))?(?:\.[0-9]{1,4})?\s*")
 _CONSTRAINT = re.compile(r"^\s*([a-z_]+)\s*(>=|<=|==|=|>|<)\s*([A-Za-z0-9._-]+)\s*$")
 _TRUE = {"1", "true", "yes", "on"}
 
@@ -77,7 +85,7 @@ class HostCuda:
     """What the driver of one host offers."""
 
     host: str
-    cuda: tuple[int, ...] | None  # (12, 4) for NVML's 12040
+    cuda: CudaVersion | None  # (12, 4) for NVML's 12040
     driver: str | None  # "550.54.15"
 
 
@@ -97,6 +105,35 @@ def parse_requirement(text: str, source: str = "NVIDIA_REQUIRE_CUDA") -> Require
         if terms:
             groups.append(tuple(terms))
     return Requirement(source, tuple(groups))
+
+
+def min_cuda(text: object) -> CudaVersion:
+    """The CUDA version (major, minor) a configured requirement asks for at least.
+
+    Accepts a version (``"12.4"``, ``"12"``, ``"12.4.1"``) or an expression as
+    :func:`parse_requirement` reads it (``"cuda>=12.4"``, or a whole
+    ``NVIDIA_REQUIRE_CUDA`` value such as ``"cuda>=12.4 brand=tesla,driver>=470,driver<471"``:
+    its ``cuda`` term counts). Raises ValueError for anything else.
+
+    >>> min_cuda("cuda>=12.4 brand=tesla,driver>=470,driver<471")
+    (12, 4)
+    >>> min_cuda("11")
+    (11, 0)
+    """
+    if not isinstance(text, str):  # configuration: callers catch ValueError
+        kind = type(text).__name__
+        raise ValueError(f"CUDA requirement must be a string such as '12.4', not {kind}")  # noqa: TRY004
+    plain = _PLAIN_VERSION.fullmatch(text)
+    if plain:
+        return int(plain.group(1)), int(plain.group(2) or 0)
+    try:
+        needed = parse_requirement(text).min_cuda
+    except ValueError:
+        needed = None
+    if not needed:
+        shown = text if len(text) <= 60 else text[:60] + "..."
+        raise ValueError(f"{shown!r} is not a CUDA requirement such as '12.4' or 'cuda>=12.4'")
+    return needed[0], needed[1] if len(needed) > 1 else 0
 
 
 def _env_dict(env: Iterable[str] | Mapping[str, str] | None) -> dict[str, str]:

@@ -1,58 +1,19 @@
 """What the spawn form shows: profiles, GPU models with live free/total, counts.
 
+Free/total come from :mod:`gpuspawner.availability`, which says what they mean.
+
 Pure: from the profiles, an inventory reading and the held GPU UUIDs to a
 plain dict the Jinja2 template renders. No I/O here.
 """
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Collection, Mapping
-from dataclasses import dataclass
 from typing import Any
 
-from .gpu import GPU
+from .availability import ModelAvailability, model_availability
 from .inventory import InventoryReading
 from .profiles import Profile, default_profile
-
-
-@dataclass(frozen=True)
-class ModelAvailability:
-    slug: str
-    name: str
-    free: int
-    total: int
-    largest: int  # most free GPUs of this model on one host: the biggest request that fits now
-    note: str = ""  # e.g. "shared, no memory isolation"
-    known: bool = True  # False: free/total could not be read just now
-
-    @property
-    def label(self) -> str:
-        name = f"{self.name} ({self.note})" if self.note else self.name
-        if not self.known:
-            return f"{name} - availability unknown"
-        return f"{name} - {self.free} of {self.total} free"
-
-
-def model_availability(gpus: Collection[GPU], held: Collection[str]) -> list[ModelAvailability]:
-    """Free/total per model, in a stable order (by name)."""
-    names: dict[str, str] = {}
-    total: Counter[str] = Counter()
-    free: Counter[str] = Counter()
-    free_on_host: Counter[tuple[str, str]] = Counter()
-    for gpu in gpus:
-        names.setdefault(gpu.model, gpu.name)
-        total[gpu.model] += 1
-        if gpu.healthy and gpu.uuid not in held:
-            free[gpu.model] += 1
-            free_on_host[(gpu.model, gpu.host)] += 1
-    largest: Counter[str] = Counter()
-    for (model, _host), n in free_on_host.items():
-        largest[model] = max(largest[model], n)
-    return sorted(
-        (ModelAvailability(m, names[m], free[m], total[m], largest[m]) for m in total),
-        key=lambda a: (a.name, a.slug),
-    )
 
 
 def _profile_context(

@@ -1,4 +1,4 @@
-"""The GPU record every part of gpuspawner speaks about, and model slugs.
+"""The GPU record every part of gpuspawner speaks about, model slugs and names.
 
 A :class:`GPU` is a plain, immutable value: inventory sources produce them,
 placement chooses among them, backends turn them into device requests. It
@@ -7,13 +7,31 @@ carries no NVML handle, so it can be compared, hashed, logged and stored.
 
 from __future__ import annotations
 
+import functools
 import re
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 
 # Words that name the vendor or a product line rather than the model.
 _VENDOR_WORDS = {"nvidia", "tesla", "geforce", "quadro"}
 
+# Leading words dropped by display_name(); "Tesla" stays, people say "Tesla T4".
+_DISPLAY_DROP = ("nvidia",)
 
+#: ``NVIDIA_VISIBLE_DEVICES`` of a server without GPUs, on every backend. In the
+#: NVIDIA container toolkit ``void`` (like empty or unset) makes the runtime
+#: behave as plain runc: no GPU and no driver libraries; ``none`` would still
+#: mount the driver's libraries and tools. A CPU-only server needs neither, and a
+#: set value overrides the ``NVIDIA_VISIBLE_DEVICES=all`` CUDA images ship.
+NO_GPU_DEVICES = "void"
+
+
+def nvidia_visible_devices(uuids: Sequence[str]) -> str:
+    """The ``NVIDIA_VISIBLE_DEVICES`` value for exactly these GPUs (:data:`NO_GPU_DEVICES` for none)."""
+    return ",".join(uuids) or NO_GPU_DEVICES
+
+
+@functools.lru_cache(maxsize=4096)  # inventories repeat a handful of names
 def model_slug(name: str) -> str:
     """A short, stable, URL-safe slug for a GPU model name.
 
@@ -29,6 +47,20 @@ def model_slug(name: str) -> str:
     return "-".join(kept) or "unknown"
 
 
+def display_name(name: str) -> str:
+    """A short human label for a GPU model name.
+
+    >>> display_name("NVIDIA A100-SXM4-80GB")
+    'A100-SXM4-80GB'
+    >>> display_name("Tesla T4")
+    'Tesla T4'
+    """
+    words = name.split()
+    while len(words) > 1 and words[0].lower() in _DISPLAY_DROP:
+        words = words[1:]
+    return " ".join(words) or name
+
+
 def slug_matches(pattern: str, slug: str) -> bool:
     """Whether a configured model pattern selects a model slug.
 
@@ -38,6 +70,19 @@ def slug_matches(pattern: str, slug: str) -> bool:
     """
     pattern = pattern.lower()
     return pattern == "any" or slug == pattern or slug.startswith(pattern + "-")
+
+
+def model_rank(patterns: tuple[str, ...], slug: str) -> int | None:
+    """Where ``slug`` stands in a request's preference order; None if no pattern selects it.
+
+    No patterns at all means any model, ranked 0.
+    """
+    if not patterns:
+        return 0
+    for rank, pattern in enumerate(patterns):
+        if slug_matches(pattern, slug):
+            return rank
+    return None
 
 
 @dataclass(frozen=True, order=True)
@@ -53,9 +98,9 @@ class GPU:
     driver_version: str | None = None
     cuda_driver_version: int | None = None  # as NVML reports it, e.g. 12040
     mig_mode: bool | None = None
-    minor_number: int | None = None  # of its device node /dev/nvidiaN (character device 195:N)
     healthy: bool = True
     reason: str | None = field(default=None, compare=False)  # why unhealthy
+    minor_number: int | None = None  # of its device node /dev/nvidiaN (character device 195:N)
 
     @property
     def model(self) -> str:

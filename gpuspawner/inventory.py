@@ -47,33 +47,24 @@ class NVMLInventory:
     simulated: bool = False
 
     def read(self) -> InventoryReading:
-        reason = nvml.init_reason()
-        if reason is not None:
-            return InventoryReading(problems=(f"NVML: {reason}",), simulated=self.simulated)
-        count = nvml.query("nvmlDeviceGetCount")
-        if not count.ok:
-            return InventoryReading(problems=(f"NVML: {count.reason}",), simulated=self.simulated)
-        driver = nvml.query("nvmlSystemGetDriverVersion").value
-        cuda = nvml.query("nvmlSystemGetCudaDriverVersion").value
+        listing = nvml.devices()
+        if listing.reason is not None:
+            return InventoryReading(problems=(f"NVML: {listing.reason}",), simulated=self.simulated)
         gpus, problems = [], []
-        for index in range(count.value):
-            gpu, problem = self._read_device(index, driver, cuda)
+        for device in listing.devices:
+            gpu, problem = self._read_device(device, listing)
             if gpu is not None:
                 gpus.append(gpu)
             if problem:
                 problems.append(problem)
         return InventoryReading(tuple(gpus), tuple(problems), self.simulated)
 
-    def _read_device(self, index: int, driver, cuda) -> tuple[GPU | None, str | None]:
-        handle = nvml.query("nvmlDeviceGetHandleByIndex", index)
-        if not handle.ok:
-            # Without a handle there is no UUID: the GPU cannot be named, so not placed.
-            return None, f"GPU {index} on {self.host}: {handle.reason}"
-        h = handle.value
-        uuid = nvml.query("nvmlDeviceGetUUID", h)
-        if not uuid.ok:
-            return None, f"GPU {index} on {self.host}: {uuid.reason}"
-        name = nvml.query("nvmlDeviceGetName", h)
+    def _read_device(self, device: nvml.Device, listing: nvml.Devices) -> tuple[GPU | None, str | None]:
+        index, name = device.index, device.name
+        if not device.uuid.ok:
+            # Without a handle or a UUID the GPU cannot be named, so not placed.
+            return None, f"GPU {index} on {self.host}: {device.uuid.reason}"
+        h = device.handle.value
         memory = nvml.query("nvmlDeviceGetMemoryInfo", h)
         cc = nvml.query("nvmlDeviceGetCudaComputeCapability", h)
         mig = nvml.query("nvmlDeviceGetMigMode", h)
@@ -83,12 +74,12 @@ class NVMLInventory:
         gpu = GPU(
             host=self.host,
             index=index,
-            uuid=uuid.value,
+            uuid=device.uuid.value,
             name=name.value or "Unknown GPU",
             memory_total=memory.value.total if memory.ok else None,
             compute_capability=_tuple_or_none(cc.value),
-            driver_version=driver,
-            cuda_driver_version=cuda,
+            driver_version=listing.driver_version,
+            cuda_driver_version=listing.cuda_driver_version,
             mig_mode=bool(mig.value[0]) if mig.ok else None,
             minor_number=minor.value if minor.ok else None,
             healthy=not lost,

@@ -5,6 +5,10 @@ Every NVML call goes through :func:`query`, which never raises: it returns a
 ("NVIDIA driver is not loaded", "not supported by this GPU"). The library is
 initialised lazily, once per process (a forked child initialises again), and
 never at import time, so a machine without a driver imports this module fine.
+
+:func:`devices` is the one place that lists the host's GPUs (index, handle,
+UUID, name; :func:`mig_devices` the same for a GPU's MIG devices): the hub's
+inventory, the monitor and the admin overview's live numbers all read it.
 """
 
 from __future__ import annotations
@@ -126,3 +130,62 @@ def query(func: Callable[..., Any] | str, *args: Any) -> Reading:
     if isinstance(value, bytes):
         value = value.decode(errors="replace")
     return Reading(value)
+
+
+class Device(NamedTuple):
+    """One GPU (or MIG device) as NVML lists it.
+
+    ``index`` is its NVML index (for a MIG device: its slot on the parent GPU).
+    Without a handle, ``uuid`` and ``name`` carry the handle's reason.
+    """
+
+    index: int
+    handle: Reading
+    uuid: Reading
+    name: Reading
+
+
+class Devices(NamedTuple):
+    """Every GPU NVML lists on this host, or why they could not be listed."""
+
+    devices: tuple[Device, ...] = ()
+    reason: str | None = None  # NVML could not start, or could not count the GPUs
+    started: bool = True  # False: NVML itself could not start (no library, no driver)
+    driver_version: str | None = None  # "550.54.15"
+    cuda_driver_version: int | None = None  # 12040 means CUDA 12.4
+
+
+def _device(index: int, handle: Reading) -> Device:
+    if not handle.ok:
+        missing = Reading(None, handle.reason)
+        return Device(index, handle, missing, missing)
+    return Device(index, handle, query("nvmlDeviceGetUUID", handle.value), query("nvmlDeviceGetName", handle.value))
+
+
+def devices() -> Devices:
+    """List this host's GPUs in NVML order: the one place gpuspawner enumerates them.
+
+    Never raises: a GPU whose handle cannot be read is still listed, with the
+    reason in its readings, so callers decide whether to skip or show it.
+    """
+    reason = init_reason()
+    if reason is not None:
+        return Devices(reason=reason, started=False)
+    count = query("nvmlDeviceGetCount")
+    if not count.ok:
+        return Devices(reason=count.reason or "unknown NVML error")
+    driver = query("nvmlSystemGetDriverVersion").value
+    cuda = query("nvmlSystemGetCudaDriverVersion").value
+    listed = tuple(_device(index, query("nvmlDeviceGetHandleByIndex", index)) for index in range(count.value))
+    return Devices(listed, None, True, driver, cuda)
+
+
+def mig_devices(parent: Any) -> tuple[Device, ...]:
+    """The MIG devices of a GPU in MIG mode (by its handle), empty slots left out."""
+    slots = query("nvmlDeviceGetMaxMigDeviceCount", parent)
+    found = []
+    for slot in range(slots.value or 0):
+        handle = query("nvmlDeviceGetMigDeviceHandleByIndex", parent, slot)
+        if handle.ok:  # NOT_FOUND: an empty slot
+            found.append(_device(slot, handle))
+    return tuple(found)

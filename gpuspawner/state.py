@@ -62,8 +62,9 @@ class GPUHubSettings(Configurable):
         (default ``"localhost"``), ``index`` (on its host; default: the next one),
         ``memory_total`` (bytes), ``compute_capability`` (e.g. ``[8, 0]``),
         ``driver_version``, ``cuda_driver_version`` (as NVML reports it, e.g. ``12040``),
-        ``mig_mode`` (bool), ``healthy`` (default ``True``; ``False`` keeps the GPU out of
-        placement) and ``reason`` (why it is unhealthy, shown on the admin page).""",
+        ``mig_mode`` (bool), ``minor_number`` (N of its device node ``/dev/nvidiaN``, for
+        gpu-local's device fence), ``healthy`` (default ``True``; ``False`` keeps the GPU out
+        of placement) and ``reason`` (why it is unhealthy, shown on the admin page).""",
     ).tag(config=True)
 
     gpu_inventory_ttl = Float(

@@ -106,16 +106,14 @@ class LiveStats:
 
 
 def _read_nvml(uuids: tuple[str, ...]) -> dict[str, GPUNumbers]:
-    if nvml.init_reason() is not None:
-        return {}
+    wanted = set(uuids)
     out = {}
-    for uuid in uuids:
-        handle = nvml.query("nvmlDeviceGetHandleByUUID", uuid)
-        if not handle.ok:
+    for device in nvml.devices().devices:  # none when NVML cannot start
+        if device.uuid.value not in wanted:
             continue
-        util = nvml.query("nvmlDeviceGetUtilizationRates", handle.value)
-        memory = nvml.query("nvmlDeviceGetMemoryInfo", handle.value)
-        out[uuid] = GPUNumbers(
+        util = nvml.query("nvmlDeviceGetUtilizationRates", device.handle.value)
+        memory = nvml.query("nvmlDeviceGetMemoryInfo", device.handle.value)
+        out[device.uuid.value] = GPUNumbers(
             util.value.gpu if util.ok else None,
             memory.value.used if memory.ok else None,
             memory.value.total if memory.ok else None,

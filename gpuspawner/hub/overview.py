@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from ..form import model_availability
+from ..availability import model_availability
 from ..inventory import InventoryReading
 from ..queue import Waiter
 from .live import GPUNumbers
@@ -47,7 +47,11 @@ def build(
     waiters: list[Waiter],
     now: float,
 ) -> dict:
-    """Every GPU with its holder and live numbers; free/total per model; the queue."""
+    """Every GPU with its holder and live numbers; free/total per model; the queue.
+
+    Per model: ``free``, ``total`` and ``unavailable`` as :mod:`gpuspawner.availability`
+    defines them (total: GPUs in service), ``allocated``: GPUs held, whatever their health.
+    """
     by_uuid = {u: owner for owner, uuids in allocations.items() for u in uuids}
     gpus = []
     for gpu in sorted(reading.gpus, key=lambda g: (g.host, g.index)):
@@ -72,7 +76,7 @@ def build(
             }
         gpus.append(entry)
     models = [
-        {"model": m.slug, "name": m.name, "free": m.free, "total": m.total,
+        {"model": m.slug, "name": m.name, "free": m.free, "total": m.total, "unavailable": m.unavailable,
          "allocated": sum(1 for g in reading.gpus if g.model == m.slug and g.uuid in by_uuid)}
         for m in model_availability(reading.gpus, set(by_uuid))
     ]

@@ -7,8 +7,8 @@ small dataclasses); the only I/O is in :mod:`gpuspawner.kube.api`.
 - :mod:`.capacity`: GPU inventory of a cluster from its nodes and pods
   (free/total per model, per MIG profile and per shared pool), and refusals.
 - :mod:`.podspec`: the KubeSpawner trait overrides for a request.
-- :mod:`.cuda`: an image's CUDA requirement, and node affinity on the
-  driver's CUDA version.
+- :mod:`.cuda`: node affinity on the driver's CUDA version (the image's
+  requirement is read by :func:`gpuspawner.compat.min_cuda`).
 - :mod:`.events`: scheduling events in plain words.
 - :mod:`.api`: reading nodes and pods through kubernetes_asyncio, cached.
 """

@@ -30,13 +30,15 @@ picks whole A100s only, ``"mig"`` every MIG slice, ``"shared"`` every shared poo
 from __future__ import annotations
 
 import re
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ..availability import ModelAvailability, Tally
+from ..compat import CudaVersion, cuda_version_text
 from ..gpu import model_slug, slug_matches
-from .cuda import CudaVersion, format_cuda, node_cuda
+from .cuda import node_cuda
 
 PRODUCT_LABEL = "nvidia.com/gpu.product"
 COUNT_LABEL = "nvidia.com/gpu.count"
@@ -99,15 +101,21 @@ class Pool:
     name: str
     resource: str
     products: tuple[str, ...]
-    free: int
-    total: int
+    free: int  # free, total, largest, max_per_node, unavailable: see gpuspawner.availability
+    total: int  # on schedulable nodes
     largest: int  # most free on one node: the biggest request that fits now
     max_per_node: int  # most on one node at all: the biggest request that can ever fit
     nodes: int
+    unavailable: int = 0  # on nodes that are not Ready or are cordoned
 
     @property
     def note(self) -> str:
         return SHARED_NOTE if self.kind == "shared" else ""
+
+    def availability(self, known: bool = True) -> ModelAvailability:
+        """What the spawn form shows for this pool."""
+        return ModelAvailability(self.slug, self.name, self.free, self.total, self.largest, self.unavailable,
+                                 self.max_per_node, self.note, known)
 
 
 @dataclass(frozen=True)
@@ -235,30 +243,30 @@ def cluster_inventory(nodes: Iterable[Mapping[str, Any]], pods: Iterable[Mapping
 
 
 def pools(nodes: Iterable[NodeGPUs], cuda: CudaVersion | None = None) -> list[Pool]:
-    """Free/total per pool across nodes (only nodes whose driver supports ``cuda``, when given)."""
-    agg: dict[str, dict[str, Any]] = {}
+    """Free/total per pool across nodes (only nodes whose driver supports ``cuda``, when given).
+
+    Counted by :class:`~gpuspawner.availability.Tally`, so free and total mean
+    what they mean on the form everywhere: a pool's GPUs on a node that is not
+    Ready or is cordoned are ``unavailable``, not part of the total.
+    """
+    tally = Tally()
+    first: dict[str, NodePool] = {}
+    products: dict[str, set[str]] = defaultdict(set)
+    node_count: Counter[str] = Counter()
     for node in nodes:
         if cuda is not None and (node.cuda is None or node.cuda < cuda):
             continue
         for p in node.pools:
-            a = agg.get(p.slug)
-            if a is None:
-                a = agg[p.slug] = {"pool": p, "products": [], "free": 0, "total": 0, "largest": 0, "max": 0, "nodes": 0}
-            elif a["pool"].resource != p.resource:
+            if first.setdefault(p.slug, p).resource != p.resource:
                 continue  # the same model under another resource name: cannot be asked for in one pod
-            if p.product not in a["products"]:
-                a["products"].append(p.product)
-            free = node.free(p)
-            a["free"] += free
-            a["total"] += p.allocatable
-            a["largest"] = max(a["largest"], free)
-            a["max"] = max(a["max"], p.allocatable)
-            a["nodes"] += 1
+            products[p.slug].add(p.product)
+            node_count[p.slug] += 1
+            tally.add(p.slug, p.name, node.name, p.allocatable, node.free(p), node.schedulable)
     return sorted(
         (
-            Pool(s, a["pool"].kind, a["pool"].name, a["pool"].resource, tuple(sorted(a["products"])),
-                 a["free"], a["total"], a["largest"], a["max"], a["nodes"])
-            for s, a in agg.items()
+            Pool(slug, first[slug].kind, m.name, first[slug].resource, tuple(sorted(products[slug])),
+                 m.free, m.total, m.largest, m.most_on_one_host, node_count[slug], m.unavailable)
+            for slug, m in tally.models().items()
         ),
         key=lambda p: ({"gpu": 0, "mig": 1, "shared": 2}[p.kind], p.name, p.slug),
     )
@@ -277,7 +285,7 @@ def _inventory_sentence(all_pools: Sequence[Pool]) -> str:
 
 def _cuda_ceiling(nodes: Iterable[NodeGPUs], slugs: set[str]) -> str:
     versions = sorted({n.cuda for n in nodes if n.cuda and any(p.slug in slugs for p in n.pools)})
-    return format_cuda(versions[-1]) if versions else "unknown"
+    return cuda_version_text(versions[-1]) if versions else "unknown"
 
 
 def place(
@@ -318,7 +326,7 @@ def place(
         usable = [p for p in pools(nodes, cuda) if p.slug in slugs]
         if not usable:
             raise CapacityError(
-                f"No {what} node has a driver new enough for CUDA {format_cuda(cuda)}, which this image needs; "
+                f"No {what} node has a driver new enough for CUDA {cuda_version_text(cuda)}, which this image needs; "
                 f"the newest there supports CUDA {_cuda_ceiling(nodes, slugs)}. {_inventory_sentence(all_pools)}",
                 never=True,
             )
@@ -334,13 +342,17 @@ def place(
         free = sum(p.free for p in group)
         total = sum(p.total for p in group)
         largest = max(p.largest for p in group)
+        down = sum(p.unavailable for p in group)
+        are = "is" if down == 1 else "are"
+        if total == 0:  # the same words as gpuspawner.refusals
+            state = [f"No {what} is usable right now: {down} of {down} {are} unavailable (node not ready or cordoned)."]
+        else:
+            state = [(f"No {what} is free right now: {free} of {total} free, at most {largest} on one node, "
+                      f"and you asked for {count}.")]
+            if down:
+                state.append(f"{down} more {are} unavailable: node not ready or cordoned.")
         others = [p for p in all_pools if p.slug not in slugs and p.largest >= count]
-        elsewhere = " ".join(f"{_label(p)} has {p.free} free." for p in others[:3])
-        raise CapacityError(
-            f"No {what} is free right now: {free} of {total} free, at most {largest} on one node, "
-            f"and you asked for {count}. {elsewhere + ' ' if elsewhere else ''}"
-            "Pick another model or try again later.",
-            never=False,
-        )
+        state += [f"{_label(p)} has {p.free} free." for p in others[:3]]
+        raise CapacityError(" ".join(state) + " Pick another model or try again later.", never=False)
     products = tuple(sorted({prod for p in fits_ever for prod in p.products}))
     return Placement(key[0], key[1], products, what, count)

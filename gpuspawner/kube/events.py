@@ -12,7 +12,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from .cuda import CudaVersion, format_cuda
+from ..compat import CudaVersion, cuda_version_text
 
 
 @dataclass(frozen=True)
@@ -64,7 +64,7 @@ def explain_scheduling(message: str, ctx: EventContext) -> str | None:
         elif "affinity/selector" in reason:
             why = "another GPU model"
             if ctx.cuda:
-                why += f" or a driver older than CUDA {format_cuda(ctx.cuda)}"
+                why += f" or a driver older than CUDA {cuda_version_text(ctx.cuda)}"
             parts.append(f"{n} {'has' if n == 1 else 'have'} {why}")
         elif "untolerated taint" in reason:
             parts.append(f"{n} {'is' if n == 1 else 'are'} reserved for other work")

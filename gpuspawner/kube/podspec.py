@@ -16,8 +16,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ..compat import CudaVersion
+from ..gpu import NO_GPU_DEVICES
 from .capacity import GPU_RESOURCE, PRODUCT_LABEL
-from .cuda import CudaVersion, cuda_affinity_terms
+from .cuda import cuda_affinity_terms
 
 # The traits gpu-kube sets on every spawn (from the configured value plus the request).
 GPU_TRAITS = (
@@ -59,7 +61,8 @@ def gpu_overrides(request: PodGPURequest, settings: PodGPUSettings = PodGPUSetti
     """The GPU part of a pod spec as KubeSpawner trait values.
 
     A CPU-only request gets no GPU resource, no GPU node selection and
-    ``NVIDIA_VISIBLE_DEVICES=none``, so an image that sets
+    ``NVIDIA_VISIBLE_DEVICES=void`` (:data:`~gpuspawner.gpu.NO_GPU_DEVICES`: no
+    GPU, no driver libraries), so an image that sets
     ``NVIDIA_VISIBLE_DEVICES=all`` (every CUDA image does) sees no GPU even on
     a node whose default runtime is nvidia. A GPU request leaves that variable
     to the device plugin, which sets it to the GPUs it allocated.
@@ -74,7 +77,7 @@ def gpu_overrides(request: PodGPURequest, settings: PodGPUSettings = PodGPUSetti
             "node_affinity_required": [],
             "tolerations": [],
             "extra_pod_config": {},
-            "environment": {"NVIDIA_VISIBLE_DEVICES": "none"},
+            "environment": {"NVIDIA_VISIBLE_DEVICES": NO_GPU_DEVICES},
         }
     quantity = str(request.count)
     node_selector: dict[str, str] = {}

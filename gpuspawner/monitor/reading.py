@@ -80,17 +80,13 @@ def _mig_layout(handle: Any) -> tuple[bool | None, list[StaticMIG]]:
     mode = nvml.query("nvmlDeviceGetMigMode", handle)
     if not mode.ok or not mode.value[0]:
         return (bool(mode.value[0]) if mode.ok else None), []
-    count = nvml.query("nvmlDeviceGetMaxMigDeviceCount", handle)
     migs = []
-    for i in range(count.value or 0):
-        mh = nvml.query("nvmlDeviceGetMigDeviceHandleByIndex", handle, i)
-        if not mh.ok:  # NOT_FOUND: an empty slot
-            continue
-        memory = nvml.query("nvmlDeviceGetMemoryInfo", mh.value)
+    for mig in nvml.mig_devices(handle):
+        memory = nvml.query("nvmlDeviceGetMemoryInfo", mig.handle.value)
         migs.append(StaticMIG(
-            handle=mh.value,
-            uuid=nvml.query("nvmlDeviceGetUUID", mh.value).value,
-            name=nvml.query("nvmlDeviceGetName", mh.value).value,
+            handle=mig.handle.value,
+            uuid=mig.uuid.value,
+            name=mig.name.value,
             memory_total=memory.value.total if memory.ok else None,
         ))
     return True, migs
@@ -98,25 +94,19 @@ def _mig_layout(handle: Any) -> tuple[bool | None, list[StaticMIG]]:
 
 def read_static(visibility: Visibility) -> Static:
     """The GPUs this server may show, with the facts that rarely change."""
-    reason = nvml.init_reason()
-    if reason is not None:
-        return Static(status=reason, detail="GPU statistics are not available on this server.")
-    count = nvml.query("nvmlDeviceGetCount")
-    if not count.ok:
-        return Static(status=count.reason or "unknown NVML error")
-    driver = nvml.query("nvmlSystemGetDriverVersion").value
-    cuda = nvml.query("nvmlSystemGetCudaDriverVersion").value
+    listing = nvml.devices()
+    if listing.reason is not None:
+        detail = None if listing.started else "GPU statistics are not available on this server."
+        return Static(status=listing.reason, detail=detail)
+    driver, cuda = listing.driver_version, listing.cuda_driver_version
     gpus: list[StaticGPU] = []
-    for index in range(count.value):
-        handle = nvml.query("nvmlDeviceGetHandleByIndex", index)
-        if not handle.ok:
-            gpus.append(StaticGPU(index, None, na={"gpu": handle.reason or "unknown"}))
+    for device in listing.devices:
+        if not device.handle.ok:
+            gpus.append(StaticGPU(device.index, None, na={"gpu": device.handle.reason or "unknown"}))
             continue
-        h = handle.value
-        gpu = StaticGPU(index, h)
-        for key, fn in (("uuid", "nvmlDeviceGetUUID"), ("name", "nvmlDeviceGetName")):
-            r = nvml.query(fn, h)
-            setattr(gpu, key, r.value)
+        h = device.handle.value
+        gpu = StaticGPU(device.index, h, uuid=device.uuid.value, name=device.name.value)
+        for key, r in (("uuid", device.uuid), ("name", device.name)):
             if not r.ok:
                 gpu.na[key] = r.reason
         memory = nvml.query("nvmlDeviceGetMemoryInfo", h)
@@ -143,10 +133,11 @@ def read_static(visibility: Visibility) -> Static:
             gpu.mig = [m for m in gpu.mig if m.uuid in decision.mig_uuids]
         shown.append(gpu)
     if not shown:
-        if count.value == 0:
+        if not listing.devices:
             detail = "NVML found no GPU on this machine."
         else:
-            detail = f"NVML found {count.value} GPU(s); none is visible to this server ({visibility.describe()})."
+            detail = (f"NVML found {len(listing.devices)} GPU(s); "
+                      f"none is visible to this server ({visibility.describe()}).")
         return Static(status="no GPU visible", detail=detail, driver_version=driver, cuda_driver_version=cuda)
     return Static(status="ok", driver_version=driver, cuda_driver_version=cuda, gpus=shown)
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from ..gpu import GPU
+from ..gpu import GPU, nvidia_visible_devices
 
 __all__ = [
     "LABEL_PREFIX",
@@ -103,9 +103,9 @@ def visible_devices_env(uuids: Sequence[str]) -> dict[str, str]:
     setting the same value in the container's own environment overrides an
     image's ``NVIDIA_VISIBLE_DEVICES=all`` (CUDA images ship it), which a host
     whose default runtime is ``nvidia`` would otherwise honour. A CPU-only
-    server gets ``void``: no GPU, no driver.
+    server gets :data:`~gpuspawner.gpu.NO_GPU_DEVICES` (``void``): no GPU, no driver.
     """
-    return {"NVIDIA_VISIBLE_DEVICES": ",".join(uuids) if uuids else "void"}
+    return {"NVIDIA_VISIBLE_DEVICES": nvidia_visible_devices(uuids)}
 
 
 @dataclass(frozen=True)

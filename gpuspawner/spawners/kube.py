@@ -20,12 +20,12 @@ from typing import Any
 from kubespawner import KubeSpawner
 from traitlets import Dict, List, TraitError, Unicode, validate
 
-from ..form import ModelAvailability, form_context
+from ..compat import CudaVersion, cuda_version_text, min_cuda
+from ..form import form_context
 from ..gpu import GPU
 from ..inventory import InventoryReading
 from ..kube.api import ClusterCapacity, ClusterReading
 from ..kube.capacity import GPU_RESOURCE, PRODUCT_LABEL, CapacityError, place, pools
-from ..kube.cuda import CudaRequirementError, CudaVersion, format_cuda, parse_kube_cuda_requirement
 from ..kube.events import EventContext, explain_event
 from ..kube.podspec import (
     DEFAULT_TOLERATIONS,
@@ -82,8 +82,8 @@ class GPUKubeSpawner(GPUSpawnerMixin, KubeSpawner):
     def _check_image_cuda(self, proposal):
         for image, text in proposal["value"].items():
             try:
-                parse_kube_cuda_requirement(text)
-            except CudaRequirementError as e:
+                min_cuda(text)
+            except ValueError as e:
                 raise TraitError(f"image_cuda[{image!r}]: {e}") from e
         return proposal["value"]
 
@@ -112,10 +112,7 @@ class GPUKubeSpawner(GPUSpawnerMixin, KubeSpawner):
     async def options_form_context(self) -> dict:
         reading = await self.cluster_capacity().read()
         known = reading.unknown is None
-        availability = [
-            ModelAvailability(p.slug, p.name, p.free, p.total, p.largest, p.note, known)
-            for p in pools(reading.nodes)
-        ]
+        availability = [p.availability(known) for p in pools(reading.nodes)]
         return form_context(
             self.profiles, InventoryReading(), (), self.user_options or {},
             availability=availability, unknown=reading.unknown,
@@ -123,7 +120,7 @@ class GPUKubeSpawner(GPUSpawnerMixin, KubeSpawner):
 
     def cuda_requirement(self, image: str) -> CudaVersion | None:
         text = self.image_cuda.get(image) or self.image_cuda.get(image_repository(image))
-        return parse_kube_cuda_requirement(text) if text else None
+        return min_cuda(text) if text else None
 
     # ------------------------------------------------------------ applying a choice
 
@@ -197,7 +194,7 @@ class GPUKubeSpawner(GPUSpawnerMixin, KubeSpawner):
             raise user_error(409, str(e)) from e
         self._apply_request(request)
         self._event_context = context
-        where = f" on nodes with CUDA >= {format_cuda(request.cuda)}" if request.cuda else ""
+        where = f" on nodes with CUDA >= {cuda_version_text(request.cuda)}" if request.cuda else ""
         self.gpu_event(f"Asking Kubernetes for {request.count} x {context.name} ({request.resource}){where}", 30)
         return ()
 

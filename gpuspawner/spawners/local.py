@@ -32,6 +32,7 @@ from jupyterhub.utils import random_port
 from traitlets import TraitError, Unicode, validate
 
 from ..fence import DeviceFence, Isolation, detect
+from ..gpu import nvidia_visible_devices
 from .base import GPUSpawnerMixin, user_error
 from .processes import HUB_VAR, SERVER_VAR, SPAWN_VAR, ServerProcesses, end_processes, find_servers
 
@@ -46,10 +47,10 @@ def visible_devices(uuids: tuple[str, ...]) -> dict[str, str]:
 
     CUDA accepts GPU UUIDs in CUDA_VISIBLE_DEVICES; an empty value hides every
     GPU. NVIDIA_VISIBLE_DEVICES carries the same set for tools that read it
-    (the container runtime's convention, and gpuspawner's monitor).
+    (the container runtime's convention, and gpuspawner's monitor); ``void``
+    when there is none.
     """
-    joined = ",".join(uuids)
-    return {"CUDA_VISIBLE_DEVICES": joined, "NVIDIA_VISIBLE_DEVICES": joined or "none"}
+    return {"CUDA_VISIBLE_DEVICES": ",".join(uuids), "NVIDIA_VISIBLE_DEVICES": nvidia_visible_devices(uuids)}
 
 
 class _LocalGPUs(GPUSpawnerMixin):

@@ -49,7 +49,7 @@ def hub(tmp_path, fakenvml_libdir, gpus_config):
 def gpu_set(env: dict[str, str]) -> set[str]:
     """The GPUs a server may use, checking that both variables agree."""
     cuda = env["CUDA_VISIBLE_DEVICES"]
-    assert env["NVIDIA_VISIBLE_DEVICES"] == (cuda or "none")
+    assert env["NVIDIA_VISIBLE_DEVICES"] == (cuda or "void")
     return set(cuda.split(",")) if cuda else set()
 
 

@@ -261,7 +261,7 @@ def test_only_visible_gpus_by_index_under_a_base_url(tmp_path, fakenvml_libdir, 
 def test_cpu_only_server_says_no_gpu_visible(tmp_path, fakenvml_libdir, gpu_file, monkeypatch):
     _env_without_visibility(monkeypatch)
     path, config = gpu_file
-    env = {"CUDA_VISIBLE_DEVICES": "", "NVIDIA_VISIBLE_DEVICES": "none"}
+    env = {"CUDA_VISIBLE_DEVICES": "", "NVIDIA_VISIBLE_DEVICES": "void"}  # what every backend gives a CPU-only server
     with start(tmp_path, fakenvml_libdir, path, extra_env=env) as server:
         sample = server.gpus()
         assert sample["status"] == "no GPU visible"

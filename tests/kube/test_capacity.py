@@ -117,11 +117,23 @@ def test_single_strategy_mig_and_unrenamed_time_slicing(node_items):
     assert (found["shared-t4"].kind, found["shared-t4"].products) == ("shared", ("Tesla-T4-SHARED",))
 
 
-def test_cordoned_and_not_ready_nodes_have_nothing_free(node_items):
+def test_cordoned_and_not_ready_nodes_are_unavailable_not_free(node_items):
+    """Their GPUs leave the total and are said apart, as unhealthy GPUs are on the other backends."""
     node_items[0]["spec"]["unschedulable"] = True
-    node_items[1]["status"]["conditions"][-1]["status"] = "False"
     a100 = {p.slug: p for p in pools(cluster_inventory(node_items, []))}[A100]
-    assert (a100.free, a100.total) == (0, 16)
+    assert (a100.free, a100.total, a100.unavailable, a100.max_per_node) == (8, 8, 8, 8)
+    assert a100.availability().label == "NVIDIA-A100-SXM4-80GB - 8 of 8 free, 8 more unavailable"
+
+    node_items[1]["status"]["conditions"][-1]["status"] = "False"
+    nodes = cluster_inventory(node_items, [])
+    a100 = {p.slug: p for p in pools(nodes)}[A100]
+    assert (a100.free, a100.total, a100.unavailable) == (0, 0, 16)
+    assert a100.availability().label == "NVIDIA-A100-SXM4-80GB - none usable: 16 of 16 unavailable"
+    with pytest.raises(CapacityError) as down:
+        place(nodes, [A100], 1)
+    assert not down.value.never
+    assert str(down.value).startswith(
+        "No NVIDIA-A100-SXM4-80GB is usable right now: 16 of 16 are unavailable (node not ready or cordoned).")
 
 
 def test_pod_requests_effective_value():

@@ -1,24 +1,8 @@
-"""The CUDA requirement parser of gpu-kube and its node affinity."""
+"""gpu-kube's node affinity for an image's CUDA requirement."""
 
 from __future__ import annotations
 
-import pytest
-
-from gpuspawner.kube.cuda import CudaRequirementError, cuda_affinity_terms, node_supports, parse_kube_cuda_requirement
-
-
-@pytest.mark.parametrize("text, version", [
-    ("12.4", (12, 4)), ("12", (12, 0)), ("11.8.0", (11, 8)), ("cuda>=12.2", (12, 2)),
-    ("cuda>=12.4 brand=tesla,driver>=470,driver<471 brand=unknown,driver>=470,driver<471", (12, 4)),
-])
-def test_parse(text, version):
-    assert parse_kube_cuda_requirement(text) == version
-
-
-@pytest.mark.parametrize("text", ["", "latest", "brand=tesla", 12.4, None, "cuda<12"])
-def test_bad_requirements_are_refused_clearly(text):
-    with pytest.raises(CudaRequirementError, match="CUDA requirement"):
-        parse_kube_cuda_requirement(text)
+from gpuspawner.kube.cuda import cuda_affinity_terms, node_supports
 
 
 def test_affinity_terms_match_the_same_nodes_as_the_comparison():

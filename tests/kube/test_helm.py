@@ -15,7 +15,7 @@ import pytest
 import yaml
 from traitlets.config.loader import PyFileConfigLoader
 
-from gpuspawner.kube.cuda import parse_kube_cuda_requirement
+from gpuspawner.compat import min_cuda
 from gpuspawner.profiles import load_profiles
 from profiles import K8S_VERSION
 
@@ -143,7 +143,7 @@ def test_z2jh_values_configure_gpu_kube():
     profiles = load_profiles(config["GPUSpawnerMixin"]["gpu_profiles"])
     assert [p.slug for p in profiles] == ["cpu", "gpu", "mig", "shared"]
     for text in config["GPUKubeSpawner"]["image_cuda"].values():
-        parse_kube_cuda_requirement(text)
+        min_cuda(text)
     assert values["singleuser"]["profileList"] == []
 
 

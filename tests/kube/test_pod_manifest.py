@@ -28,7 +28,7 @@ async def test_cpu_only_asks_for_no_gpu(make_spawner):
     assert gpu_limits(pod) == {}
     assert PRODUCT not in (pod["spec"].get("nodeSelector") or {})
     assert "runtimeClassName" not in pod["spec"]
-    assert env(pod)["NVIDIA_VISIBLE_DEVICES"] == "none"
+    assert env(pod)["NVIDIA_VISIBLE_DEVICES"] == "void"
     assert float(pod["spec"]["containers"][0]["resources"]["limits"]["cpu"]) == 2
 
 
@@ -116,7 +116,7 @@ async def test_two_spawns_on_one_spawner_do_not_leak_gpu_settings(make_spawner):
     assert "affinity" not in spec
     assert not any(t.get("key") == "nvidia.com/gpu" for t in spec.get("tolerations") or [])
     assert spec["containers"][0]["image"] == "quay.io/jupyter/base-notebook:2024-05-27"
-    assert env(cpu_pod)["NVIDIA_VISIBLE_DEVICES"] == "none"
+    assert env(cpu_pod)["NVIDIA_VISIBLE_DEVICES"] == "void"
     assert env(cpu_pod)["TEAM"] == "ml"
     assert float(spec["containers"][0]["resources"]["limits"]["cpu"]) == 2  # not the GPU profile's 16
 

@@ -7,6 +7,7 @@ from gpuspawner.compat import (
     check_image,
     host_cuda,
     image_requirements,
+    min_cuda,
     parse_requirement,
 )
 from gpuspawner.gpu import GPU
@@ -87,3 +88,17 @@ def test_driver_precision_follows_the_constraint():
 def test_unreadable_requirement_is_an_error():
     with pytest.raises(ValueError, match="cuda~12"):
         parse_requirement("cuda~12")
+
+
+@pytest.mark.parametrize("text, version", [
+    ("12.4", (12, 4)), ("12", (12, 0)), ("11.8.0", (11, 8)), ("cuda>=12.2", (12, 2)),
+    ("cuda>=12.4 brand=tesla,driver>=470,driver<471 brand=unknown,driver>=470,driver<471", (12, 4)),
+])
+def test_min_cuda_reads_versions_and_expressions(text, version):
+    assert min_cuda(text) == version
+
+
+@pytest.mark.parametrize("text", ["", "latest", "brand=tesla", 12.4, None, "cuda<12"])
+def test_min_cuda_refuses_what_is_not_a_cuda_requirement(text):
+    with pytest.raises(ValueError, match="CUDA requirement"):
+        min_cuda(text)

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import json
-import random
 import re
 from html.parser import HTMLParser
 
 import pytest
 from jinja2 import Environment, PackageLoader
 
-from gpuspawner.form import ModelAvailability, form_context, model_availability
+from gpuspawner.form import form_context
 from gpuspawner.gpu import GPU, model_slug
 from gpuspawner.inventory import InventoryReading
 from gpuspawner.profiles import load_profiles, options_from_form, parse_options
@@ -134,57 +133,6 @@ def by_slug(context: dict, slug: str) -> dict:
 def counts(profile_context: dict) -> dict[int, tuple[bool, bool]]:
     """count -> (disabled, selected)"""
     return {c["value"]: (c["disabled"], c["selected"]) for c in profile_context["counts"]}
-
-
-# ==========================================================================
-# model_availability
-# ==========================================================================
-
-
-def test_availability_one_held_of_two():
-    (a,) = model_availability([gpu("h1", 0), gpu("h1", 1)], {"h1-0"})
-    assert a == ModelAvailability(A100, A100_NAME, free=1, total=2, largest=1)
-    assert a.label == "NVIDIA A100-SXM4-80GB - 1 of 2 free"
-
-
-def test_availability_two_hosts_held_and_unhealthy():
-    a100, t4 = model_availability(INVENTORY, HELD)
-    assert a100 == ModelAvailability(A100, A100_NAME, free=3, total=6, largest=2)
-    assert t4 == ModelAvailability(T4, T4_NAME, free=1, total=2, largest=1)
-    assert a100.label == "NVIDIA A100-SXM4-80GB - 3 of 6 free"
-    assert t4.label == "Tesla T4 - 1 of 2 free"
-
-
-def test_largest_is_per_host_not_total():
-    # 2 free A100s, but one on each host: a 2-GPU request does not fit anywhere.
-    gpus = [gpu("h1", 0), gpu("h1", 1), gpu("h2", 0), gpu("h2", 1)]
-    (a,) = model_availability(gpus, {"h1-0", "h2-0"})
-    assert (a.free, a.total, a.largest) == (2, 4, 1)
-
-
-def test_all_held_or_unhealthy():
-    gpus = [gpu("h1", 0), gpu("h1", 1, healthy=False)]
-    (a,) = model_availability(gpus, {"h1-0", "h1-1"})  # held and unhealthy is not counted twice
-    assert (a.free, a.total, a.largest) == (0, 2, 0)
-    assert a.label.endswith("0 of 2 free")
-
-
-def test_held_uuids_not_in_inventory_are_ignored():
-    (a,) = model_availability([gpu("h1", 0)], {"elsewhere-0", "h9-1"})
-    assert (a.free, a.total, a.largest) == (1, 1, 1)
-
-
-def test_empty_inventory():
-    assert model_availability([], set()) == []
-    assert model_availability([], {"h1-0"}) == []
-
-
-def test_order_is_stable_by_name():
-    shuffled = list(INVENTORY)
-    random.Random(7).shuffle(shuffled)
-    assert model_availability(shuffled, HELD) == model_availability(INVENTORY, HELD)
-    names = [a.name for a in model_availability(INVENTORY + (gpu("h3", 0, "NVIDIA H100 80GB HBM3"),), HELD)]
-    assert names == sorted(names) == [A100_NAME, "NVIDIA H100 80GB HBM3", T4_NAME]
 
 
 # ==========================================================================
@@ -355,8 +303,8 @@ def test_html_model_options_show_free_of_total():
     models = parsed.selects["gpu_model-gpu"]["options"]
     assert [(o["value"], o["text"]) for o in models] == [
         ("any", "Any model"),
-        (A100, "NVIDIA A100-SXM4-80GB - 3 of 6 free"),
-        (T4, "Tesla T4 - 1 of 2 free"),
+        (A100, "NVIDIA A100-SXM4-80GB - 3 of 5 free, 1 more unavailable"),
+        (T4, "Tesla T4 - 1 of 1 free, 1 more unavailable"),
     ]
     assert [o["value"] for o in models if o["selected"]] == ["any"]
     largest = json.loads(parsed.selects["gpu_model-gpu"]["attrs"]["data-largest"])

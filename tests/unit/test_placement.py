@@ -7,15 +7,8 @@ import random
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from gpuspawner.gpu import GPU
-from gpuspawner.placement import (
-    GPURequest,
-    PlacementError,
-    display_name,
-    free_by_model,
-    model_names,
-    place,
-)
+from gpuspawner.gpu import GPU, display_name
+from gpuspawner.placement import GPURequest, PlacementError, place
 
 A100 = "NVIDIA A100-SXM4-80GB"
 A100_PCIE = "NVIDIA A100-PCIE-40GB"
@@ -348,19 +341,8 @@ def test_refusal_suggests_several_alternatives():
 
 
 # --------------------------------------------------------------------------
-# Form helpers
+# Model names
 # --------------------------------------------------------------------------
-
-
-def test_free_by_model_counts_free_and_healthy_per_slug():
-    gpus = host("a", A100, 3)
-    inventory = gpus[:2] + [broken(gpus[2])] + [broken(g) for g in host("t", T4, 1)]
-    assert free_by_model(inventory, {"a-0"}) == {"a100-sxm4-80gb": (1, 2), "t4": (0, 0)}
-
-
-def test_model_names_maps_slug_to_human_name():
-    inventory = host("t", T4, 1) + host("a", A100, 1)
-    assert model_names(inventory) == {"a100-sxm4-80gb": A100, "t4": T4}
 
 
 @pytest.mark.parametrize(

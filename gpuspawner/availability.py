@@ -1,0 +1,114 @@
+"""Free/total per GPU model: the one count the form, refusals, the admin overview and gpu-kube show.
+
+What "1 of 2 free" means, everywhere:
+
+- **total**: the GPUs of that model *in service*, held or not: healthy GPUs (on
+  Kubernetes: what Ready, uncordoned nodes advertise). A user reading "1 of 2
+  free" takes the other one to be in someone's hands and due back, so a GPU
+  that is out of service is not part of it;
+- **free**: the GPUs in service that nobody holds;
+- **unavailable**: the GPUs of that model out of service (unhealthy, or on a
+  node that is not Ready or is cordoned), said apart: "1 more is unavailable";
+- **largest**: the most free GPUs of that model on one host or node, the
+  biggest request that fits now;
+- **most_on_one_host**: the most GPUs of that model on one host or node, in
+  service or not, the biggest request that could ever fit.
+
+Pure: :class:`Tally` adds up any source (GPU records, Kubernetes node pools);
+:func:`model_availability` does it for GPU records and held UUIDs.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Collection, Iterable, Set as AbstractSet
+from dataclasses import dataclass
+
+from .gpu import GPU
+
+__all__ = ["ModelAvailability", "Tally", "by_model", "model_availability"]
+
+
+@dataclass(frozen=True)
+class ModelAvailability:
+    """Free/total of one GPU model; see the module docstring for what each count means."""
+
+    slug: str
+    name: str
+    free: int
+    total: int
+    largest: int = 0
+    unavailable: int = 0
+    most_on_one_host: int = 0
+    note: str = ""  # e.g. "shared, no memory isolation"
+    known: bool = True  # False: the counts could not be read just now
+
+    @property
+    def label(self) -> str:
+        """How the spawn form names this model: ``"Tesla T4 - 1 of 2 free"``."""
+        name = f"{self.name} ({self.note})" if self.note else self.name
+        if not self.known:
+            return f"{name} - availability unknown"
+        if self.total == 0 and self.unavailable:
+            return f"{name} - none usable: {self.unavailable} of {self.unavailable} unavailable"
+        more = f", {self.unavailable} more unavailable" if self.unavailable else ""
+        return f"{name} - {self.free} of {self.total} free{more}"
+
+
+class Tally:
+    """Adds GPUs up per model, then gives each model's :class:`ModelAvailability`."""
+
+    def __init__(self) -> None:
+        self._names: dict[str, str] = {}
+        self._free: Counter[str] = Counter()
+        self._total: Counter[str] = Counter()
+        self._unavailable: Counter[str] = Counter()
+        self._free_at: Counter[tuple[str, str]] = Counter()
+        self._all_at: Counter[tuple[str, str]] = Counter()
+
+    def add(self, slug: str, name: str, where: str, count: int = 1, free: int = 0, in_service: bool = True) -> None:
+        """``count`` GPUs of model ``slug`` on host (or node) ``where``, ``free`` of them free.
+
+        GPUs out of service count as unavailable, never as free nor in the
+        total. When spellings of one slug differ, the alphabetically first
+        name is kept, so the result does not depend on the order of adding.
+        """
+        known = self._names.get(slug)
+        if known is None or name < known:
+            self._names[slug] = name
+        self._all_at[(slug, where)] += count
+        if in_service:
+            self._total[slug] += count
+            self._free[slug] += free
+            self._free_at[(slug, where)] += free
+        else:
+            self._unavailable[slug] += count
+
+    def models(self) -> dict[str, ModelAvailability]:
+        """Slug -> availability, sorted by slug; a model with nothing in service is still there."""
+        largest: Counter[str] = Counter()
+        most: Counter[str] = Counter()
+        for per_place, best in ((self._free_at, largest), (self._all_at, most)):
+            for (slug, _where), n in per_place.items():
+                best[slug] = max(best[slug], n)
+        return {
+            slug: ModelAvailability(
+                slug, self._names[slug], self._free[slug], self._total[slug], largest[slug],
+                self._unavailable[slug], most[slug],
+            )
+            for slug in sorted(self._names)
+        }
+
+
+def by_model(gpus: Iterable[GPU], held: Collection[str]) -> dict[str, ModelAvailability]:
+    """Slug -> availability of GPU records, given the UUIDs held (UUIDs not in ``gpus`` are ignored)."""
+    held = held if isinstance(held, AbstractSet) else frozenset(held)
+    tally = Tally()
+    for gpu in gpus:
+        tally.add(gpu.model, gpu.name, gpu.host, free=int(gpu.healthy and gpu.uuid not in held), in_service=gpu.healthy)
+    return tally.models()
+
+
+def model_availability(gpus: Iterable[GPU], held: Collection[str]) -> list[ModelAvailability]:
+    """:func:`by_model` as a list in the order people read it (by name)."""
+    return sorted(by_model(gpus, held).values(), key=lambda a: (a.name, a.slug))
