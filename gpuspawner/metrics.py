@@ -6,7 +6,9 @@ token with the ``read:metrics`` scope, or ``c.JupyterHub.authenticate_prometheus
 created (nothing is registered on import).
 
 - ``gpuspawner_gpus{model,host,state}``: GPUs per model and host; ``state`` is
-  ``total``, ``allocated`` or ``free`` (free: healthy and not held);
+  ``total`` (in service: healthy, held or not), ``free`` (in service, not held),
+  ``unavailable`` (out of service) or ``allocated`` (held, whatever its health),
+  counted as the form and refusals count them (:mod:`gpuspawner.availability`);
 - ``gpuspawner_spawn_refusals_total{reason}``: refused spawns, by the
   refusal's code (``none_free``, ``quota_user``, ``queue_timeout``, ...);
 - ``gpuspawner_queue_length``: spawns waiting for a GPU;
@@ -18,13 +20,15 @@ Collecting never does I/O: it uses the newest inventory reading the hub has.
 
 from __future__ import annotations
 
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator
 
 from prometheus_client import Counter as PromCounter, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import REGISTRY, Collector, CollectorRegistry
 
+from .availability import by_model
+from .gpu import GPU
 from .inventory import CachedInventory
 from .ledger import Ledger
 
@@ -63,17 +67,18 @@ class HubMetrics(Collector):
 
     def collect(self) -> Iterator[Metric]:
         gpus = GaugeMetricFamily("gpuspawner_gpus", "GPUs per model and host", labels=["model", "host", "state"])
-        counts: Counter[tuple[str, str, str]] = Counter()
         reading = self._inventory.last_reading()
         if reading is not None:
             held = self._ledger.held()
+            per_host: dict[str, list[GPU]] = defaultdict(list)
             for gpu in reading.gpus:
-                counts[(gpu.model, gpu.host, "total")] += 1
-                taken = gpu.uuid in held
-                counts[(gpu.model, gpu.host, "allocated")] += taken
-                counts[(gpu.model, gpu.host, "free")] += gpu.healthy and not taken
-        for labels, value in sorted(counts.items()):
-            gpus.add_metric(list(labels), value)
+                per_host[gpu.host].append(gpu)
+            for host, host_gpus in sorted(per_host.items()):
+                allocated = Counter(g.model for g in host_gpus if g.uuid in held)
+                for slug, counts in by_model(host_gpus, held).items():
+                    for state, value in (("total", counts.total), ("allocated", allocated[slug]),
+                                         ("free", counts.free), ("unavailable", counts.unavailable)):
+                        gpus.add_metric([slug, host, state], value)
         yield gpus
         queue = GaugeMetricFamily("gpuspawner_queue_length", "Spawns waiting in the hub's queue for a free GPU")
         queue.add_metric([], self._queue_length())

@@ -107,3 +107,19 @@ def test_nothing_registers_on_import_and_hub_handlers_do_not_import_backends():
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
+
+
+def test_metrics_count_gpus_as_the_form_does():
+    config = Config()
+    config.GPUSpawnerMixin.gpu_inventory = "static"
+    config.GPUSpawnerMixin.static_gpus = [
+        {"uuid": "GPU-a", "name": "Tesla T4", "host": "h1"},
+        {"uuid": "GPU-b", "name": "Tesla T4", "host": "h1"},
+        {"uuid": "GPU-c", "name": "Tesla T4", "host": "h1", "healthy": False, "reason": "GPU is lost"},
+    ]
+    state = hub_state(config, GPUSimpleLocalProcessSpawner)
+    state.inventory.read_now()
+    state.ledger.adopt("ada/", ["GPU-a"])
+    samples = {s.labels["state"]: s.value for m in REGISTRY.collect() if m.name == "gpuspawner_gpus"
+               for s in m.samples if s.labels["model"] == "t4"}
+    assert samples == {"total": 2, "allocated": 1, "free": 1, "unavailable": 1}
