@@ -80,8 +80,14 @@ if engine:
         # Simulated GPUs do not exist for the engine's NVIDIA toolkit (if it has one at all).
         c.GPUDockerSpawner.use_device_requests = os.environ.get("GPUSPAWNER_DEVICE_REQUESTS") == "1"
 else:
-    # Servers: local processes in per-user folders, on exactly their GPUs.
+    # Servers: local processes in per-user folders, on exactly their GPUs (fenced by device
+    # cgroups where this host allows it; the hub says at start when it cannot).
     c.JupyterHub.spawner_class = "gpu-local-simple"
+    from gpuspawner.fence import detect
+
+    isolation = detect()
+    if not isolation.enforced:
+        print(f"[gpuspawner] {isolation.note}", file=sys.stderr)
     c.SimpleLocalProcessSpawner.home_dir_template = str(state / "users" / "{username}")
     if os.geteuid() == 0:
         c.Spawner.args = ["--allow-root"]

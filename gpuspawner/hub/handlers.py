@@ -70,7 +70,17 @@ class _Overview:
         for uuid, numbers in from_servers.items():
             if uuid not in live or numbers.sampled_at >= live[uuid].sampled_at - 5:
                 live[uuid] = numbers
-        return build(reading, allocations, holders, live, problems, state.queue.waiters(), time.time())
+        data = build(reading, allocations, holders, live, problems, state.queue.waiters(), time.time())
+        data["isolation"] = self.isolation()
+        return data
+
+    def isolation(self) -> dict | None:
+        """How this hub's backend keeps servers off each other's GPUs, where it says (gpu-local)."""
+        summary = getattr(self.settings.get("spawner_class"), "gpu_isolation_summary", None)
+        if summary is None:
+            return None
+        isolation = summary()
+        return {"enforced": isolation.enforced, "mechanism": isolation.mechanism, "note": isolation.note}
 
 
 class GPUsAPIHandler(_Overview, APIHandler):

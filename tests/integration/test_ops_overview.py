@@ -8,6 +8,7 @@ import time
 import pytest
 import requests
 
+from gpuspawner.fence import detect
 from ops_hub import OpsHub
 from test_local_hub import TWO_GPUS, login, start
 
@@ -73,6 +74,10 @@ def test_overview_shows_holders_live_numbers_and_access_rules(ops_hub):
     assert sum(m["total"] for m in models.values()) == 4
     assert sum(m["free"] for m in models.values()) == 2
     assert sum(m["allocated"] for m in models.values()) == 2
+    # how gpu-local fences servers on this host, as the hub sees it (root here: device cgroups)
+    expected = detect()
+    assert data["isolation"] == {"enforced": expected.enforced, "mechanism": expected.mechanism,
+                                 "note": expected.note}
 
     # non-admins: 403 on the page and the API; the test service (admin:users, no custom scope) too
     bob = login(hub, "bob")
