@@ -366,6 +366,8 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit("gpu-culler: JUPYTERHUB_API_TOKEN and JUPYTERHUB_API_URL must be set (run it as a JupyterHub service)")
     if args.hub_pid and os.getppid() != args.hub_pid:
         sys.exit(f"gpu-culler: the hub (pid {args.hub_pid}) is gone already")
+    for sig in (signal.SIGINT, signal.SIGTERM):  # until serve() handles them: end at once, even if inherited ignored
+        signal.signal(sig, signal.SIG_DFL)
     lock = PidLock(args.pid_file)
     try:
         lock.acquire()
