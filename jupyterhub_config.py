@@ -142,4 +142,5 @@ configure(c, culler={
     "threshold": 5,                # % GPU utilisation below which a GPU counts as idle
     "idle_timeout": 3600,          # stop a server whose GPUs stayed idle this long ...
     "warn_before": 600,            # ... after warning its user in JupyterLab this long before
+    "pid_file": str(state / "gpu-culler.pid"),  # one culler per hub, also across restarts
 })

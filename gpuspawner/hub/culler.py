@@ -14,15 +14,48 @@ stayed below ``threshold`` % utilisation, whatever its kernels do. After
 is still idle ``idle-timeout`` seconds in and at least ``warn-before`` seconds
 after the warning, it stops the server and logs why. Any GPU at or above the
 threshold starts the count again. Needs the scopes in ``setup.CULLER_SCOPES``.
+
+Lifetime: one culler per hub, and none without its hub.
+
+- *It ends with its hub.* Every ``HUB_CHECK_INTERVAL`` second it compares its
+  parent's pid with the hub's (``--hub-pid``, which ``configure()`` sets to the
+  pid of the hub process that loads the configuration; by default the parent
+  it had at start). A process whose parent dies is handed to another parent,
+  so a different ``getppid()`` means the hub is gone, even when it was
+  SIGKILLed and had no chance to stop its services: the culler then exits.
+  Comparing the parent, rather than asking whether the hub's pid is alive,
+  cannot be fooled by a new process reusing that pid.
+- *A hub never has two cullers.* Before its first round the culler takes an
+  exclusive lock (``flock``) on its pid file (``--pid-file``, default
+  ``jupyterhub-gpu-culler.pid`` in the working directory, which for a managed
+  service is the hub's, as for JupyterHub's own ``jupyterhub-proxy.pid``) and
+  writes its pid into it; it holds the lock until it exits, and the kernel
+  releases it however it exits. A culler that finds the lock held (a hub
+  restarted before its old culler noticed) sends SIGTERM to the pid in the file,
+  then SIGKILL if the holder still holds the lock after ``TAKEOVER_GRACE``
+  seconds, and acts only once it holds the lock itself. So the lock, not the
+  file's existence, says whether a culler runs: a stale file left behind by a
+  killed culler is simply locked again. Give each hub its own pid file (the
+  runnable default keeps it in its state directory): hubs sharing one would
+  stop each other's cullers.
+- *It stops at once when told.* SIGINT and SIGTERM (JupyterHub's service
+  cleanup sends SIGINT, then SIGTERM after ``interrupt_timeout``) cancel the
+  round in progress, close the HTTP client, release the lock and exit with
+  status 0. The handlers are installed explicitly, because a hub started as a
+  background job of a shell runs with SIGINT ignored, and its children inherit
+  that.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import errno
+import fcntl
 import json
 import logging
 import os
+import signal
 import sys
 import time
 from dataclasses import dataclass, field
@@ -33,6 +66,9 @@ from tornado.httpclient import AsyncHTTPClient, HTTPRequest
 log = logging.getLogger("gpuspawner.culler")
 
 NOTICE_ID = "gpu-culler"
+PID_FILE = "jupyterhub-gpu-culler.pid"
+HUB_CHECK_INTERVAL = 1.0  # seconds between checks that the hub is still there
+TAKEOVER_GRACE = 5.0  # seconds a previous culler gets to exit on SIGTERM, then again on SIGKILL
 
 
 def _duration(seconds: float) -> str:
@@ -110,7 +146,10 @@ class Culler:
         self.api_url = api_url.rstrip("/")
         self.token = token
         self.tracker = IdleTracker(args.threshold, args.idle_timeout, args.warn_before)
-        self.http = AsyncHTTPClient()
+        self.http = AsyncHTTPClient(force_instance=True)
+
+    def close(self) -> None:
+        self.http.close()
 
     async def _call(self, method: str, url: str, body: dict | None = None) -> tuple[int, dict | None]:
         request = HTTPRequest(
@@ -166,7 +205,7 @@ class Culler:
         elif action == "stop":
             user, server = holder["user"], holder["server"]
             path = f"/users/{quote(user)}/servers/{quote(server)}" if server else f"/users/{quote(user)}/server"
-            code, data = await self._call("DELETE", self.api_url + path)
+            code, _ = await self._call("DELETE", self.api_url + path)
             log.warning("stopping %s because %s (idle timeout %s, warned %s before): HTTP %s",
                         owner, what, _duration(self.args.idle_timeout), _duration(self.args.warn_before), code)
 
@@ -195,6 +234,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--threshold", type=float, default=5.0, help="GPU utilisation (%%) below which a GPU is idle")
     parser.add_argument("--idle-timeout", type=float, default=3600.0, help="seconds idle before the server is stopped")
     parser.add_argument("--warn-before", type=float, default=600.0, help="seconds between the warning and the stop")
+    parser.add_argument("--pid-file", default=PID_FILE,
+                        help="file locked while this culler runs, holding its pid; a new culler stops the "
+                             "one that holds it (one per hub; relative paths are in the working directory)")
+    parser.add_argument("--hub-pid", type=int, default=None,
+                        help="the hub's pid: exit when it is no longer this process's parent "
+                             "(default: the parent at start)")
     args = parser.parse_args(argv)
     for name in ("period", "idle_timeout"):
         if not getattr(args, name) > 0:
@@ -206,6 +251,112 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return args
 
 
+def _is_culler(pid: int) -> bool:
+    """Whether ``pid`` runs a culler, where /proc tells; elsewhere the lock's holder is trusted."""
+    if not os.path.isdir("/proc/self"):
+        return True
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return b"gpuspawner.hub.culler" in f.read()
+    except OSError:
+        return False
+
+
+class PidLock:
+    """The pid file, locked for as long as this culler runs (see the module's docstring)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = os.path.abspath(path)
+        self.fd: int | None = None
+
+    def _try(self) -> bool:
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as error:
+            if error.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                return False
+            raise
+        return True
+
+    def _holder(self) -> int | None:
+        os.lseek(self.fd, 0, os.SEEK_SET)
+        text = os.read(self.fd, 32).decode(errors="replace").strip()
+        return int(text) if text.isdigit() else None
+
+    def _wait(self, seconds: float) -> bool:
+        deadline = time.monotonic() + seconds
+        while not self._try():
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.05)
+        return True
+
+    def acquire(self) -> None:
+        """Take the lock, stopping the culler that holds it; raise RuntimeError if it cannot be had."""
+        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        if not self._try():
+            for sig in (signal.SIGTERM, signal.SIGKILL):
+                holder = self._holder()
+                if holder is None or not _is_culler(holder):
+                    # the holder has not written its pid yet, or the file holds a stale one: wait
+                    if self._wait(TAKEOVER_GRACE):
+                        break
+                    continue
+                log.warning("%s: the culler of a previous hub (pid %s) still runs; sending it %s",
+                            self.path, holder, sig.name)
+                try:
+                    os.kill(holder, sig)
+                except ProcessLookupError:
+                    pass
+                if self._wait(TAKEOVER_GRACE):
+                    break
+            else:
+                raise RuntimeError(f"{self.path} stays locked by pid {self._holder()}; not starting a second culler")
+        os.ftruncate(self.fd, 0)
+        os.pwrite(self.fd, f"{os.getpid()}\n".encode(), 0)
+
+    def release(self) -> None:
+        """Empty the file and unlock it (never remove it: a waiting culler holds it open)."""
+        if self.fd is not None:
+            os.ftruncate(self.fd, 0)
+            os.close(self.fd)
+            self.fd = None
+
+
+async def _watch_hub(hub_pid: int, stop) -> None:
+    while os.getppid() == hub_pid:
+        await asyncio.sleep(HUB_CHECK_INTERVAL)
+    stop(f"the hub (pid {hub_pid}) is gone")
+
+
+async def serve(args: argparse.Namespace, api_url: str, token: str) -> str:
+    """Cull until SIGINT, SIGTERM or the hub's end; return why it stopped."""
+    main_task = asyncio.current_task()
+    why: list[str] = []
+
+    def stop(reason: str) -> None:
+        if not why:
+            why.append(reason)
+            main_task.cancel()
+
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop, f"received {sig.name}")
+    watch = asyncio.ensure_future(_watch_hub(args.hub_pid or os.getppid(), stop))
+    culler = Culler(args, api_url, token)
+    try:
+        await culler.run()
+    except asyncio.CancelledError:
+        if not why:
+            raise
+    finally:
+        watch.cancel()
+        culler.close()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
+    return why[0]
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
@@ -214,7 +365,20 @@ def main(argv: list[str] | None = None) -> None:
     api_url = os.environ.get("JUPYTERHUB_API_URL")
     if not token or not api_url:
         sys.exit("gpu-culler: JUPYTERHUB_API_TOKEN and JUPYTERHUB_API_URL must be set (run it as a JupyterHub service)")
-    asyncio.run(Culler(args, api_url, token).run())
+    if args.hub_pid and os.getppid() != args.hub_pid:
+        sys.exit(f"gpu-culler: the hub (pid {args.hub_pid}) is gone already")
+    for sig in (signal.SIGINT, signal.SIGTERM):  # until serve() handles them: end at once, even if inherited ignored
+        signal.signal(sig, signal.SIG_DFL)
+    lock = PidLock(args.pid_file)
+    try:
+        lock.acquire()
+    except RuntimeError as error:
+        sys.exit(f"gpu-culler: {error}")
+    try:
+        why = asyncio.run(serve(args, api_url, token))
+    finally:
+        lock.release()
+    log.info("stopped: %s", why)
 
 
 if __name__ == "__main__":

@@ -11,11 +11,15 @@ user read the overview; admins read it through their ``admin-ui`` scope,
 since JupyterHub's admin role cannot be changed), creates the hub-internal
 service ``gpuspawner-overview`` (scope ``access:servers``) whose token reads
 the servers' monitors, and, with ``culler``, starts the GPU idle culler as a
-managed service with the role it needs.
+managed service with the role it needs. The culler is told the pid of the
+process that loads this configuration (the hub) and exits when that hub is
+gone; ``pid_file`` (default ``jupyterhub-gpu-culler.pid`` in the hub's working
+directory) keeps a restarted hub from having two cullers (see ``culler.py``).
 """
 
 from __future__ import annotations
 
+import os
 import secrets
 import sys
 from pathlib import Path
@@ -31,7 +35,7 @@ CULLER_SCOPES = ["list:users", "read:users", "read:servers", "servers", "access:
 #: culler option -> command-line flag of ``python -m gpuspawner.hub.culler``
 CULLER_OPTIONS = {
     "url": "--url", "period": "--period", "threshold": "--threshold",
-    "idle_timeout": "--idle-timeout", "warn_before": "--warn-before",
+    "idle_timeout": "--idle-timeout", "warn_before": "--warn-before", "pid_file": "--pid-file",
 }
 
 
@@ -52,7 +56,8 @@ def configure(c: Any, *, culler: dict | None = None, python: str = sys.executabl
         unknown = set(culler) - set(CULLER_OPTIONS)
         if unknown:
             raise ValueError(f"configure(culler=...): unknown keys {sorted(unknown)}; known: {sorted(CULLER_OPTIONS)}")
-        command = [python, "-m", "gpuspawner.hub.culler"]
+        # JupyterHub loads its configuration in its own process, which then starts the culler
+        command = [python, "-m", "gpuspawner.hub.culler", "--hub-pid", str(os.getpid())]
         for key, flag in CULLER_OPTIONS.items():
             if key in culler:
                 command += [flag, str(culler[key])]

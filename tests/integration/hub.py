@@ -35,6 +35,11 @@ def pid_alive(pid: int) -> bool:
         return False
 
 
+def _ignore_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGQUIT, signal.SIG_IGN)
+
+
 def process_env(pid: int) -> dict[str, str]:
     """The environment a process was started with, as the kernel holds it."""
     raw = Path(f"/proc/{pid}/environ").read_bytes()
@@ -125,11 +130,14 @@ class Hub:
 
     # ------------------------------------------------------------ process
 
-    def start(self, timeout: float = 60) -> None:
+    def start(self, timeout: float = 60, *, background_job: bool = False) -> None:
+        """Start the hub and wait until it answers; ``background_job``: with SIGINT and SIGQUIT
+        ignored, as a non-interactive shell starts ``scripts/hub &``."""
         log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
             [str(VENV_BIN / "jupyterhub"), "-f", str(self.config_file)],
             cwd=self.dir, env=self.env, stdout=log, stderr=subprocess.STDOUT,
+            preexec_fn=_ignore_sigint if background_job else None,  # noqa: PLW1509 (only signal dispositions)
         )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
