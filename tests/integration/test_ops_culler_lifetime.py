@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 import pytest
+
 from hub import pid_alive
 from ops_hub import OpsHub
 from test_ops_overview import wait_for
