@@ -5,6 +5,12 @@ user server. They all consult the same :class:`Ledger` (the hub's
 :class:`~gpuspawner.state.HubState` owns it) so that two concurrent spawns can
 never be given the same GPU: choosing GPUs and recording them happen under one
 lock, and the lock is never held across I/O.
+
+Where the cluster places (gpu-kube: the scheduler and the device plugin pick
+the GPUs), the hub still counts what each server holds, for the quotas: a
+server holding N GPUs of a cluster resource holds N *cluster tokens* (see
+:func:`cluster_tokens`), never an inventory UUID, so nothing of the hub's own
+inventory is ever marked taken by them.
 """
 
 from __future__ import annotations
@@ -16,14 +22,52 @@ from collections.abc import Callable, Iterable, Mapping
 from gpuspawner.gpu import GPU
 from gpuspawner.placement import GPURequest, place
 
-__all__ = ["Ledger"]
+__all__ = ["Ledger", "CLUSTER", "cluster_tokens", "cluster_resource", "cluster_holdings"]
+
+#: The prefix of a cluster token: ``cluster:RESOURCE:N:OWNER``.
+CLUSTER = "cluster:"
+
+Admit = Callable[[Mapping[str, tuple[str, ...]]], None]
+
+
+def cluster_tokens(owner: str, holdings: Mapping[str, int]) -> tuple[str, ...]:
+    """The ledger keys of ``owner`` holding ``holdings`` (cluster resource -> GPU count).
+
+    ``{"nvidia.com/gpu": 2}`` for ``alice/`` gives ``cluster:nvidia.com/gpu:0:alice/``
+    and ``cluster:nvidia.com/gpu:1:alice/``: one per GPU (a MIG slice or a
+    time-sliced replica counts as one), unique to the owner, so quotas count
+    them like GPUs and no two owners ever share one. Resource names hold no colon.
+    """
+    return tuple(
+        f"{CLUSTER}{resource}:{i}:{owner}"
+        for resource, count in sorted(holdings.items())
+        for i in range(count)
+    )
+
+
+def cluster_resource(key: str) -> str | None:
+    """The cluster resource of a cluster token; ``None`` for an inventory UUID."""
+    if not key.startswith(CLUSTER):
+        return None
+    return key[len(CLUSTER):].split(":", 1)[0]
+
+
+def cluster_holdings(keys: Iterable[str]) -> dict[str, int]:
+    """Cluster resource -> count among ``keys`` (inventory UUIDs are left out)."""
+    counts: dict[str, int] = {}
+    for key in keys:
+        resource = cluster_resource(key)
+        if resource is not None:
+            counts[resource] = counts.get(resource, 0) + 1
+    return counts
 
 
 class Ledger:
     """In-flight reservations and allocations, under one lock, so concurrent spawns never share a GPU.
 
-    Two maps are kept in step: owner -> UUIDs and UUID -> owner. An owner
-    appears only while it holds at least one GPU.
+    Two maps are kept in step: owner -> UUIDs and UUID -> owner (a UUID here is
+    an inventory GPU's UUID or a cluster token). An owner appears only while it
+    holds at least one GPU.
     """
 
     def __init__(self) -> None:
@@ -36,7 +80,7 @@ class Ledger:
         self,
         inventory: Iterable[GPU],
         request: GPURequest,
-        admit: Callable[[Mapping[str, tuple[str, ...]]], None] | None = None,
+        admit: Admit | None = None,
     ) -> tuple[GPU, ...]:
         """Place ``request`` on GPUs nobody holds and record them for its owner.
 
@@ -62,6 +106,28 @@ class Ledger:
             if chosen:
                 self._record(request.owner, tuple(gpu.uuid for gpu in chosen))
             return chosen
+
+    def claim(self, owner: str, holdings: Mapping[str, int], admit: Admit | None = None) -> tuple[str, ...]:
+        """Record that ``owner`` holds GPUs the cluster places: ``holdings`` is resource -> count.
+
+        For backends whose scheduler picks the exact GPUs (gpu-kube): the hub
+        only counts them, as :func:`cluster_tokens`. ``admit`` (the quota
+        check) is called under the lock with owner -> held keys first, exactly
+        as in :meth:`reserve`; whatever it raises refuses the claim and nothing
+        is recorded. :class:`ValueError` when the owner already holds
+        something; a claim of no GPU records nothing and returns ``()``.
+        """
+        tokens = cluster_tokens(owner, {r: n for r, n in holdings.items() if n > 0})
+        with self._lock:
+            if owner in self._by_owner:
+                raise ValueError(
+                    f"{owner!r} already holds GPUs {', '.join(self._by_owner[owner])}; release them first"
+                )
+            if tokens:
+                if admit is not None:
+                    admit(self._by_owner)
+                self._record(owner, tokens)
+            return tokens
 
     def adopt(self, owner: str, uuids: Iterable[str]) -> tuple[str, ...]:
         """Restore ``owner``'s allocation after a hub restart.

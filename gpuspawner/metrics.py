@@ -8,7 +8,11 @@ created (nothing is registered on import).
 - ``gpuspawner_gpus{model,host,state}``: GPUs per model and host; ``state`` is
   ``total`` (in service: healthy, held or not), ``free`` (in service, not held),
   ``unavailable`` (out of service) or ``allocated`` (held, whatever its health),
-  counted as the form and refusals count them (:mod:`gpuspawner.availability`);
+  counted as the form and refusals count them (:mod:`gpuspawner.availability`), of the
+  hub's own inventory only;
+- ``gpuspawner_cluster_gpus_held{resource}``: GPUs this hub's servers hold where
+  the cluster places them (gpu-kube), per cluster resource (``nvidia.com/gpu``,
+  ``nvidia.com/mig-1g.10gb``, ...);
 - ``gpuspawner_spawn_refusals_total{reason}``: refused spawns, by the
   refusal's code (``none_free``, ``quota_user``, ``queue_timeout``, ...);
 - ``gpuspawner_queue_length``: spawns waiting for a GPU;
@@ -30,7 +34,7 @@ from prometheus_client.registry import REGISTRY, Collector, CollectorRegistry
 from .availability import by_model
 from .gpu import GPU
 from .inventory import CachedInventory
-from .ledger import Ledger
+from .ledger import Ledger, cluster_holdings
 
 BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 15, 60, 300, 900, 3600)
 
@@ -80,6 +84,14 @@ class HubMetrics(Collector):
                                          ("free", counts.free), ("unavailable", counts.unavailable)):
                         gpus.add_metric([slug, host, state], value)
         yield gpus
+        cluster = GaugeMetricFamily(
+            "gpuspawner_cluster_gpus_held",
+            "GPUs held by this hub's servers where the cluster places them, per resource", labels=["resource"],
+        )
+        held_in_cluster = cluster_holdings(k for keys in self._ledger.allocations().values() for k in keys)
+        for resource, value in sorted(held_in_cluster.items()):
+            cluster.add_metric([resource], value)
+        yield cluster
         queue = GaugeMetricFamily("gpuspawner_queue_length", "Spawns waiting in the hub's queue for a free GPU")
         queue.add_metric([], self._queue_length())
         yield queue

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from ..availability import model_availability
 from ..inventory import InventoryReading
+from ..ledger import cluster_holdings
 from ..queue import Waiter
 from .live import GPUNumbers
 
@@ -38,6 +39,18 @@ def _numbers(n: GPUNumbers | None, now: float) -> dict:
             "age": round(age, 1), "stale": age > STALE_AFTER, "source": n.source}
 
 
+def _holder(owner: str, holder: Holder | None, problems: Mapping[str, str]) -> dict:
+    return {
+        "owner": owner,
+        "user": holder.user if holder else owner.split("/", 1)[0],
+        "server": holder.server if holder else owner.split("/", 1)[1],
+        "since": holder.since if holder else None,
+        "state": holder.state if holder else "unknown",
+        "url": holder.url if holder else None,
+        "problem": problems.get(owner),
+    }
+
+
 def build(
     reading: InventoryReading,
     allocations: Mapping[str, tuple[str, ...]],
@@ -51,12 +64,15 @@ def build(
 
     Per model: ``free``, ``total`` and ``unavailable`` as :mod:`gpuspawner.availability`
     defines them (total: GPUs in service), ``allocated``: GPUs held, whatever their health.
+
+    Servers whose GPUs the cluster placed (gpu-kube: counted in the ledger as
+    cluster tokens, not inventory GPUs) are listed under ``cluster``, with their
+    count per cluster resource; they never appear as GPUs of the inventory.
     """
     by_uuid = {u: owner for owner, uuids in allocations.items() for u in uuids}
     gpus = []
     for gpu in sorted(reading.gpus, key=lambda g: (g.host, g.index)):
         owner = by_uuid.get(gpu.uuid)
-        holder = holders.get(owner) if owner else None
         entry = {
             "uuid": gpu.uuid, "index": gpu.index, "host": gpu.host, "name": gpu.name, "model": gpu.model,
             "memory_total": gpu.memory_total,
@@ -65,16 +81,14 @@ def build(
             **_numbers(live.get(gpu.uuid), now),
         }
         if owner:
-            entry["holder"] = {
-                "owner": owner,
-                "user": holder.user if holder else owner.split("/", 1)[0],
-                "server": holder.server if holder else owner.split("/", 1)[1],
-                "since": holder.since if holder else None,
-                "state": holder.state if holder else "unknown",
-                "url": holder.url if holder else None,
-                "problem": problems.get(owner),
-            }
+            entry["holder"] = _holder(owner, holders.get(owner), problems)
         gpus.append(entry)
+    cluster = []
+    for owner, keys in sorted(allocations.items()):
+        resources = cluster_holdings(keys)
+        if resources:
+            cluster.append({**_holder(owner, holders.get(owner), problems),
+                            "gpus": sum(resources.values()), "resources": resources})
     models = [
         {"model": m.slug, "name": m.name, "free": m.free, "total": m.total, "unavailable": m.unavailable,
          "allocated": sum(1 for g in reading.gpus if g.model == m.slug and g.uuid in by_uuid)}
@@ -91,6 +105,7 @@ def build(
         "problems": list(reading.problems),
         "models": models,
         "gpus": gpus,
+        "cluster": cluster,
         "queue": queue,
         "stale_after": STALE_AFTER,
     }

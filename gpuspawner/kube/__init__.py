@@ -10,5 +10,6 @@ small dataclasses); the only I/O is in :mod:`gpuspawner.kube.api`.
 - :mod:`.cuda`: node affinity on the driver's CUDA version (the image's
   requirement is read by :func:`gpuspawner.compat.min_cuda`).
 - :mod:`.events`: scheduling events in plain words.
+- :mod:`.holdings`: which GPUs the hub's single-user pods hold (quotas after a restart).
 - :mod:`.api`: reading nodes and pods through kubernetes_asyncio, cached.
 """

@@ -28,7 +28,7 @@ class ClusterReading:
     read_at: float = 0.0  # time.monotonic() of the data in nodes
 
 
-def _why(error: BaseException) -> str:
+def why_failed(error: BaseException) -> str:
     status = getattr(error, "status", None)
     reason = getattr(error, "reason", None)
     if status:
@@ -56,6 +56,19 @@ async def _json(call, **kwargs) -> dict[str, Any]:
         return await response.json()
     finally:
         response.release()
+
+
+async def list_server_pods(api, component: str, namespace: str | None, timeout: float = 10.0) -> list[dict[str, Any]]:
+    """The live pods labelled ``component=<component>`` in ``namespace`` (``None``: every namespace).
+
+    Raises on any failure (:class:`KubeAPIError`, a timeout, a connection error).
+    """
+    selectors = {"label_selector": f"component={component}", "field_selector": ACTIVE_PODS}
+    if namespace is None:
+        call = _json(api.list_pod_for_all_namespaces, **selectors)
+    else:
+        call = _json(api.list_namespaced_pod, namespace=namespace, **selectors)
+    return (await asyncio.wait_for(call, timeout)).get("items") or []
 
 
 class ClusterCapacity:
@@ -90,7 +103,7 @@ class ClusterCapacity:
                 nodes = await asyncio.wait_for(self._fetch(), self.timeout)
             except Exception as e:  # noqa: BLE001 - any failure means "availability unknown"
                 last = self._reading
-                self._failure = ClusterReading(last.nodes if last else (), _why(e), last.read_at if last else 0.0)
+                self._failure = ClusterReading(last.nodes if last else (), why_failed(e), last.read_at if last else 0.0)
                 self._failed_at = time.monotonic()
                 return self._failure
             self._failure = None

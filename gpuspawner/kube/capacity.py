@@ -54,11 +54,16 @@ SHARED_NOTE = "shared, no memory isolation"
 
 
 class CapacityError(Exception):
-    """A request the cluster cannot take: ``never`` when no node ever could."""
+    """A request the cluster cannot take: ``never`` when no node ever could.
 
-    def __init__(self, message: str, never: bool) -> None:
+    ``code`` is the refusal's keyword for metrics, as for the hub's own placement:
+    ``no_matching_model``, ``driver_too_old``, ``exceeds_host_size`` or ``none_free``.
+    """
+
+    def __init__(self, message: str, never: bool, code: str = "none_free") -> None:
         super().__init__(message)
         self.never = never
+        self.code = code
 
 
 @dataclass(frozen=True)
@@ -167,6 +172,11 @@ def _kind_of(resource: str, product: str, labels: Mapping[str, str]) -> tuple[st
         base = product.removesuffix("-SHARED") or "GPU"
         return f"shared-{model_slug(base)}", "shared", base
     return model_slug(product) if product else "unknown", "gpu", product or "unknown GPU"
+
+
+def is_gpu_resource(resource: str) -> bool:
+    """Whether a pod resource is a GPU the hub counts: a whole GPU, a MIG slice or a time-sliced replica."""
+    return resource in (GPU_RESOURCE, SHARED_RESOURCE) or _MIG_RESOURCE.fullmatch(resource) is not None
 
 
 def _schedulable(node: Mapping[str, Any]) -> bool:
@@ -312,7 +322,8 @@ def place(
         candidates = [p for p in all_pools if p.kind == "gpu"]
         what = "GPU"
     if not candidates:
-        raise CapacityError(f"No node in this cluster has a {what}. {_inventory_sentence(all_pools)}", never=True)
+        raise CapacityError(f"No node in this cluster has a {what}. {_inventory_sentence(all_pools)}",
+                            never=True, code="no_matching_model")
     # One pod asks for one resource: keep whole GPUs when the choice allows them,
     # else the resource with the most free.
     by_resource: dict[str, list[Pool]] = defaultdict(list)
@@ -328,7 +339,7 @@ def place(
             raise CapacityError(
                 f"No {what} node has a driver new enough for CUDA {cuda_version_text(cuda)}, which this image needs; "
                 f"the newest there supports CUDA {_cuda_ceiling(nodes, slugs)}. {_inventory_sentence(all_pools)}",
-                never=True,
+                never=True, code="driver_too_old",
             )
         group = usable
     fits_ever = [p for p in group if p.max_per_node >= count]
@@ -336,7 +347,7 @@ def place(
         most = max(p.max_per_node for p in group)
         raise CapacityError(
             f"No node has {count} x {what}: at most {most} on one node. {_inventory_sentence(all_pools)}",
-            never=True,
+            never=True, code="exceeds_host_size",
         )
     if refuse_now and not any(p.largest >= count for p in fits_ever):
         free = sum(p.free for p in group)

@@ -75,6 +75,7 @@ class GPUSpawnerMixin(GPUPolicyMixin, GPUHubSettings):
           profile (default: empty, everyone).
         - ``queue``: ``True`` to wait in the hub's GPU queue while no GPU is free instead
           of being refused (default ``False``; the wait is bounded by ``gpu_queue_timeout``).
+          Refused on gpu-kube, where the cluster's scheduler is the queue.
         - ``kubespawner_override``: as in KubeSpawner's ``profile_list``; its
           ``extra_resource_limits["nvidia.com/gpu"]`` becomes ``gpu_counts``, its
           ``image`` ``images``, and its ``cpu_limit`` and ``mem_limit`` are used as above.

@@ -6,10 +6,16 @@ or a time-sliced ``nvidia.com/gpu.shared``) limits, a node selector on
 ``nvidia.com/gpu.product``, GPU tolerations, an optional runtime class, and
 node affinity on the driver's CUDA version when the image needs one.
 
-In Kubernetes the scheduler and the NVIDIA device plugin pick the exact GPUs,
-so this backend reserves nothing in the hub's ledger: it checks the cluster's
-capacity before creating the pod (refusing with HTTP 409 and a sentence when
-no node can take the request) and lets the scheduler place it.
+In Kubernetes the scheduler and the NVIDIA device plugin pick the exact GPUs:
+this backend checks the cluster's capacity before creating the pod (refusing
+with HTTP 409 and a sentence when no node can take the request) and lets the
+scheduler place it. The hub still counts each server's GPUs in its ledger (as
+cluster tokens, not exact GPUs), so the quotas apply as on the other backends:
+the quota check and the count are one step under the ledger's lock, the count
+is given back on stop and on every failed start, and after a hub restart it is
+rebuilt from the hub's live single-user pods. The hub's queue is not used: the
+cluster's scheduler (or Kueue) is the queue, so ``queue: true`` profiles are
+refused at configuration.
 """
 
 from __future__ import annotations
@@ -24,9 +30,10 @@ from ..compat import CudaVersion, cuda_version_text, min_cuda
 from ..form import form_context
 from ..gpu import GPU
 from ..inventory import InventoryReading
-from ..kube.api import ClusterCapacity, ClusterReading
+from ..kube.api import ClusterCapacity, ClusterReading, list_server_pods, why_failed
 from ..kube.capacity import GPU_RESOURCE, PRODUCT_LABEL, CapacityError, place, pools
 from ..kube.events import EventContext, explain_event
+from ..kube.holdings import USERNAME_ANNOTATION, server_holdings
 from ..kube.podspec import (
     DEFAULT_TOLERATIONS,
     GPU_TRAITS,
@@ -35,7 +42,9 @@ from ..kube.podspec import (
     gpu_overrides,
     merge_overrides,
 )
-from ..profiles import Choice
+from ..ledger import cluster_tokens
+from ..placement import GPURequest, PlacementError
+from ..profiles import Choice, load_profiles
 from .base import GPUSpawnerMixin, user_error
 
 # Traits a profile sets: restored to their configured values at every spawn.
@@ -86,6 +95,19 @@ class GPUKubeSpawner(GPUSpawnerMixin, KubeSpawner):
             except ValueError as e:
                 raise TraitError(f"image_cuda[{image!r}]: {e}") from e
         return proposal["value"]
+
+    @validate("gpu_profiles")
+    def _check_profiles(self, proposal):
+        """As for every backend, and no ``queue: true`` profile: the cluster's scheduler is the queue."""
+        value = super()._check_profiles(proposal)
+        queued = [p.slug for p in load_profiles(value) if p.queue]
+        if queued:
+            raise TraitError(
+                f"Invalid GPU profile configuration: profile(s) {', '.join(map(repr, queued))} set "
+                "'queue': True, but gpu-kube has no hub queue: a GPU pod waits in the cluster's own "
+                "scheduler (or Kueue) until a GPU is free. Remove 'queue' from these profiles."
+            )
+        return value
 
     _configured: dict[str, Any] | None = None
     _event_context: EventContext | None = None
@@ -168,10 +190,12 @@ class GPUKubeSpawner(GPUSpawnerMixin, KubeSpawner):
         return request, EventContext(placement.name, choice.gpus, placement.resource, cuda)
 
     async def reserve_gpus(self) -> tuple[GPU, ...]:
-        """Check capacity and set the pod's GPU settings; the scheduler picks the GPUs.
+        """Check capacity and the quotas, count the GPUs as this server's and set the pod's GPU settings.
 
-        Nothing is held in the hub's ledger. A request no node can take now, or
-        ever, is refused with HTTP 409 and a sentence.
+        The scheduler picks the exact GPUs; the hub's ledger holds this server's
+        count (:meth:`claim_cluster_gpus`), checked against the quotas under the
+        ledger's lock. A request over a quota, or that no node can take now or
+        ever, is refused with HTTP 409 and a sentence, and nothing is created.
         """
         choice = self.gpu_choice
         if choice is None:  # spawned without apply_user_options
@@ -179,17 +203,32 @@ class GPUKubeSpawner(GPUSpawnerMixin, KubeSpawner):
             choice = self.gpu_choice
         self._gpu_events = []
         self.gpu_allocation = ()
+        self.release_gpus()  # a failed earlier start of this server holds nothing
         if choice.gpus == 0:
             self._apply_request(PodGPURequest(0))
             self._event_context = EventContext("GPU", 0)
             self.gpu_event("Starting a CPU-only server (no GPU)", 10)
             return ()
         self.gpu_event(f"Checking the cluster for {self.describe_request(choice)}", 10)
+        self._apply_request(PodGPURequest(0))  # until the request is admitted, ask for no GPU
+        try:
+            await self.ensure_reconciled()
+        except Exception as e:
+            message = (f"The hub could not read its servers' pods from Kubernetes ({why_failed(e)}), so it cannot "
+                       "count your GPUs against the quotas. Nothing was started; try again in a minute.")
+            self.gpu_event(f"Refused: {message}", 100)
+            raise user_error(503, message) from e
         reading = await self.cluster_capacity().read()
+        refusal: PlacementError | None = None
         try:
             request, context = self._request_for(choice, reading)
         except CapacityError as e:
-            self._apply_request(PodGPURequest(0))
+            refusal = PlacementError(str(e), code=e.code, requested=choice.gpus, models=choice.models)
+            request, context = PodGPURequest(choice.gpus, GPU_RESOURCE), EventContext("GPU", choice.gpus)
+        counted = GPURequest(owner=self.gpu_owner, count=choice.gpus, models=choice.models)
+        try:
+            self.claim_cluster_gpus(counted, {request.resource: request.count}, refusal)
+        except PlacementError as e:
             self.gpu_event(f"Refused: {e}", 100)
             raise user_error(409, str(e)) from e
         self._apply_request(request)
@@ -197,6 +236,55 @@ class GPUKubeSpawner(GPUSpawnerMixin, KubeSpawner):
         where = f" on nodes with CUDA >= {cuda_version_text(request.cuda)}" if request.cuda else ""
         self.gpu_event(f"Asking Kubernetes for {request.count} x {context.name} ({request.resource}){where}", 30)
         return ()
+
+    # ------------------------------------------------------------ the cluster's truth
+
+    async def reconcile_allocations(self) -> None:
+        """Count in the ledger what this hub's live single-user pods hold (after a hub restart).
+
+        Runs once per hub (tried again until it succeeds) before any GPU spawn is
+        admitted, so the ledger counts nothing else yet; a server it already
+        counts would keep its count.
+        """
+        namespace = None if self.enable_user_namespaces else self.namespace
+        pods = await list_server_pods(self.api, self.component_label, namespace, self.k8s_api_request_timeout)
+        found = server_holdings(pods, self.component_label)
+        for name in found.unnamed:
+            self.log.warning("gpu-kube: pod %s holds GPUs but has no %s annotation; it is not counted",
+                             name, USERNAME_ANNOTATION)
+        ledger = self.ledger
+        counted = ledger.allocations()
+        for owner, holdings in found.holdings.items():
+            if owner not in counted:
+                ledger.adopt(owner, cluster_tokens(owner, holdings))
+        self.log.info(
+            "gpu-kube: ledger rebuilt from %d single-user pod(s) in %s: %d server(s) hold %d GPU(s)",
+            len(pods), "every namespace" if namespace is None else f"namespace {namespace}",
+            len(found.holdings), sum(sum(h.values()) for h in found.holdings.values()),
+        )
+
+    _replacing_pod = False
+
+    async def _make_create_pod_request(self, pod, request_timeout):
+        """KubeSpawner's pod creation; a leftover pod of this server is replaced without releasing the count."""
+        self._replacing_pod = True  # KubeSpawner calls stop() on a name conflict, then creates the pod again
+        try:
+            return await super()._make_create_pod_request(pod, request_timeout)
+        finally:
+            self._replacing_pod = False
+
+    async def stop(self, now: bool = False):
+        if self._replacing_pod:  # the old pod goes, the new one keeps this start's count
+            return await KubeSpawner.stop(self, now=now)
+        return await super().stop(now=now)
+
+    async def poll(self):
+        """KubeSpawner's poll; the first one after a hub restart also counts the pods' GPUs."""
+        try:
+            await self.ensure_reconciled()
+        except Exception as e:  # a spawn tries again and says what is wrong
+            self.log.warning("%s: GPUs of the hub's pods not counted yet: %s", self._log_name, why_failed(e))
+        return await super().poll()
 
     # ------------------------------------------------------------ progress
 

@@ -4,8 +4,10 @@
 configured as ``c.GPUSpawnerMixin.gpu_quota_per_user`` etc. The mixin's
 ``reserve_gpus`` calls :meth:`GPUPolicyMixin.place_request` (quota check and
 reservation as one step under the ledger's lock; waiting in the hub's queue
-for ``queue: true`` profiles), :meth:`gpu_refused` on a refusal and
-:meth:`gpu_released` after giving GPUs back.
+for ``queue: true`` profiles) and :meth:`gpu_released` after giving GPUs back.
+Backends whose cluster places the GPUs (gpu-kube) call
+:meth:`GPUPolicyMixin.claim_cluster_gpus` instead: the same quota check, under
+the same lock, recording counts rather than exact GPUs.
 """
 
 from __future__ import annotations
@@ -36,7 +38,9 @@ class GPUPolicyMixin(Configurable):
 
     gpu_quota_per_user = Int(
         None, allow_none=True,
-        help="At most this many GPUs held by all servers of one user together (None: no limit).",
+        help="""At most this many GPUs held by all servers of one user together (None: no limit).
+        On gpu-kube a server's GPUs are the GPU resources its pod asks for (a MIG slice or a
+        time-sliced replica counts as one).""",
     ).tag(config=True)
 
     gpu_quota_per_group = Dict(
@@ -168,6 +172,40 @@ class GPUPolicyMixin(Configurable):
         if request.count:
             metrics.placed(time.monotonic() - started)
         return chosen
+
+    def claim_cluster_gpus(
+        self, request: GPURequest, holdings: Mapping[str, int], refusal: PlacementError | None = None,
+    ) -> tuple[str, ...]:
+        """Hold ``holdings`` (cluster resource -> count) for ``request.owner`` within the quotas.
+
+        For a backend whose scheduler picks the exact GPUs: the quota check and
+        the record are one step under the ledger's lock, so concurrent spawns
+        never exceed a quota. ``refusal`` (the cluster has no room) is raised
+        after the quota check, so an over-quota request is told about its
+        quota first, as on the other backends. Raises
+        :class:`~gpuspawner.placement.PlacementError` (a
+        :class:`~gpuspawner.quota.QuotaError` for quotas), counted in the metrics.
+        """
+        state = self.hub_state
+        quota = self.gpu_quota()
+        started = time.monotonic()
+
+        def admit(held: Mapping[str, tuple[str, ...]]) -> None:
+            check(quota, request.count, held, request.owner)
+            if refusal is not None:
+                raise refusal
+
+        try:
+            if request.count:
+                tokens = state.ledger.claim(request.owner, holdings, admit=admit)
+            else:
+                tokens = ()
+        except PlacementError as e:
+            state.metrics.refused(e.code, time.monotonic() - started)
+            raise
+        if request.count:
+            state.metrics.placed(time.monotonic() - started)
+        return tokens
 
     def gpu_released(self, uuids: tuple[str, ...]) -> None:
         """GPUs were given back: wake the queue."""

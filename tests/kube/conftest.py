@@ -8,11 +8,14 @@ kubernetes_asyncio client, configured by a kubeconfig file as in a hub.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import copy
 import json
 from pathlib import Path
 from types import SimpleNamespace
 
+import aiohttp
 import kmock
 import pytest
 import pytest_asyncio
@@ -84,23 +87,88 @@ async def cluster(tmp_path, monkeypatch, node_items, pod_items):
     load_config.cache_clear()
 
 
+class SpawnerMaker:
+    """Makes GPUKubeSpawner instances of one hub (one traitlets Config, so one hub state)."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.settings: dict = {}
+        self.restart()
+
+    def restart(self) -> None:
+        """A new hub with the same settings: a new Config, so a new hub state, as after a restart."""
+        from traitlets.config import Config
+
+        self.config = Config()
+        self.config.KubeSpawner.namespace = "jhub"
+        self.config.KubeSpawner.image = "quay.io/jupyter/base-notebook:2024-05-27"
+        self.config.KubeSpawner.k8s_api_host = self.url
+        for key, value in self.settings.items():
+            setattr(self.config.GPUKubeSpawner, key, value)
+
+    def __call__(self, user: str | None = None, server: str = "", groups: tuple = (), **settings):
+        """A spawner for ``user``'s server ``server`` (default: KubeSpawner's mock user)."""
+        from gpuspawner.spawners.kube import GPUKubeSpawner
+
+        for key, value in settings.items():
+            setattr(self.config.GPUKubeSpawner, key, value)
+        self.settings.update(settings)
+        extra = {}
+        if user is not None:
+            extra["user"] = SimpleNamespace(name=user, id=abs(hash(user)) % 10_000, url=f"/user/{user}/",
+                                            groups=list(groups))
+        if server:
+            extra["orm_spawner"] = SimpleNamespace(name=server, display_name=server, server=None)
+        return GPUKubeSpawner(_mock=True, config=self.config, **extra)
+
+
 @pytest.fixture
 def make_spawner(cluster):
     """GPUKubeSpawner instances configured like a hub would, talking to the test double.
 
-    The user and hub are KubeSpawner's own test mocks (``_mock=True``).
+    ``make_spawner(**settings)`` (KubeSpawner's own mock user and hub, ``_mock=True``)
+    or ``make_spawner(user="zoe", server="big", groups=[...], **settings)``; all
+    spawners of one test share one hub state until ``make_spawner.restart()``.
     """
-    from traitlets.config import Config
+    from gpuspawner.state import forget_hub_states
 
+    yield SpawnerMaker(cluster.url)
+    forget_hub_states()
+
+
+@pytest_asyncio.fixture
+async def kubelet(cluster):
+    """Stands in for what the API server and a kubelet add to a created pod: it runs at once.
+
+    Every pod created through the API (one without a ``status.phase``) gets its
+    namespace and a uid in ``metadata`` and a Running status with a ready
+    ``notebook`` container, by a PATCH through the API, so KubeSpawner's pod
+    reflector sees it start. KubeSpawner's reflectors are stopped afterwards.
+    """
     from gpuspawner.spawners.kube import GPUKubeSpawner
 
-    def make(**settings) -> GPUKubeSpawner:
-        config = Config()
-        config.KubeSpawner.namespace = "jhub"
-        config.KubeSpawner.image = "quay.io/jupyter/base-notebook:2024-05-27"
-        config.KubeSpawner.k8s_api_host = cluster.url
-        for key, value in settings.items():
-            setattr(config.GPUKubeSpawner, key, value)
-        return GPUKubeSpawner(_mock=True, config=config)
+    async def run() -> None:
+        async with aiohttp.ClientSession() as session:
+            while True:
+                for (resource, namespace, name), obj in list(cluster.handler.objects.items()):
+                    if resource != PODS or obj.deleted or (obj.get("status") or {}).get("phase"):
+                        continue
+                    image = obj["spec"]["containers"][0].get("image", "")
+                    body = {
+                        "metadata": {"namespace": namespace, "uid": f"uid-{namespace}-{name}"},
+                        "status": {"phase": "Running", "podIP": "10.244.9.9", "containerStatuses": [
+                            {"name": "notebook", "ready": True, "restartCount": 0, "image": image,
+                             "imageID": image, "state": {"running": {}}}]},
+                    }
+                    url = f"{cluster.url}/api/v1/namespaces/{namespace}/pods/{name}"
+                    headers = {"Content-Type": "application/merge-patch+json"}
+                    async with session.patch(url, data=json.dumps(body), headers=headers) as response:
+                        response.raise_for_status()
+                await asyncio.sleep(0.05)
 
-    return make
+    task = asyncio.ensure_future(run())
+    yield
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    await GPUKubeSpawner._stop_all_reflectors()

@@ -9,7 +9,7 @@ from hypothesis import settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from gpuspawner.gpu import GPU
-from gpuspawner.ledger import Ledger
+from gpuspawner.ledger import Ledger, cluster_holdings, cluster_resource, cluster_tokens
 from gpuspawner.placement import GPURequest, PlacementError
 
 A100 = "NVIDIA A100-SXM4-80GB"
@@ -126,6 +126,95 @@ def test_adopt_nothing_records_no_owner(ledger):
 
 
 # --------------------------------------------------------------------------
+# Counts of GPUs the cluster places (gpu-kube)
+# --------------------------------------------------------------------------
+
+
+def test_claim_records_one_token_per_gpu_and_never_an_inventory_gpu(ledger):
+    inventory = host("h1", A100, 2)
+    tokens = ledger.claim("alice/", {"nvidia.com/gpu": 2, "nvidia.com/mig-1g.10gb": 1})
+    assert tokens == cluster_tokens("alice/", {"nvidia.com/gpu": 2, "nvidia.com/mig-1g.10gb": 1})
+    assert len(tokens) == 3
+    assert cluster_holdings(ledger.allocations()["alice/"]) == {"nvidia.com/gpu": 2, "nvidia.com/mig-1g.10gb": 1}
+    assert [cluster_resource(t) for t in tokens] == ["nvidia.com/gpu", "nvidia.com/gpu", "nvidia.com/mig-1g.10gb"]
+    assert cluster_resource("GPU-5d1f") is None
+    # the hub's own GPUs stay free
+    assert [g.uuid for g in ledger.reserve(inventory, GPURequest("bob/", 2))] == ["h1-0", "h1-1"]
+    assert cluster_holdings(ledger.allocations()["bob/"]) == {}
+
+
+def test_two_owners_claiming_the_same_resource_hold_distinct_tokens(ledger):
+    a = ledger.claim("alice/", {"nvidia.com/gpu": 1})
+    b = ledger.claim("alice/big", {"nvidia.com/gpu": 1})
+    assert not set(a) & set(b)
+    assert ledger.holder(a[0]) == "alice/" and ledger.holder(b[0]) == "alice/big"
+
+
+def test_claim_admit_sees_holdings_under_the_lock_and_its_refusal_records_nothing(ledger):
+    ledger.claim("alice/", {"nvidia.com/gpu": 1})
+    seen = []
+
+    def refuse(held):
+        seen.append(dict(held))
+        raise PlacementError("over quota", code="quota_user", requested=1)
+
+    with pytest.raises(PlacementError, match="over quota"):
+        ledger.claim("alice/big", {"nvidia.com/gpu": 1}, admit=refuse)
+    assert seen == [{"alice/": cluster_tokens("alice/", {"nvidia.com/gpu": 1})}]
+    assert list(ledger.allocations()) == ["alice/"]
+
+
+def test_claim_of_nothing_records_nothing_and_skips_admit(ledger):
+    def refuse(held):
+        raise AssertionError("admit called for no GPU")
+
+    assert ledger.claim("alice/", {}, admit=refuse) == ()
+    assert ledger.claim("alice/", {"nvidia.com/gpu": 0}, admit=refuse) == ()
+    assert ledger.allocations() == {}
+
+
+def test_claim_twice_is_value_error_and_release_frees_the_tokens(ledger):
+    tokens = ledger.claim("alice/", {"nvidia.com/gpu": 2})
+    with pytest.raises(ValueError, match="release them first"):
+        ledger.claim("alice/", {"nvidia.com/gpu": 1})
+    assert ledger.release("alice/") == tokens
+    assert ledger.held() == frozenset()
+
+
+def test_adopting_tokens_rebuilds_a_claim(ledger):
+    tokens = cluster_tokens("carol/mig", {"nvidia.com/mig-1g.10gb": 2})
+    assert ledger.adopt("carol/mig", tokens) == ()
+    assert cluster_holdings(ledger.allocations()["carol/mig"]) == {"nvidia.com/mig-1g.10gb": 2}
+
+
+def test_concurrent_claims_never_exceed_a_limit_checked_in_admit(ledger):
+    start = threading.Barrier(20)
+    admitted: list[str] = []
+    guard = threading.Lock()
+
+    def at_most_three(held):
+        if sum(len(v) for v in held.values()) + 1 > 3:
+            raise PlacementError("full", code="quota_group", requested=1)
+
+    def spawn(owner: str) -> None:
+        start.wait()
+        try:
+            ledger.claim(owner, {"nvidia.com/gpu": 1}, admit=at_most_three)
+        except PlacementError:
+            return
+        with guard:
+            admitted.append(owner)
+
+    threads = [threading.Thread(target=spawn, args=(f"user{i}/",)) for i in range(20)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(admitted) == 3
+    assert sorted(ledger.allocations()) == sorted(admitted)
+
+
+# --------------------------------------------------------------------------
 # Concurrency
 # --------------------------------------------------------------------------
 
@@ -168,6 +257,7 @@ def test_concurrent_reserves_never_share_a_gpu(ledger):
 
 MODELS = [A100, T4, "NVIDIA H100 80GB HBM3"]
 OWNERS = [f"user{i}" for i in range(6)]
+RESOURCES = ["nvidia.com/gpu", "nvidia.com/mig-1g.10gb", "nvidia.com/gpu.shared"]
 
 
 @st.composite
@@ -244,6 +334,23 @@ class LedgerMachine(RuleBasedStateMachine):
         if accepted or owner in self.model:
             self.model[owner] = self.model.get(owner, set()) | accepted
 
+    @rule(
+        owner=st.sampled_from(OWNERS),
+        holdings=st.dictionaries(st.sampled_from(RESOURCES), st.integers(0, 3), max_size=2),
+    )
+    def claim(self, owner, holdings):
+        before = self.ledger.allocations()
+        try:
+            tokens = self.ledger.claim(owner, holdings)
+        except ValueError:
+            assert owner in before
+            assert self.ledger.allocations() == before
+            return
+        assert owner not in before
+        assert cluster_holdings(tokens) == {r: n for r, n in holdings.items() if n}
+        if tokens:
+            self.model[owner] = set(tokens)
+
     @rule(owner=st.sampled_from(OWNERS))
     def release(self, owner):
         freed = self.ledger.release(owner)
@@ -270,9 +377,12 @@ class LedgerMachine(RuleBasedStateMachine):
             assert all(self.ledger.holder(u) == owner for u in us)
 
     @invariant()
-    def held_gpus_are_in_inventory(self):
+    def held_gpus_are_in_inventory_or_cluster_tokens(self):
         known = {g.uuid for g in self.inventory}
-        assert self.ledger.held() <= known
+        for owner, keys in self.ledger.allocations().items():
+            tokens = {k for k in keys if cluster_resource(k) is not None}
+            assert set(keys) - tokens <= known
+            assert all(k.endswith(":" + owner) for k in tokens), "a token of another owner"
 
     def teardown(self) -> None:
         for owner in list(self.ledger.allocations()):

@@ -1,0 +1,256 @@
+"""gpu-kube quotas: users' and groups' quotas count their pods' GPUs.
+
+Real GPUKubeSpawners start and stop real KubeSpawner pods on the API test
+double (kmock's emulator; the ``kubelet`` fixture makes created pods run).
+The hub's ledger counts each server's GPUs (cluster tokens, per resource);
+after a restart it is rebuilt from the hub's single-user pods.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+
+import pytest
+from tornado.web import HTTPError
+from traitlets import TraitError
+
+from gpuspawner.kube.holdings import server_holdings
+from gpuspawner.ledger import cluster_holdings
+from profiles import A100, PROFILES
+
+GPU1 = {"profile": "gpu", "gpus": 1, "gpu_model": A100}
+CPU = {"profile": "cpu"}
+STUDENTS = "students"
+
+
+async def start(spawner, options: dict) -> str:
+    spawner.user_options = options
+    await spawner._run_apply_user_options(options)
+    return await asyncio.wait_for(spawner.start(), 60)
+
+
+def created_pods(cluster) -> list[str]:
+    return [r.data["metadata"]["name"] for r in cluster.requests("POST", "/pods")]
+
+
+def counted(spawner) -> dict[str, dict[str, int]]:
+    """owner -> resource -> GPUs, as the hub's ledger counts them."""
+    return {owner: cluster_holdings(keys) for owner, keys in spawner.ledger.allocations().items()}
+
+
+def refusals(spawner, reason: str) -> float:
+    for metric in spawner.hub_state.metrics.collect():
+        for sample in metric.samples:
+            if sample.name == "gpuspawner_spawn_refusals_total" and sample.labels == {"reason": reason}:
+                return sample.value
+    return 0.0
+
+
+def group(name: str, members: list[str]):
+    from types import SimpleNamespace
+
+    return SimpleNamespace(name=name, users=[SimpleNamespace(name=m) for m in members])
+
+
+# ------------------------------------------------------------ the pods' truth (pure)
+
+
+def test_the_hubs_pods_hold_their_gpu_requests(pod_items):
+    found = server_holdings(pod_items)
+    assert found.holdings == {
+        "alice/": {"nvidia.com/gpu": 4},
+        "bob/": {"nvidia.com/gpu": 6},  # two containers
+        "carol/mig": {"nvidia.com/mig-1g.10gb": 2},  # a named server
+        "dave/": {"nvidia.com/gpu.shared": 1},
+        "erin/": {"nvidia.com/gpu.shared": 1},
+        "frank/": {"nvidia.com/gpu.shared": 1},  # pending: asked for, so counted
+    }
+    assert found.unnamed == ()  # training jobs and system pods are not the hub's
+
+
+def test_ended_deleting_other_hubs_and_unnamed_pods(pod_items):
+    alice = next(p for p in pod_items if p["metadata"]["name"] == "jupyter-alice")
+
+    def variant(name: str, **changes) -> dict:
+        pod = copy.deepcopy(alice)
+        pod["metadata"]["name"] = name
+        for path, value in changes.items():
+            where = pod
+            *parents, last = path.split(".")
+            for key in parents:
+                where = where[key]
+            where[last] = value
+        return pod
+
+    pods = [
+        variant("done", **{"status.phase": "Succeeded"}),
+        variant("failed", **{"status.phase": "Failed"}),
+        variant("deleting", **{"metadata.deletionTimestamp": "2024-06-10T10:00:00Z"}),
+        variant("other-hub", **{"metadata.labels": {"component": "singleuser-server-staging"}}),
+        variant("no-annotation", **{"metadata.annotations": {}}),
+        variant("cpu-only", **{"spec.containers": [{"name": "notebook", "resources": {"limits": {"cpu": "1"}}}]}),
+    ]
+    found = server_holdings(pods)
+    assert found.holdings == {}
+    assert found.unnamed == ("jhub/no-annotation",)
+    assert server_holdings(pods, "singleuser-server-staging").holdings == {"alice/": {"nvidia.com/gpu": 4}}
+    # two live pods of one server (a renamed pod template) both count
+    assert server_holdings([alice, variant("jupyter-alice-old")]).holdings == {"alice/": {"nvidia.com/gpu": 8}}
+
+
+# ------------------------------------------------------------ quotas through real spawns
+
+
+async def test_a_second_gpu_server_over_the_quota_is_refused_while_the_first_pod_exists(
+        cluster, kubelet, make_spawner):
+    first = make_spawner("zoe", gpu_profiles=PROFILES, gpu_quota_per_user=1)
+    await start(first, GPU1)
+    assert counted(first)["zoe/"] == {"nvidia.com/gpu": 1}
+    second = make_spawner("zoe", "big")
+    with pytest.raises(HTTPError) as e:
+        await start(second, GPU1)
+    assert e.value.status_code == 409
+    assert e.value.jupyterhub_message == (
+        "Your quota is 1 GPU and your servers hold 1 (servers: default); asking for 1 more would exceed it. "
+        "Stop one of your servers or ask for fewer GPUs.")
+    assert created_pods(cluster) == [first.pod_name]  # nothing was created for the refused server
+    assert "zoe/big" not in counted(first)
+    assert refusals(first, "quota_user") == 1
+    # CPU-only servers are not limited
+    notes = make_spawner("zoe", "notes")
+    await start(notes, CPU)
+    assert "zoe/notes" not in counted(first)
+    await notes.stop(now=True)
+    # stopping the first server gives its GPU back: the second now starts
+    await first.stop(now=True)
+    assert "zoe/" not in counted(first)
+    await start(second, GPU1)
+    assert counted(second)["zoe/big"] == {"nvidia.com/gpu": 1}
+    assert created_pods(cluster)[-1] == second.pod_name
+    await second.stop(now=True)
+    assert [o for o in counted(second) if o.startswith("zoe/")] == []
+
+
+async def test_concurrent_spawns_of_one_user_respect_the_quota(cluster, kubelet, make_spawner):
+    # gpu_inventory_ttl = 0: every spawn reads the cluster, so the spawns interleave at that read
+    spawners = [make_spawner("zoe", name, gpu_profiles=PROFILES, gpu_quota_per_user=1, gpu_inventory_ttl=0)
+                for name in ("", "a", "b")]
+    results = await asyncio.gather(*(start(s, GPU1) for s in spawners), return_exceptions=True)
+    refused = [r for r in results if isinstance(r, HTTPError)]
+    assert len(refused) == 2, results
+    assert all(r.status_code == 409 and r.jupyterhub_message.startswith("Your quota is 1 GPU and your servers hold 1")
+               for r in refused)
+    assert len(created_pods(cluster)) == 1
+    assert sum(sum(c.values()) for o, c in counted(spawners[0]).items() if o.startswith("zoe/")) == 1
+    for spawner, result in zip(spawners, results, strict=True):
+        if not isinstance(result, Exception):
+            await spawner.stop(now=True)
+
+
+async def test_concurrent_spawns_of_a_group_respect_its_quota(cluster, kubelet, make_spawner):
+    members = ["ana", "ben", "cai", "dev"]
+    students = group(STUDENTS, members)
+    spawners = [make_spawner(m, groups=(students,), gpu_profiles=PROFILES, gpu_quota_per_group={STUDENTS: 2},
+                             gpu_inventory_ttl=0) for m in members]
+    results = await asyncio.gather(*(start(s, GPU1) for s in spawners), return_exceptions=True)
+    refused = [r for r in results if isinstance(r, HTTPError)]
+    assert len(refused) == 2, results
+    assert all(r.status_code == 409 and r.jupyterhub_message.startswith(
+        "The quota of group 'students' is 2 GPUs and its members' servers hold 2") for r in refused)
+    assert len(created_pods(cluster)) == 2
+    for spawner, result in zip(spawners, results, strict=True):
+        if not isinstance(result, Exception):
+            await spawner.stop(now=True)
+    assert not [o for o in counted(spawners[0]) if o.split("/")[0] in members]
+
+
+async def test_a_failed_start_gives_the_count_back(cluster, kubelet, make_spawner):
+    cluster.handler["post /api/v1/namespaces/jhub/pods"] << 403 << {"kind": "Status", "code": 403}
+    spawner = make_spawner("zoe", gpu_profiles=PROFILES, gpu_quota_per_user=1)
+    with pytest.raises(Exception, match="Forbidden"):
+        await start(spawner, GPU1)
+    assert "zoe/" not in counted(spawner)
+
+
+async def test_a_leftover_pod_of_the_server_is_replaced_and_the_new_one_counted(cluster, kubelet, make_spawner):
+    """A hub that died mid-spawn left zoe's pod; her next start replaces it and still counts 1 GPU."""
+    leftover = make_spawner("zoe", gpu_profiles=PROFILES, gpu_quota_per_user=1)
+    leftover.user_options = GPU1
+    await leftover._run_apply_user_options(GPU1)
+    await leftover.reserve_gpus()
+    pod = leftover.api.api_client.sanitize_for_serialization(await leftover.get_pod_manifest())
+    pod["metadata"]["namespace"] = "jhub"
+    pod["status"] = {"phase": "Pending"}
+    cluster.load([], [pod])
+    make_spawner.restart()
+
+    spawner = make_spawner("zoe")
+    assert (await spawner._render_options_form())  # the form reconciles: the leftover pod counts
+    assert counted(spawner)["zoe/"] == {"nvidia.com/gpu": 1}
+    await start(spawner, GPU1)  # its own server's count does not block it
+    # KubeSpawner met the leftover (409 Conflict), stopped it and created the pod again
+    assert created_pods(cluster) == [spawner.pod_name, spawner.pod_name]
+    assert len(cluster.requests("DELETE", f"/pods/{spawner.pod_name}")) == 1
+    assert counted(spawner)["zoe/"] == {"nvidia.com/gpu": 1}  # KubeSpawner's replacement kept the count
+    with pytest.raises(HTTPError, match="Your quota is 1 GPU"):
+        await start(make_spawner("zoe", "big"), GPU1)
+    await spawner.stop(now=True)
+    assert "zoe/" not in counted(spawner)
+
+
+# ------------------------------------------------------------ after a hub restart
+
+
+async def test_after_a_restart_the_pods_are_counted_and_the_quota_refuses_first(cluster, kubelet, make_spawner):
+    alice = make_spawner("alice", gpu_profiles=PROFILES, gpu_quota_per_user=4)
+    await alice.poll()  # JupyterHub polls every server it had when it starts: the first one reconciles
+    assert counted(alice) == {
+        "alice/": {"nvidia.com/gpu": 4}, "bob/": {"nvidia.com/gpu": 6},
+        "carol/mig": {"nvidia.com/mig-1g.10gb": 2}, "dave/": {"nvidia.com/gpu.shared": 1},
+        "erin/": {"nvidia.com/gpu.shared": 1}, "frank/": {"nvidia.com/gpu.shared": 1},
+    }
+    more = make_spawner("alice", "more")
+    for options in (GPU1, {"profile": "gpu", "gpus": 4, "gpu_model": A100}):  # 4 A100s are not free either
+        with pytest.raises(HTTPError) as e:
+            await start(more, options)
+        assert e.value.status_code == 409
+        assert e.value.jupyterhub_message.startswith(
+            "Your quota is 4 GPUs and your servers hold 4 (servers: default); asking for ")
+    assert created_pods(cluster) == []
+    # carol's named server holds 2 MIG slices: with a quota of 3 she gets one more GPU, not two
+    carol = make_spawner("carol", "big", gpu_quota_per_user=3)
+    with pytest.raises(HTTPError, match="your servers hold 2 \\(servers: mig\\); asking for 2 more"):
+        await start(carol, {"profile": "gpu", "gpus": 2, "gpu_model": A100})
+    await start(carol, GPU1)
+    assert counted(carol)["carol/big"] == {"nvidia.com/gpu": 1}
+    await carol.stop(now=True)
+
+
+async def test_no_pod_list_no_gpu_spawn_but_cpu_only_works(cluster, make_spawner):
+    cluster.handler["get /api/v1/namespaces/jhub/pods"] << 500 << {"kind": "Status", "code": 500}
+    spawner = make_spawner("zoe", gpu_profiles=PROFILES, gpu_quota_per_user=1)
+    spawner.user_options = GPU1
+    await spawner._run_apply_user_options(GPU1)
+    with pytest.raises(HTTPError) as e:
+        await spawner.reserve_gpus()
+    assert e.value.status_code == 503
+    assert e.value.jupyterhub_message == (
+        "The hub could not read its servers' pods from Kubernetes (Kubernetes API answered 500 Internal Server "
+        "Error), so it cannot count your GPUs against the quotas. Nothing was started; try again in a minute.")
+    assert spawner.extra_resource_limits == {}  # no GPU asked for
+    spawner.user_options = CPU
+    await spawner._run_apply_user_options(CPU)
+    assert await spawner.reserve_gpus() == ()
+    assert counted(spawner) == {}
+
+
+# ------------------------------------------------------------ the queue is the cluster's
+
+
+def test_a_queue_profile_is_refused_at_configuration(cluster, make_spawner):
+    queued = [*PROFILES, {"slug": "wait", "display_name": "Wait for a GPU", "gpu_counts": [1], "queue": True}]
+    with pytest.raises(TraitError, match="profile\\(s\\) 'wait' set 'queue': True, but gpu-kube has no hub queue: "
+                                         "a GPU pod waits in the cluster's own scheduler \\(or Kueue\\)"):
+        make_spawner(gpu_profiles=queued)
+
