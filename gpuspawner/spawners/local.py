@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 from jupyterhub.spawner import LocalProcessSpawner, SimpleLocalProcessSpawner
 
 from .base import GPUSpawnerMixin
@@ -27,7 +29,25 @@ class GPULocalProcessSpawner(GPUSpawnerMixin, LocalProcessSpawner):
         return env
 
 
-class GPUSimpleLocalProcessSpawner(GPUSpawnerMixin, SimpleLocalProcessSpawner):
+class _VforkSimpleLocalProcessSpawner(SimpleLocalProcessSpawner):
+    """SimpleLocalProcessSpawner that starts servers without a ``preexec_fn``.
+
+    Its ``preexec_fn`` only makes the user's folder and changes into it, but any
+    ``preexec_fn`` makes Popen fork the whole hub on the event loop (24 ms for a
+    150 MB process, 20-90 ms each during a storm of spawns on 2 cores); without
+    one Python uses vfork (0.1 ms). The folder is made here and given as ``cwd``.
+    """
+
+    def make_preexec_fn(self, name):
+        return None
+
+    async def start(self):
+        os.makedirs(self.home_dir, 0o755, exist_ok=True)
+        self.popen_kwargs = {**self.popen_kwargs, "cwd": self.home_dir}
+        return await super().start()
+
+
+class GPUSimpleLocalProcessSpawner(GPUSpawnerMixin, _VforkSimpleLocalProcessSpawner):
     """The same, running every server as the hub's own user in a per-user folder.
 
     For demos and tests with made-up user names (``gpu-local-simple``); use
