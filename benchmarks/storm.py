@@ -23,6 +23,8 @@ only (asserts nothing about timing):
   ``gpuspawner_placement_seconds`` at ``/hub/metrics`` (upper bounds of its
   buckets): it measures only the spawner's own placement step, from asking the
   ledger for GPUs to getting them or being refused;
+- the hub process's CPU time until the last answer, and the machine's load
+  average before the storm (other work on the machine slows every figure);
 - the hub's REST latency (``GET /hub/api/``, every 50 ms) during the storm: a
   long one means the event loop was blocked;
 - servers started vs refused, once every 202 has settled (ready or gone);
@@ -111,8 +113,16 @@ class Request:
 @dataclass
 class Storm:
     requests: list[Request]
-    wall: float
+    wall: float  # seconds until every 202 settled
+    answered: float  # seconds until the last answer
+    hub_cpu: float  # CPU seconds the hub process used until the last answer
     pings: list[float] = field(default_factory=list)
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of one process so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -275,10 +285,13 @@ def fire(hub: StormHub, planned: list[Request], timeout: float, settle: float) -
     for t in threads:
         t.start()
     pinger.start()
+    cpu0 = cpu_seconds(hub.proc.pid)
     t0 = time.perf_counter()
     barrier.wait()
     for t in threads:
         t.join(timeout + 5)
+    answered = time.perf_counter() - t0
+    hub_cpu = cpu_seconds(hub.proc.pid) - cpu0
     done.set()
     pinger.join()
 
@@ -302,7 +315,7 @@ def fire(hub: StormHub, planned: list[Request], timeout: float, settle: float) -
         time.sleep(0.5)
     for req in planned:
         req.outcome = req.outcome or "still pending"
-    return Storm(planned, time.perf_counter() - t0, pings)
+    return Storm(planned, time.perf_counter() - t0, answered, hub_cpu, pings)
 
 
 def read_decisions(hub: StormHub, planned: list[Request]) -> None:
@@ -402,6 +415,8 @@ def report(storm: Storm, hub: StormHub, backend: str, holders: dict[str, list[st
             print(f"  gpuspawner_placement_seconds{{outcome={outcome}}} (bucket bounds): "
                   f"p50 <= {histogram_quantile(buckets, 0.5)} s, p99 <= {histogram_quantile(buckets, 0.99)} s "
                   f"({int(buckets[-1][1])})")
+    print(f"  hub process CPU until the last answer: {storm.hub_cpu:.2f} s in {storm.answered:.2f} s "
+          f"(load average before the storm: {args.load_before})")
     print(f"  hub REST latency during the storm (GET /hub/api/ every 50 ms): "
           f"{figures(storm.pings, 'ms', 1000)}")
     outcomes = Counter(r.outcome for r in reqs)
@@ -475,6 +490,7 @@ def main() -> int:
                                     "--rate", "200", "--output", args.profile, "--nonblocking"],
                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             time.sleep(1)
+        args.load_before = Path("/proc/loadavg").read_text().split()[0]
         storm = fire(hub, planned, args.timeout, args.settle)
         if spy is not None:
             spy.send_signal(signal.SIGINT)  # py-spy writes its file on SIGINT
