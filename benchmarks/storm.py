@@ -72,6 +72,7 @@ import fakenvml  # tests/fakenvml
 from integration.hub import Hub, free_port, pid_alive, process_env
 
 from gpuspawner.simulation import simulated_config
+from gpuspawner.spawners.docker_objects import allocation_from_labels
 
 SLOW_SPAWN_TIMEOUT = 10.0  # JupyterHub's default, which the runnable default keeps
 
@@ -309,7 +310,7 @@ def fire(hub: StormHub, planned: list[Request], timeout: float, settle: float) -
                 continue
             server = servers.get((req.user, req.server))
             if server is None:
-                req.outcome = "refused late"  # the reason is in the hub's log (and was on the progress page)
+                req.outcome = "gone"  # refused or failed after the answer: read_decisions tells which
             elif server.get("ready"):
                 req.outcome = "started"
         time.sleep(0.5)
@@ -332,6 +333,9 @@ def read_decisions(hub: StormHub, planned: list[Request]) -> None:
             req.placing = at
         else:
             req.decision, req.decided = at, m.group(3)
+    for req in planned:
+        if req.outcome == "gone":  # the progress page showed the refusal, or why the start failed
+            req.outcome = "refused late" if req.decided == "Refused" else "failed after a 202"
 
 
 def placement_histogram(hub: StormHub) -> dict[str, list[tuple[float, float]]]:
@@ -373,10 +377,8 @@ def holders_docker(hub: StormHub) -> dict[str, list[str]]:
         c.reload()
         if c.status != "running":
             continue
-        labelled = {v for k, v in c.labels.items() if "gpu" in k.lower() and v.startswith("GPU-")}
-        for k, v in c.labels.items():
-            if "gpu" in k.lower() and v.startswith("[") and "GPU-" in v:
-                labelled |= set(re.findall(r"GPU-[0-9a-f-]+", v))
+        allocation = allocation_from_labels(c.labels)
+        labelled = set(allocation.uuids) if allocation else set()
         requested = {u for r in c.attrs["HostConfig"].get("DeviceRequests") or [] for u in r.get("DeviceIDs") or []}
         visible = {u for u in visible_devices(c).split(",") if u.startswith("GPU-")}
         for uuid in labelled | requested | visible:
@@ -421,7 +423,8 @@ def report(storm: Storm, hub: StormHub, backend: str, holders: dict[str, list[st
           f"{figures(storm.pings, 'ms', 1000)}")
     outcomes = Counter(r.outcome for r in reqs)
     print(f"  servers started: {outcomes.get('started', 0)}; refused: {outcomes.get('refused', 0)} at once (409), "
-          f"{outcomes.get('refused late', 0)} after a 202; failed: {outcomes.get('failed', 0)}; "
+          f"{outcomes.get('refused late', 0)} after a 202; failed: {outcomes.get('failed', 0)} at once, "
+          f"{outcomes.get('failed after a 202', 0)} after a 202 (why: the hub log, e.g. http_timeout); "
           f"still pending: {outcomes.get('still pending', 0)}")
     double = {u: h for u, h in holders.items() if len(h) > 1}
     print(f"  GPUs held by live servers: {len(holders)}; double allocations: {len(double)}")
