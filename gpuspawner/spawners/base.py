@@ -83,10 +83,14 @@ class GPUSpawnerMixin(GPUPolicyMixin, GPUHubSettings):
         """,
     ).tag(config=True)
 
+    #: True where the backend applies every kubespawner_override key (gpu-kube); elsewhere
+    #: keys it cannot apply are refused instead of dropped.
+    honours_kubespawner_override = False
+
     @validate("gpu_profiles")
     def _check_profiles(self, proposal):
         try:
-            load_profiles(proposal["value"])
+            load_profiles(proposal["value"], honour_all=self.honours_kubespawner_override)
         except OptionsError as e:
             raise TraitError(f"Invalid GPU profile configuration: {e}") from e
         return proposal["value"]
@@ -117,7 +121,11 @@ class GPUSpawnerMixin(GPUPolicyMixin, GPUHubSettings):
     @property
     def profiles(self) -> tuple[Profile, ...]:
         """The profiles this user may see (``groups`` on a profile limits who)."""
-        return self.visible_profiles(load_profiles(self.gpu_profiles))
+        return self.visible_profiles(self.all_profiles())
+
+    def all_profiles(self) -> tuple[Profile, ...]:
+        """Every configured profile, whoever may see it; gpu-kube adds KubeSpawner's profile_list."""
+        return load_profiles(self.gpu_profiles, honour_all=self.honours_kubespawner_override)
 
     @property
     def gpu_owner(self) -> str:
