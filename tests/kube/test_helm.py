@@ -15,7 +15,6 @@ import pytest
 import yaml
 from traitlets.config.loader import PyFileConfigLoader
 
-from gpuspawner.compat import min_cuda
 from gpuspawner.profiles import load_profiles
 from profiles import K8S_VERSION
 
@@ -134,17 +133,6 @@ def test_bad_values_are_rejected(helm, args, field):
     assert field in result.stderr
     lint = run(helm, "lint", str(CHART), *args)
     assert lint.returncode != 0
-
-
-def test_z2jh_values_configure_gpu_kube():
-    values = yaml.safe_load((ROOT / "helm" / "z2jh-values.yaml").read_text())
-    config = values["hub"]["config"]
-    assert config["JupyterHub"]["spawner_class"] == "gpu-kube"
-    profiles = load_profiles(config["GPUSpawnerMixin"]["gpu_profiles"])
-    assert [p.slug for p in profiles] == ["cpu", "gpu", "mig", "shared"]
-    for text in config["GPUKubeSpawner"]["image_cuda"].values():
-        min_cuda(text)
-    assert values["singleuser"]["profileList"] == []
 
 
 def test_hub_dockerfile_takes_the_base_image_as_a_build_arg():
