@@ -75,9 +75,11 @@ class GPUSpawnerMixin(GPUPolicyMixin, GPUHubSettings):
           profile (default: empty, everyone).
         - ``queue``: ``True`` to wait in the hub's GPU queue while no GPU is free instead
           of being refused (default ``False``; the wait is bounded by ``gpu_queue_timeout``).
-        - ``kubespawner_override``: as in KubeSpawner's ``profile_list``; its
-          ``extra_resource_limits["nvidia.com/gpu"]`` becomes ``gpu_counts``, its
-          ``image`` ``images``, and its ``cpu_limit`` and ``mem_limit`` are used as above.
+        - ``kubespawner_override``: as in KubeSpawner's ``profile_list``; its GPU
+          resource (``nvidia.com/gpu``, a MIG slice such as ``nvidia.com/mig-1g.10gb``,
+          ``nvidia.com/gpu.shared``) becomes ``gpu_counts`` and ``gpu_models``. gpu-kube
+          applies every key as KubeSpawner does; other backends use ``image`` as
+          ``images`` and ``cpu_limit``/``mem_limit`` as above, and refuse any other key.
 
         Empty: a CPU-only profile and a GPU profile of 1, 2 or 4 GPUs of any model.
         """,

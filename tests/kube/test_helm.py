@@ -138,5 +138,5 @@ def test_bad_values_are_rejected(helm, args, field):
 def test_hub_dockerfile_takes_the_base_image_as_a_build_arg():
     lines = (ROOT / "images" / "hub" / "Dockerfile").read_text().splitlines()
     first = [line for line in lines if line and not line.startswith("#")]
-    assert first[0].startswith("ARG BASE_IMAGE=") and first[1] == "FROM ${BASE_IMAGE}"
+    assert first[0] == "ARG BASE_IMAGE=quay.io/jupyterhub/k8s-hub:4.4.0" and first[1] == "FROM ${BASE_IMAGE}"
     assert any("/src[kube]" in line for line in lines)
