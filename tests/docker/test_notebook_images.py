@@ -118,7 +118,7 @@ def test_hub_image_builds_offline_on_the_z2jh_layout_and_loads_gpu_kube(engine):
         container.put_archive("/tmp", archive.getvalue())
         container.start()
         assert container.wait(timeout=120)["StatusCode"] == 0, container.logs().decode()[-3000:]
-        lines = container.logs(stderr=False).decode().split()
+        lines = container.logs(stderr=False).decode().splitlines()
     finally:
         container.remove(force=True)
     assert lines[0] == "jovyan"
