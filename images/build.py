@@ -113,21 +113,24 @@ def base_tarball(cache: Path) -> Path:
     return path
 
 
-def wheelhouse(cache: Path, image: str = "singleuser") -> Path:
-    """Wheels for the image's Python, downloaded on this host (cached by the requirement list)."""
-    reqs = requirements(image)
-    key = _key(reqs, PIP_TARGET)
-    path = cache / f"wheels-{key}"
+def download_wheels(cache: Path, prefix: str, reqs: list[str], what: str) -> Path:
+    """``pip download`` of ``reqs`` for the images' Python into ``cache/<prefix>-<key>`` (cached by the list)."""
+    path = cache / f"{prefix}-{_key(reqs, PIP_TARGET)}"
     if path.is_dir():
         return path
-    _log(f"downloading wheels for the {image} image")
-    tmp = Path(tempfile.mkdtemp(prefix=".wheels-", dir=cache))
+    _log(f"downloading wheels for {what}")
+    tmp = Path(tempfile.mkdtemp(prefix=f".{prefix}-", dir=cache))
     try:
         _run([sys.executable, "-m", "pip", "download", "-q", *PIP_TARGET, "-d", str(tmp), *reqs])
         os.replace(tmp, path)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return path
+
+
+def wheelhouse(cache: Path, image: str = "singleuser") -> Path:
+    """Wheels for the image's Python, downloaded on this host (cached by the requirement list)."""
+    return download_wheels(cache, "wheels", list(requirements(image)), f"the {image} image")
 
 
 def package_sources() -> list[Path]:
@@ -210,18 +213,7 @@ def hub_wheelhouse(cache: Path) -> Path:
         if not marker or re.search(r"""extra\s*==\s*['"]kube['"]""", marker):
             deps.append(name.strip())
     deps = sorted(deps) + list(HUB_BUILD_REQUIREMENTS)
-    key = _key(deps, PIP_TARGET)
-    path = cache / f"hubwheels-{key}"
-    if path.is_dir():
-        return path
-    _log("downloading wheels for the hub image")
-    tmp = Path(tempfile.mkdtemp(prefix=".hubwheels-", dir=cache))
-    try:
-        _run([sys.executable, "-m", "pip", "download", "-q", *PIP_TARGET, "-d", str(tmp), *deps])
-        os.replace(tmp, path)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return path
+    return download_wheels(cache, "hubwheels", deps, "the hub image")
 
 
 #: What the stand-in of zero-to-jupyterhub's hub image (images/z2jh-hub-standin) holds: z2jh 4.4.0's
@@ -246,15 +238,7 @@ def z2jh_standin(cache: Path, client: docker.DockerClient) -> str:
             client.images.load(f)
     if _has_image(client, keyed):
         return keyed
-    wheels = cache / f"z2jh-wheels-{_key(reqs, PIP_TARGET)}"
-    if not wheels.is_dir():
-        _log("downloading wheels for the stand-in of the z2jh hub image")
-        tmp = Path(tempfile.mkdtemp(prefix=".z2jh-wheels-", dir=cache))
-        try:
-            _run([sys.executable, "-m", "pip", "download", "-q", *PIP_TARGET, "-d", str(tmp), *reqs])
-            os.replace(tmp, wheels)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
+    wheels = download_wheels(cache, "z2jh-wheels", reqs, "the stand-in of the z2jh hub image")
     base_tag = _import_base(client, base)
     with tempfile.TemporaryDirectory(prefix="z2jh-standin-", dir=cache) as context:
         ctx = Path(context)
