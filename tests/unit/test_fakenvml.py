@@ -11,7 +11,6 @@ import importlib.util
 import json
 import os
 import re
-import stat
 import subprocess
 import sys
 import textwrap
@@ -19,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
+import devcgroup
 import fakenvml
-from needs import missing
 
 # What pynvml looks up (nvml.h maps unversioned names to these).
 REQUIRED_SYMBOLS = """
@@ -520,31 +519,11 @@ def test_gpus_name_their_device_node(nvml, tmp_path):
                    "pci": [0, "NVMLError_NotFound"], "mig": ["NVMLError_NotFound"]}
 
 
-@pytest.fixture
-def devices_cgroup():
-    """A fresh cgroup v1 devices group (root, /sys/fs/cgroup/devices); removed afterwards."""
-    mount = Path("/sys/fs/cgroup/devices")
-    if os.geteuid() != 0:
-        missing("a device cgroup needs root")
-    if not (mount / "devices.deny").exists():
-        missing(f"no cgroup v1 devices controller mounted at {mount}")
-    group = mount / f"fakenvml-test-{os.getpid()}-{os.urandom(3).hex()}"
-    group.mkdir()
-    try:
-        yield group
-    finally:
-        group.rmdir()  # its only member, the scenario's process, has exited
-
-
-def test_a_device_cgroup_makes_a_gpu_no_permission(nvml, tmp_path, devices_cgroup):
-    nodes = []
-    for minor in (0, 1):
-        node = tmp_path / f"nvidia{minor}"
-        os.mknod(node, stat.S_IFCHR | 0o666, os.makedev(195, minor))
-        nodes.append(node)
-    (devices_cgroup / "devices.deny").write_text("c 195:1 rwm")
-    devices = gpus_with_nodes(nodes)
-    before, fenced = nvml(NODE_HANDLES, {"devices": devices}, FENCE_PROCS=str(devices_cgroup / "cgroup.procs"))
+def test_a_device_cgroup_makes_a_gpu_no_permission(nvml, tmp_path):
+    with devcgroup.group("fakenvml") as fence:
+        devcgroup.deny(fence, [1])
+        devices = gpus_with_nodes(devcgroup.gpu_nodes(tmp_path / "dev", [0, 1]))
+        before, fenced = nvml(NODE_HANDLES, {"devices": devices}, FENCE_PROCS=str(fence / "cgroup.procs"))
     uuids = [d["uuid"] for d in devices]
     mig_name = f"{devices[1]['name']} MIG 1g.10gb"
     # Outside the cgroup both mknod'ed nodes open (ENXIO: no driver, which is not a refusal).
