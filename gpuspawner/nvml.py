@@ -51,6 +51,13 @@ _REASONS = {
 }
 
 
+#: A GPU NVML counts but whose handle it refuses with NO_PERMISSION: this process may not
+#: open the GPU's device node. nvml.h says nvmlDeviceGetCount_v2 counts such GPUs and
+#: nvmlDeviceGetHandleByIndex_v2 answers NO_PERMISSION for them; a device cgroup (gpu-local's
+#: fence, Slurm's ConstrainDevices) makes other users' GPUs so.
+DENIED = "this process may not open this GPU (its device node is fenced off)"
+
+
 def reason_for(error: BaseException) -> str:
     """A short sentence describing an NVML error."""
     name = type(error).__name__
@@ -156,6 +163,8 @@ class Devices(NamedTuple):
 
 
 def _device(index: int, handle: Reading) -> Device:
+    if handle.reason == _REASONS["NVMLError_NoPermission"]:
+        handle = Reading(None, DENIED)
     if not handle.ok:
         missing = Reading(None, handle.reason)
         return Device(index, handle, missing, missing)

@@ -100,7 +100,10 @@ def read_static(visibility: Visibility) -> Static:
         return Static(status=listing.reason, detail=detail)
     driver, cuda = listing.driver_version, listing.cuda_driver_version
     gpus: list[StaticGPU] = []
+    fenced = sum(d.handle.reason == nvml.DENIED for d in listing.devices)
     for device in listing.devices:
+        if device.handle.reason == nvml.DENIED:
+            continue  # the kernel refuses it to this server: not one of its GPUs, whatever the variables say
         if not device.handle.ok:
             gpus.append(StaticGPU(device.index, None, na={"gpu": device.handle.reason or "unknown"}))
             continue
@@ -138,6 +141,8 @@ def read_static(visibility: Visibility) -> Static:
         else:
             detail = (f"NVML found {len(listing.devices)} GPU(s); "
                       f"none is visible to this server ({visibility.describe()}).")
+            if fenced:
+                detail += f" {fenced} of them this server may not open: their device nodes are fenced off."
         return Static(status="no GPU visible", detail=detail, driver_version=driver, cuda_driver_version=cuda)
     return Static(status="ok", driver_version=driver, cuda_driver_version=cuda, gpus=shown)
 

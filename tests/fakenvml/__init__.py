@@ -218,7 +218,8 @@ def make_device(index: int, name: str = "NVIDIA A100-SXM4-80GB", **overrides: An
     support follow the model in ``name``: A100 80GB (default; 40GB/PCIe
     variants adjusted), Tesla T4 (no MIG support), H100 80GB. Keyword
     arguments replace top-level keys (``memory_used=...``, ``mig_mode=1``,
-    ``mig_devices=[...]``, ``faults={...}``, ``fan_speed=None`` ...).
+    ``mig_devices=[...]``, ``faults={...}``, ``fan_speed=None``,
+    ``device_node="/dev/nvidia0"`` ...).
     """
     digest = _digest("fakenvml-gpu", index, name)
     device: dict[str, Any] = {

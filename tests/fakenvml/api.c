@@ -186,6 +186,13 @@ static nvmlReturn_t device_faults(const fk_gpu *g, const fk_mig *m, const char *
     return rc ? rc : fk_fault_lookup(&g->faults, fn);
 }
 
+/* A new handle: the device's faults, then whether the caller may open its node (node.c). */
+static nvmlReturn_t handle_check(const fk_gpu *g, const fk_mig *m, const char *fn)
+{
+    nvmlReturn_t rc = device_faults(g, m, fn);
+    return rc ? rc : fk_node_access(g);
+}
+
 static nvmlReturn_t resolve(nvmlDevice_t device, fk_ctx *c)
 {
     uintptr_t p = (uintptr_t)device;
@@ -362,7 +369,7 @@ nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int index, nvmlDevice_t *dev
     if (!device || index >= g_cfg->nvis)
         return leave(NVML_ERROR_INVALID_ARGUMENT);
     unsigned slot = g_cfg->vis[index];
-    rc = device_faults(&g_cfg->gpu[slot], NULL, __func__);
+    rc = handle_check(&g_cfg->gpu[slot], NULL, __func__);
     if (!rc)
         *device = &g_gpu_h[slot];
     return leave(rc);
@@ -380,14 +387,14 @@ nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_t *device)
         unsigned slot = g_cfg->vis[v];
         fk_gpu *g = &g_cfg->gpu[slot];
         if (strcasecmp(g->uuid, uuid) == 0) {
-            rc = device_faults(g, NULL, __func__);
+            rc = handle_check(g, NULL, __func__);
             if (!rc)
                 *device = &g_gpu_h[slot];
             return leave(rc);
         }
         for (int m = 0; m < g->nmig && mig_enabled(g); m++) {
             if (g->mig[m].visible && strcasecmp(g->mig[m].uuid, uuid) == 0) {
-                rc = device_faults(g, &g->mig[m], __func__);
+                rc = handle_check(g, &g->mig[m], __func__);
                 if (!rc)
                     *device = &g_mig_h[slot][m];
                 return leave(rc);
@@ -418,7 +425,7 @@ nvmlReturn_t nvmlDeviceGetHandleByPciBusId_v2(const char *pciBusId, nvmlDevice_t
         unsigned slot = g_cfg->vis[v];
         fk_gpu *g = &g_cfg->gpu[slot];
         if (g->pci_domain == dom && g->pci_bus == bus && g->pci_device == dev) {
-            rc = device_faults(g, NULL, __func__);
+            rc = handle_check(g, NULL, __func__);
             if (!rc)
                 *device = &g_gpu_h[slot];
             return leave(rc);

@@ -431,6 +431,7 @@ static void parse_gpu(ctx *c, const cJSON *d, int index, fk_gpu *g)
     g->pci_base_class = u32_or(c, d, "pci_base_class", w, 3); /* display controller */
     g->pci_sub_class = u32_or(c, d, "pci_sub_class", w, 2);   /* 3D controller */
     g->minor_number = u32_or(c, d, "minor_number", w, (unsigned)index);
+    opt_str(c, d, "device_node", w, g->device_node, sizeof g->device_node);
 
     int has;
     opt_u64(c, d, "memory_total", w, &g->has_memory, &g->memory_total);

@@ -25,6 +25,7 @@
 #define FK_MAX_FAULTS 32
 #define FK_STR 96 /* NVML_DEVICE_UUID_V2_BUFFER_SIZE == NVML_DEVICE_NAME_V2_BUFFER_SIZE */
 #define FK_FN_NAME 64
+#define FK_PATH 256 /* device_node */
 
 /* NVML_VALUE_NOT_AVAILABLE for the unsigned fields of nvmlProcessInfo_t. */
 #define FK_NA_U32 0xFFFFFFFFu
@@ -74,6 +75,7 @@ typedef struct {
     unsigned int pci_device_id, pci_subsystem_id;
     unsigned int pci_base_class, pci_sub_class;
     unsigned int minor_number;
+    char device_node[FK_PATH]; /* "": none named (node.c) */
 
     int has_memory;
     unsigned long long memory_total, memory_used, memory_reserved;
@@ -148,6 +150,9 @@ nvmlReturn_t fk_fault_lookup(const fk_faults *faults, const char *fn);
 /* "NOT_SUPPORTED" / "NVML_ERROR_NOT_SUPPORTED" / number -> code; -1 if unknown. */
 long fk_error_from_name(const char *name);
 const char *fk_error_string(nvmlReturn_t rc);
+
+/* node.c: may the caller open the GPU's device node? SUCCESS, NO_PERMISSION, NOT_FOUND */
+nvmlReturn_t fk_node_access(const fk_gpu *g);
 
 /* counts.c */
 typedef struct fk_counter fk_counter;

@@ -5,17 +5,22 @@ starts a server holding one of two simulated GPUs whose device nodes the test
 makes with mknod. From a kernel in that server, as a notebook would, the
 server's own GPU node opens as far as the fence is concerned (ENXIO: no
 driver behind it) and the other GPU's node is refused by the kernel (EPERM),
-even after the notebook clears CUDA_VISIBLE_DEVICES. The fence outlives a hub
-SIGKILL for the adopted server and goes away when the server stops.
+even after the notebook clears CUDA_VISIBLE_DEVICES. NVML (the real nvidia-ml-py
+on the stand-in, whose GPUs name those nodes) in that kernel still counts both
+GPUs but gives a handle only for the server's own; the server's GPU monitor
+lists only that one. The fence outlives a hub SIGKILL for the adopted server
+and goes away when the server stops.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import stat
 
 import pytest
+import requests
 
 import fakenvml
 from gpuspawner.fence import DEVICES_MOUNT, detect
@@ -40,6 +45,28 @@ for node in {nodes!r}:
         print(node, errno.errorcode[e.errno])
 """
 
+# NVML as a notebook would use it, every GPU by index and by UUID: the UUID, or the error's name.
+NVML_PROBE = """
+import json, os
+os.environ.pop("CUDA_VISIBLE_DEVICES", None)
+import pynvml
+
+def uuid_of(get, key):
+    try:
+        return pynvml.nvmlDeviceGetUUID(get(key))
+    except pynvml.NVMLError as e:
+        return type(e).__name__
+
+pynvml.nvmlInit()
+count = pynvml.nvmlDeviceGetCount()
+print(json.dumps({{
+    "count": count,
+    "by_index": [uuid_of(pynvml.nvmlDeviceGetHandleByIndex, i) for i in range(count)],
+    "by_uuid": {{u: uuid_of(pynvml.nvmlDeviceGetHandleByUUID, u) for u in {uuids!r}}},
+}}))
+pynvml.nvmlShutdown()
+"""
+
 
 @pytest.fixture
 def fenced_host():
@@ -58,7 +85,7 @@ def test_a_server_can_open_only_its_own_gpu_node(tmp_path, fakenvml_libdir, fenc
         device["minor_number"] = minor
         node = dev / f"nvidia{minor}"
         os.mknod(node, stat.S_IFCHR | 0o666, os.makedev(195, device["minor_number"]))
-        nodes[device["uuid"]] = str(node)
+        nodes[device["uuid"]] = device["device_node"] = str(node)  # the stand-in opens it for a handle
     config_path = tmp_path / "gpus.json"
     fakenvml.write_config(config_path, config)
     hub_id = "fence-" + os.urandom(4).hex()
@@ -75,6 +102,7 @@ def test_a_server_can_open_only_its_own_gpu_node(tmp_path, fakenvml_libdir, fenc
         mine = env["CUDA_VISIBLE_DEVICES"]
         other = next(u for u in nodes if u != mine)
         server_url = hub.url + "/user/ada/"
+        auth = {"Authorization": f"token {hub.token}"}
         kernel = start_kernel(server_url, hub.token)
 
         def probe() -> dict[str, str]:
@@ -83,6 +111,21 @@ def test_a_server_can_open_only_its_own_gpu_node(tmp_path, fakenvml_libdir, fenc
 
         seen = probe()
         assert seen == {nodes[mine]: "ENXIO", nodes[other]: "EPERM"}, seen
+
+        # NVML counts both GPUs, as on a real host, but the other one's handle is refused.
+        code = NVML_PROBE.format(uuids=list(nodes))
+        nvml_seen = json.loads(execute(server_url, hub.token, kernel, code))
+        denied = "NVMLError_NoPermission"
+        assert nvml_seen == {
+            "count": 2,
+            "by_index": [u if u == mine else denied for u in nodes],
+            "by_uuid": {mine: mine, other: denied},
+        }, nvml_seen
+        # The server's GPU monitor lists its own GPU only, and nothing of the other.
+        sample = requests.get(server_url + "api/gpus", headers=auth, timeout=60).json()
+        assert [(g["uuid"], g["na"]) for g in sample["gpus"]] == [(mine, {})], sample
+        metrics = requests.get(server_url + "api/gpus/metrics", headers=auth, timeout=60).text
+        assert mine in metrics and other not in json.dumps(sample) + metrics
         assert [p.name for p in fences.iterdir() if p.is_dir()] == [env["GPUSPAWNER_SPAWN"]]
 
         # the hub dies and comes back: the adopted server is still fenced
@@ -92,6 +135,7 @@ def test_a_server_can_open_only_its_own_gpu_node(tmp_path, fakenvml_libdir, fenc
         hub.start()
         hub.wait_ready("ada")
         assert probe() == seen
+        assert json.loads(execute(server_url, hub.token, kernel, code)) == nvml_seen
 
         hub.stop_server("ada")
         assert not (fences / env["GPUSPAWNER_SPAWN"]).exists(), "the stopped server's cgroup is gone"

@@ -16,6 +16,7 @@ import pytest
 import requests
 from prometheus_client.utils import floatToGoString
 
+import devcgroup
 import fakenvml
 from gpuspawner.monitor.kernels import NOT_VISIBLE
 from gpuspawner.nvml import _REASONS
@@ -268,6 +269,37 @@ def test_cpu_only_server_says_no_gpu_visible(tmp_path, fakenvml_libdir, gpu_file
         assert sample["gpus"] == []
         assert "CUDA_VISIBLE_DEVICES=''" in sample["detail"]
         assert config["devices"][0]["uuid"] not in server.get("api/gpus/metrics").text
+
+
+def test_gpus_fenced_off_from_the_server_are_left_out(tmp_path, fakenvml_libdir, gpu_file, monkeypatch):
+    # No variable restricts this server; the kernel does. NVML counts every GPU but refuses a
+    # handle for those whose device node the server's cgroup denies: they are not its GPUs.
+    _env_without_visibility(monkeypatch)
+    path, config = gpu_file
+    uuids = [d["uuid"] for d in config["devices"]]
+    with devcgroup.group("monitor") as fence:
+        for device, node in zip(config["devices"], devcgroup.gpu_nodes(tmp_path / "dev", range(4)), strict=True):
+            device["device_node"] = str(node)
+        fakenvml.write_config(path, config)
+        devcgroup.deny(fence, [1, 2, 3])
+        with start(tmp_path, fakenvml_libdir, path) as server:
+            devcgroup.join(fence, server.proc.pid)
+            sample = server.wait_for(lambda s: len(s["gpus"]) == 1, what="only the GPU the server may open")
+            assert sample["status"] == "ok"
+            gpu = sample["gpus"][0]
+            assert (gpu["index"], gpu["cuda_index"]) == (0, 0)
+            assert {k: gpu[k] for k in expected_values(config["devices"][0])} == expected_values(config["devices"][0])
+            assert gpu["na"] == {}
+            bodies = [json.dumps(sample), server.get("api/gpus/metrics").text]
+            for body in bodies:
+                for other in uuids[1:]:
+                    assert other not in body
+
+            devcgroup.deny(fence, [0])  # now none is left to it
+            sample = server.wait_for(lambda s: s["status"] == "no GPU visible", what="no GPU visible")
+            assert sample["gpus"] == []
+            assert "NVML found 4 GPU(s)" in sample["detail"]
+            assert "4 of them this server may not open: their device nodes are fenced off." in sample["detail"]
 
 
 def test_stream_delivers_new_values_and_nvml_calls_do_not_grow_with_clients(

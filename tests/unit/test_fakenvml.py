@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+import devcgroup
 import fakenvml
 
 # What pynvml looks up (nvml.h maps unversioned names to these).
@@ -470,6 +471,67 @@ def test_host_sees_every_gpu_whatever_cuda_visible_devices(nvml):
     assert nvml(LIST_LINES, {"devices": HOST}, CUDA_VISIBLE_DEVICES="1") == seen(0, 1, 2, 3)
     # "container": true in the file works like FAKENVML_CONTAINER=1.
     assert nvml(LIST_LINES, {"container": True, "devices": HOST}, NVIDIA_VISIBLE_DEVICES="3") == seen(3)
+
+
+# ------------------------------------------------------------ device nodes --
+
+# Handles for every counted GPU, by index, UUID and PCI bus id (and a MIG device
+# by its UUID); where FENCE_PROCS names a cgroup's cgroup.procs the process
+# joins that cgroup halfway, after nvmlInit, as a fence set up later would.
+NODE_HANDLES = """
+def handles():
+    cfg = config()
+    got = {"count": N.nvmlDeviceGetCount()}
+    got["index"] = [err(lambda i: N.nvmlDeviceGetUUID(N.nvmlDeviceGetHandleByIndex(i)), i)
+                    for i in range(got["count"])]
+    got["uuid"] = [err(lambda u: N.nvmlDeviceGetIndex(N.nvmlDeviceGetHandleByUUID(u)), d["uuid"])
+                   for d in cfg["devices"]]
+    got["pci"] = [err(lambda b: N.nvmlDeviceGetIndex(N.nvmlDeviceGetHandleByPciBusId(b)), d["pci_bus_id"])
+                  for d in cfg["devices"]]
+    got["mig"] = [err(lambda u: N.nvmlDeviceGetName(N.nvmlDeviceGetHandleByUUID(u)), m["uuid"])
+                  for d in cfg["devices"] for m in d.get("mig_devices", [])]
+    return got
+
+N.nvmlInit()
+out = [handles()]
+if os.environ.get("FENCE_PROCS"):
+    with open(os.environ["FENCE_PROCS"], "w") as f:
+        f.write(str(os.getpid()))
+    out.append(handles())
+"""
+
+
+def gpus_with_nodes(nodes: list[Path]) -> list[dict]:
+    devices = [fakenvml.make_device(i, device_node=str(node)) for i, node in enumerate(nodes)]
+    devices[1].update(mig_mode=1, mig_devices=[fakenvml.make_mig_device(devices[1], 0)])
+    return devices
+
+
+def test_gpus_name_their_device_node(nvml, tmp_path):
+    # A node that opens (any file will do) gives handles as before; a node that
+    # is not there makes its GPU NOT_FOUND, still counted.
+    present = tmp_path / "nvidia0"
+    present.write_bytes(b"")
+    devices = gpus_with_nodes([present, tmp_path / "nvidia1"])
+    [out] = nvml(NODE_HANDLES, {"devices": devices})
+    uuid0 = devices[0]["uuid"]
+    assert out == {"count": 2, "index": [uuid0, "NVMLError_NotFound"], "uuid": [0, "NVMLError_NotFound"],
+                   "pci": [0, "NVMLError_NotFound"], "mig": ["NVMLError_NotFound"]}
+
+
+def test_a_device_cgroup_makes_a_gpu_no_permission(nvml, tmp_path):
+    with devcgroup.group("fakenvml") as fence:
+        devcgroup.deny(fence, [1])
+        devices = gpus_with_nodes(devcgroup.gpu_nodes(tmp_path / "dev", [0, 1]))
+        before, fenced = nvml(NODE_HANDLES, {"devices": devices}, FENCE_PROCS=str(fence / "cgroup.procs"))
+    uuids = [d["uuid"] for d in devices]
+    mig_name = f"{devices[1]['name']} MIG 1g.10gb"
+    # Outside the cgroup both mknod'ed nodes open (ENXIO: no driver, which is not a refusal).
+    assert before == {"count": 2, "index": uuids, "uuid": [0, 1], "pci": [0, 1], "mig": [mig_name]}
+    # Inside it GPU 1 is still counted, but the kernel refuses its node: no handle, by any key.
+    denied = "NVMLError_NoPermission"
+    assert fenced == {"count": 2, "index": [uuids[0], denied], "uuid": [0, denied], "pci": [0, denied],
+                      "mig": [denied]}
 
 
 # --------------------------------------------------------- reload, counts --
