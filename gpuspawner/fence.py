@@ -96,15 +96,23 @@ class DeviceFence:
             procs.write(str(os.getpid()))
 
     def remove(self, spawn: str) -> bool:
-        """Remove start ``spawn``'s cgroup; False while processes are still in it."""
+        """Remove start ``spawn``'s cgroup; False while processes are still in it.
+
+        The hub's own folder goes too once it holds no start (a later start makes it again).
+        """
         try:
             self.path(spawn).rmdir()
         except FileNotFoundError:
-            return True
+            pass
         except OSError as e:
             if e.errno == errno.EBUSY:
                 return False
             raise
+        try:
+            self.root.rmdir()
+        except OSError as e:  # another start's cgroup is in it (EBUSY), or it is gone already
+            if e.errno not in (errno.EBUSY, errno.ENOTEMPTY, errno.ENOENT):
+                raise
         return True
 
     def starts(self) -> list[str]:

@@ -139,6 +139,7 @@ def test_a_server_can_open_only_its_own_gpu_node(tmp_path, fakenvml_libdir, fenc
 
         hub.stop_server("ada")
         assert not (fences / env["GPUSPAWNER_SPAWN"]).exists(), "the stopped server's cgroup is gone"
+        assert not fences.exists(), "and the hub's cgroup folder, now that it has no server"
     finally:
         hub.close()
         if fences.is_dir():
