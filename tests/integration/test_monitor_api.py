@@ -52,6 +52,9 @@ def start(tmp_path, fakenvml_libdir, gpu_file_path, extra_env=None, args=(), cou
 def _env_without_visibility(monkeypatch):
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     monkeypatch.delenv("NVIDIA_VISIBLE_DEVICES", raising=False)
+    # A100s and T4s: CUDA numbers different models in PCI bus order only with this
+    # (its default puts the fastest first by a heuristic: cuda_index null, tested apart)
+    monkeypatch.setenv("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
 
 
 def expected_values(device: dict) -> dict:
@@ -83,6 +86,7 @@ def test_snapshot_values_equal_the_stand_in(tmp_path, fakenvml_libdir, gpu_file,
         assert sample["status"] == "ok"
         assert sample["driver_version"] == "550.54.15"
         assert [g["index"] for g in sample["gpus"]] == [0, 1, 2, 3]
+        assert [g["cuda_index"] for g in sample["gpus"]] == [0, 1, 2, 3]
         for gpu, device in zip(sample["gpus"], config["devices"], strict=True):
             got = {k: gpu[k] for k in expected_values(device)}
             assert got == expected_values(device)
@@ -131,7 +135,7 @@ def test_no_credentials_is_forbidden(tmp_path, fakenvml_libdir, gpu_file, monkey
 
 FAULTS = [
     ("nvmlDeviceGetUtilizationRates", ["utilization_gpu", "utilization_memory"]),
-    ("nvmlDeviceGetMemoryInfo", ["memory_used", "memory_total"]),
+    ("nvmlDeviceGetMemoryInfo", ["memory_used", "memory_reserved", "memory_total"]),
     ("nvmlDeviceGetTemperature", ["temperature"]),
     ("nvmlDeviceGetPowerUsage", ["power"]),
     ("nvmlDeviceGetEnforcedPowerLimit", ["power_limit"]),
