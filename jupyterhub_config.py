@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 from gpuspawner.hub.setup import configure
+from gpuspawner.hub.sqlite import sqlite_db_kwargs
 from gpuspawner.simulation import SIMULATION_ENV, real_or_simulated
 from gpuspawner.spawners.docker import reachable_engine
 
@@ -36,6 +37,9 @@ c.JupyterHub.bind_url = os.environ.get("GPUSPAWNER_BIND_URL", "http://127.0.0.1:
 c.JupyterHub.hub_bind_url = os.environ.get("GPUSPAWNER_HUB_BIND_URL", "http://127.0.0.1:8081")
 c.ConfigurableHTTPProxy.api_url = os.environ.get("GPUSPAWNER_PROXY_API_URL", "http://127.0.0.1:8001")
 c.JupyterHub.db_url = f"sqlite:///{state / 'jupyterhub.sqlite'}"
+# WAL, commits that do not wait for the disk: JupyterHub commits ~10 times per spawn on its event
+# loop, and a storm of spawns otherwise blocks every answer for seconds (gpuspawner/hub/sqlite.py).
+c.JupyterHub.db_kwargs = sqlite_db_kwargs(os.environ.get("GPUSPAWNER_SQLITE_SYNCHRONOUS", "NORMAL"))
 c.JupyterHub.cookie_secret_file = str(state / "jupyterhub_cookie_secret")
 c.ConfigurableHTTPProxy.pid_file = str(state / "proxy.pid")
 

@@ -46,6 +46,9 @@ def _profile_context(
     images = list(profile.images)
     return {
         "profile": profile,
+        # form field names (gpu-kube uses KubeSpawner's profile-option-<slug>--<name> instead)
+        "fields": {key: f"{key}-{profile.slug}" for key in ("gpus", "gpu_model", "image")},
+        "options": [],  # KubeSpawner profile_options (gpu-kube)
         "gpu_choice": profile.max_gpus > 0,
         "models": offered,
         "selected_model": selected_model,

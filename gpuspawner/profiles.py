@@ -24,7 +24,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .gpu import slug_matches
+from .gpu import model_slug, slug_matches
 
 OPTION_KEYS = ("profile", "gpus", "gpu_model", "image")
 _SLUG = re.compile(r"[a-z0-9][a-z0-9-]{0,62}")
@@ -125,21 +125,74 @@ def _slugify(text: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", text.lower())[:63].strip("-") or "profile"
 
 
-def _from_kubespawner_override(override: Any, where: str) -> dict:
-    """The parts of a KubeSpawner profile override that a GPU profile understands."""
+#: kubespawner_override keys every backend honours; gpu-kube (KubeSpawner) honours every key.
+OVERRIDE_KEYS = ("extra_resource_limits", "extra_resource_guarantees", "cpu_limit", "mem_limit", "image")
+
+_MIG_RESOURCE = re.compile(r"nvidia\.com/mig-([0-9]+g)\.([0-9]+gb)")
+_PRODUCT_LABEL = "nvidia.com/gpu.product"
+
+
+def gpu_resource_choice(override: Mapping, where: str) -> dict:
+    """``gpu_counts`` and ``gpu_models`` from the NVIDIA resources a kubespawner_override asks for.
+
+    ``nvidia.com/gpu`` is whole GPUs (of the model a ``nvidia.com/gpu.product`` node selector
+    names, else any), ``nvidia.com/mig-1g.10gb`` a MIG slice of that size, ``nvidia.com/gpu.shared``
+    a time-sliced GPU. Limits are read, else guarantees; any other ``nvidia.com/`` resource, two of
+    them, or a count that is not a whole number is refused.
+    """
+    found: dict[str, Any] = {}
+    for key in ("extra_resource_limits", "extra_resource_guarantees"):
+        values = override.get(key) or {}
+        if not isinstance(values, Mapping):
+            raise OptionsError(where, f"kubespawner_override.{key} must be a dict")
+        gpu = {str(k): v for k, v in values.items() if str(k).startswith("nvidia.com/")}
+        if gpu and not found:
+            found = gpu
+    if not found:
+        return {}
+    if len(found) > 1:
+        raise OptionsError(where, f"kubespawner_override asks for several GPU resources {sorted(found)}; "
+                                  "one pod gets one")
+    ((resource, limit),) = found.items()
+    if isinstance(limit, str) and re.fullmatch(r"[0-9]{1,4}", limit):
+        limit = int(limit)
+    if type(limit) is not int:
+        raise OptionsError(where, f"{resource} limit {limit!r} must be a whole number")
+    mig = _MIG_RESOURCE.fullmatch(resource)
+    if resource == "nvidia.com/gpu":
+        selector = override.get("node_selector") or {}
+        product = selector.get(_PRODUCT_LABEL) if isinstance(selector, Mapping) else None
+        models = [model_slug(product)] if isinstance(product, str) and product else ["any"]
+    elif mig:
+        models = [f"mig-{mig.group(1)}-{mig.group(2)}"]
+    elif resource == "nvidia.com/gpu.shared":
+        models = ["shared"]
+    else:
+        raise OptionsError(where, f"kubespawner_override resource {resource!r} is not a GPU resource gpuspawner "
+                                  "knows (nvidia.com/gpu, nvidia.com/mig-<size>, nvidia.com/gpu.shared)")
+    return {"gpu_counts": [limit], "gpu_models": models}
+
+
+def _from_kubespawner_override(override: Any, where: str, honour_all: bool = False) -> dict:
+    """The parts of a KubeSpawner profile override that a GPU profile understands.
+
+    Without ``honour_all`` (backends other than gpu-kube) a key this backend cannot
+    apply, or a resource other than a GPU, is refused rather than dropped.
+    """
     if not isinstance(override, Mapping):
         raise OptionsError(where, "kubespawner_override must be a dict")
-    values: dict[str, Any] = {}
-    limits = override.get("extra_resource_limits") or {}
-    if not isinstance(limits, Mapping):
-        raise OptionsError(where, "kubespawner_override.extra_resource_limits must be a dict")
-    if "nvidia.com/gpu" in limits:
-        limit = limits["nvidia.com/gpu"]
-        if isinstance(limit, str) and re.fullmatch(r"[0-9]{1,4}", limit):
-            limit = int(limit)
-        if type(limit) is not int:
-            raise OptionsError(where, f"nvidia.com/gpu limit {limit!r} must be a whole number")
-        values["gpu_counts"] = [limit]
+    values: dict[str, Any] = gpu_resource_choice(override, where)
+    if honour_all:
+        return values
+    unknown = sorted(str(k) for k in override if k not in OVERRIDE_KEYS)
+    if unknown:
+        raise OptionsError(where, f"kubespawner_override keys {unknown} are only honoured by gpu-kube (KubeSpawner); "
+                                  f"this backend honours {', '.join(OVERRIDE_KEYS)}")
+    for key in ("extra_resource_limits", "extra_resource_guarantees"):
+        other = sorted(str(k) for k in (override.get(key) or {}) if not str(k).startswith("nvidia.com/"))
+        if other:
+            raise OptionsError(where, f"kubespawner_override.{key} {other}: only GPU resources are honoured "
+                                      "outside gpu-kube")
     for key in ("cpu_limit", "mem_limit"):
         if key in override:
             values[key] = override[key]
@@ -160,8 +213,11 @@ def _words(value: Any, pattern: re.Pattern, where: str, key: str, what: str, low
     return words
 
 
-def profile_from_config(entry: Mapping, position: int = 0) -> Profile:
-    """Check one configured profile; raise OptionsError naming the bad key."""
+def profile_from_config(entry: Mapping, position: int = 0, honour_all: bool = False) -> Profile:
+    """Check one configured profile; raise OptionsError naming the bad key.
+
+    ``honour_all``: every ``kubespawner_override`` key is applied by the backend (gpu-kube).
+    """
     where = f"gpu_profiles[{position}]"
     if not isinstance(entry, Mapping):
         raise OptionsError(where, f"must be a dict, not {type(entry).__name__}")
@@ -169,7 +225,10 @@ def profile_from_config(entry: Mapping, position: int = 0) -> Profile:
     if unknown:
         raise OptionsError(where, f"unknown keys {sorted(unknown)}; known keys: {sorted(_PROFILE_KEYS)}")
     values = dict(entry)
-    values.update(_from_kubespawner_override(values.pop("kubespawner_override", None) or {}, where))
+    derived = _from_kubespawner_override(values.pop("kubespawner_override", None) or {}, where, honour_all)
+    if "gpu_counts" in entry or "gpu_models" in entry:  # the profile's own GPU choices win
+        derived = {k: v for k, v in derived.items() if k not in ("gpu_counts", "gpu_models")}
+    values.update({k: v for k, v in derived.items() if k not in entry})
     display = values.get("display_name")
     if not isinstance(display, str) or not display.strip():
         raise OptionsError(where, "needs a 'display_name' string")
@@ -227,9 +286,9 @@ def profile_from_config(entry: Mapping, position: int = 0) -> Profile:
     )
 
 
-def load_profiles(entries: Iterable[Mapping]) -> tuple[Profile, ...]:
+def load_profiles(entries: Iterable[Mapping], honour_all: bool = False) -> tuple[Profile, ...]:
     """Check a whole profile list: unique slugs, at most one default."""
-    profiles = tuple(profile_from_config(e, n) for n, e in enumerate(entries or DEFAULT_PROFILES))
+    profiles = tuple(profile_from_config(e, n, honour_all) for n, e in enumerate(entries or DEFAULT_PROFILES))
     slugs = [p.slug for p in profiles]
     duplicate = {s for s in slugs if slugs.count(s) > 1}
     if duplicate:

@@ -6,7 +6,8 @@
 TensorFlow (the ``tensorflow-cpu`` wheel: about 320 MB of wheels) and the GPU
 benchmark notebook; ``pytorch`` adds PyPI's torch (CUDA libraries included,
 several GB: not built by the tests); ``hub`` builds ``images/hub/Dockerfile``
-(JupyterHub, gpuspawner[kube]) the same way, from a copy of this checkout.
+(z2jh's hub image plus gpuspawner[kube]) from a copy of this checkout, on a
+stand-in of z2jh's hub image (``images/z2jh-hub-standin``: its layout, built here).
 
 The engine is the one ``DOCKER_HOST`` names (default: the local socket).
 Three steps, each cached under ``--cache`` by a key of its inputs, so a rerun
@@ -112,21 +113,24 @@ def base_tarball(cache: Path) -> Path:
     return path
 
 
-def wheelhouse(cache: Path, image: str = "singleuser") -> Path:
-    """Wheels for the image's Python, downloaded on this host (cached by the requirement list)."""
-    reqs = requirements(image)
-    key = _key(reqs, PIP_TARGET)
-    path = cache / f"wheels-{key}"
+def download_wheels(cache: Path, prefix: str, reqs: list[str], what: str) -> Path:
+    """``pip download`` of ``reqs`` for the images' Python into ``cache/<prefix>-<key>`` (cached by the list)."""
+    path = cache / f"{prefix}-{_key(reqs, PIP_TARGET)}"
     if path.is_dir():
         return path
-    _log(f"downloading wheels for the {image} image")
-    tmp = Path(tempfile.mkdtemp(prefix=".wheels-", dir=cache))
+    _log(f"downloading wheels for {what}")
+    tmp = Path(tempfile.mkdtemp(prefix=f".{prefix}-", dir=cache))
     try:
         _run([sys.executable, "-m", "pip", "download", "-q", *PIP_TARGET, "-d", str(tmp), *reqs])
         os.replace(tmp, path)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return path
+
+
+def wheelhouse(cache: Path, image: str = "singleuser") -> Path:
+    """Wheels for the image's Python, downloaded on this host (cached by the requirement list)."""
+    return download_wheels(cache, "wheels", list(requirements(image)), f"the {image} image")
 
 
 def package_sources() -> list[Path]:
@@ -209,27 +213,64 @@ def hub_wheelhouse(cache: Path) -> Path:
         if not marker or re.search(r"""extra\s*==\s*['"]kube['"]""", marker):
             deps.append(name.strip())
     deps = sorted(deps) + list(HUB_BUILD_REQUIREMENTS)
-    key = _key(deps, PIP_TARGET)
-    path = cache / f"hubwheels-{key}"
-    if path.is_dir():
-        return path
-    _log("downloading wheels for the hub image")
-    tmp = Path(tempfile.mkdtemp(prefix=".hubwheels-", dir=cache))
+    return download_wheels(cache, "hubwheels", deps, "the hub image")
+
+
+#: What the stand-in of zero-to-jupyterhub's hub image (images/z2jh-hub-standin) holds: z2jh 4.4.0's
+#: JupyterHub and KubeSpawner, and a sample of what its image adds (images/hub/Dockerfile must keep them).
+Z2JH_STANDIN_REQUIREMENTS = (
+    "jupyterhub==5.5.0", "jupyterhub-kubespawner==7.0.0", "pycurl", "jupyterhub-idle-culler", "oauthenticator",
+    "jupyterhub-nativeauthenticator", "jupyterhub-firstuseauthenticator", "jupyterhub-tmpauthenticator",
+    "psycopg2-binary", "pymysql",
+)
+
+
+def z2jh_standin(cache: Path, client: docker.DockerClient) -> str:
+    """The stand-in of z2jh's hub image on the engine (built once, then ``docker save``d under ``cache``)."""
+    base = base_tarball(cache)
+    reqs = list(Z2JH_STANDIN_REQUIREMENTS)
+    dockerfile = IMAGES_DIR / "z2jh-hub-standin" / "Dockerfile"
+    key = _key(base.name, reqs, PIP_TARGET, _tree_key([dockerfile]))
+    keyed = f"gpuspawner-z2jh-hub-standin:{key}"
+    saved = cache / f"z2jh-hub-standin-{key}.tar"
+    if not _has_image(client, keyed) and saved.exists():
+        with open(saved, "rb") as f:
+            client.images.load(f)
+    if _has_image(client, keyed):
+        return keyed
+    wheels = download_wheels(cache, "z2jh-wheels", reqs, "the stand-in of the z2jh hub image")
+    base_tag = _import_base(client, base)
+    with tempfile.TemporaryDirectory(prefix="z2jh-standin-", dir=cache) as context:
+        ctx = Path(context)
+        shutil.copy(dockerfile, ctx / "Dockerfile")
+        shutil.copytree(wheels, ctx / "wheels")
+        (ctx / "requirements.txt").write_text("\n".join(reqs) + "\n")
+        _log(f"building {keyed}")
+        _docker_build(client, path=str(ctx), tag=keyed, buildargs={"BASE_IMAGE": base_tag})
+    for old in cache.glob("z2jh-hub-standin-*.tar"):
+        old.unlink()
+    tmp = saved.with_suffix(f".tmp{os.getpid()}")
+    with open(tmp, "wb") as f:
+        for chunk in client.images.get(keyed).save(named=True):
+            f.write(chunk)
+    os.replace(tmp, saved)
+    return keyed
+
+
+def _docker_build(client: docker.DockerClient, **kwargs) -> None:
     try:
-        _run([sys.executable, "-m", "pip", "download", "-q", *PIP_TARGET, "-d", str(tmp), *deps])
-        os.replace(tmp, path)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return path
+        client.images.build(rm=True, forcerm=True, timeout=1800, **kwargs)
+    except docker.errors.BuildError as e:
+        lines = "".join(str(item.get("stream") or item.get("error") or "") for item in e.build_log)
+        raise RuntimeError(f"docker build failed: {e}\n{lines[-4000:]}") from e
 
 
 def build_hub(tag: str, cache: Path, client: docker.DockerClient | None = None) -> str:
-    """Build ``images/hub/Dockerfile`` offline on the mmdebstrap base (no cache of the result)."""
+    """Build ``images/hub/Dockerfile`` offline on the stand-in of z2jh's hub image (no cache of the result)."""
     cache.mkdir(parents=True, exist_ok=True)
     client = client or docker.from_env(timeout=600)
-    base = base_tarball(cache)
+    base_tag = z2jh_standin(cache, client)
     wheels = hub_wheelhouse(cache)
-    base_tag = _import_base(client, base)
     with tempfile.TemporaryDirectory(prefix="hub-", dir=cache) as context:
         ctx = Path(context)
         # the Dockerfile's context is the repository root: copy only what it reads
@@ -240,13 +281,8 @@ def build_hub(tag: str, cache: Path, client: docker.DockerClient | None = None) 
             shutil.copy(ROOT / name, ctx / name)
         shutil.copytree(ROOT / "gpuspawner", ctx / "gpuspawner", ignore=shutil.ignore_patterns("__pycache__"))
         _log(f"building {tag}")
-        try:
-            client.images.build(path=str(ctx), dockerfile="images/hub/Dockerfile", tag=tag, rm=True, forcerm=True,
-                                timeout=1800, buildargs={"BASE_IMAGE": base_tag,
-                                                         "PIP_ARGS": "--no-index --find-links /tmp/wheels"})
-        except docker.errors.BuildError as e:
-            lines = "".join(str(item.get("stream") or item.get("error") or "") for item in e.build_log)
-            raise RuntimeError(f"docker build failed: {e}\n{lines[-4000:]}") from e
+        _docker_build(client, path=str(ctx), dockerfile="images/hub/Dockerfile", tag=tag,
+                      buildargs={"BASE_IMAGE": base_tag, "PIP_ARGS": "--no-index --find-links /tmp/wheels"})
     return tag
 
 

@@ -76,18 +76,24 @@ class GPUSpawnerMixin(GPUPolicyMixin, GPUHubSettings):
         - ``queue``: ``True`` to wait in the hub's GPU queue while no GPU is free instead
           of being refused (default ``False``; the wait is bounded by ``gpu_queue_timeout``).
           Refused on gpu-kube, where the cluster's scheduler is the queue.
-        - ``kubespawner_override``: as in KubeSpawner's ``profile_list``; its
-          ``extra_resource_limits["nvidia.com/gpu"]`` becomes ``gpu_counts``, its
-          ``image`` ``images``, and its ``cpu_limit`` and ``mem_limit`` are used as above.
+        - ``kubespawner_override``: as in KubeSpawner's ``profile_list``; its GPU
+          resource (``nvidia.com/gpu``, a MIG slice such as ``nvidia.com/mig-1g.10gb``,
+          ``nvidia.com/gpu.shared``) becomes ``gpu_counts`` and ``gpu_models``. gpu-kube
+          applies every key as KubeSpawner does; other backends use ``image`` as
+          ``images`` and ``cpu_limit``/``mem_limit`` as above, and refuse any other key.
 
         Empty: a CPU-only profile and a GPU profile of 1, 2 or 4 GPUs of any model.
         """,
     ).tag(config=True)
 
+    #: True where the backend applies every kubespawner_override key (gpu-kube); elsewhere
+    #: keys it cannot apply are refused instead of dropped.
+    honours_kubespawner_override = False
+
     @validate("gpu_profiles")
     def _check_profiles(self, proposal):
         try:
-            load_profiles(proposal["value"])
+            load_profiles(proposal["value"], honour_all=self.honours_kubespawner_override)
         except OptionsError as e:
             raise TraitError(f"Invalid GPU profile configuration: {e}") from e
         return proposal["value"]
@@ -118,7 +124,11 @@ class GPUSpawnerMixin(GPUPolicyMixin, GPUHubSettings):
     @property
     def profiles(self) -> tuple[Profile, ...]:
         """The profiles this user may see (``groups`` on a profile limits who)."""
-        return self.visible_profiles(load_profiles(self.gpu_profiles))
+        return self.visible_profiles(self.all_profiles())
+
+    def all_profiles(self) -> tuple[Profile, ...]:
+        """Every configured profile, whoever may see it; gpu-kube adds KubeSpawner's profile_list."""
+        return load_profiles(self.gpu_profiles, honour_all=self.honours_kubespawner_override)
 
     @property
     def gpu_owner(self) -> str:

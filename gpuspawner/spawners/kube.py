@@ -21,8 +21,12 @@ refused at configuration.
 from __future__ import annotations
 
 import copy
+import dataclasses
+import re
+from collections.abc import Mapping
 from typing import Any
 
+from jupyterhub.utils import maybe_future
 from kubespawner import KubeSpawner
 from traitlets import Dict, List, TraitError, Unicode, validate
 
@@ -42,13 +46,23 @@ from ..kube.podspec import (
     gpu_overrides,
     merge_overrides,
 )
+from ..kube.profiles import GPU_OPTIONS, UNLISTED, check_entries, combined_entries, refuse_queue
 from ..ledger import cluster_tokens
 from ..placement import GPURequest, PlacementError
-from ..profiles import Choice, load_profiles
+from ..profiles import Choice, OptionsError, Profile, gpu_resource_choice, load_profiles, parse_options
 from .base import GPUSpawnerMixin, user_error
 
-# Traits a profile sets: restored to their configured values at every spawn.
-_PROFILE_TRAITS = ("image", "cpu_limit", "mem_limit")
+# KubeSpawner settings gpu-kube cannot honour (it draws its own form): refused, never ignored.
+_FORM_TRAITS = ("profile_form_template", "additional_profile_form_template_paths")
+
+
+def _copy(value: Any) -> Any:
+    """A copy of a setting's containers (dicts, lists...); leaves (callables included) are shared."""
+    if isinstance(value, dict):
+        return {k: _copy(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple, set)):
+        return type(value)(_copy(v) for v in value)
+    return value
 
 
 def image_repository(image: str) -> str:
@@ -100,17 +114,164 @@ class GPUKubeSpawner(GPUSpawnerMixin, KubeSpawner):
     def _check_profiles(self, proposal):
         """As for every backend, and no ``queue: true`` profile: the cluster's scheduler is the queue."""
         value = super()._check_profiles(proposal)
-        queued = [p.slug for p in load_profiles(value) if p.queue]
-        if queued:
-            raise TraitError(
-                f"Invalid GPU profile configuration: profile(s) {', '.join(map(repr, queued))} set "
-                "'queue': True, but gpu-kube has no hub queue: a GPU pod waits in the cluster's own "
-                "scheduler (or Kueue) until a GPU is free. Remove 'queue' from these profiles."
-            )
+        try:
+            refuse_queue(load_profiles(value))
+        except OptionsError as e:
+            raise TraitError(f"Invalid GPU profile configuration: {e}") from e
         return value
 
-    _configured: dict[str, Any] | None = None
+    honours_kubespawner_override = True  # KubeSpawner applies every key
+
+    @validate("profile_list")
+    def _check_profile_list(self, proposal):
+        value = proposal["value"]
+        if not callable(value):  # a callable is checked each time it is called
+            try:
+                self._check_entries(self._sorted_dict_values(value) or [], self.gpu_profiles)
+            except OptionsError as e:
+                raise TraitError(f"Invalid profile_list for gpu-kube: {e}") from e
+        return value
+
+    @validate(*_FORM_TRAITS)
+    def _refuse_form_templates(self, proposal):
+        if proposal["value"]:
+            raise TraitError(f"gpu-kube draws its own spawn form (profiles, their options and live GPU "
+                             f"availability); KubeSpawner's {proposal['trait'].name} would not be used: remove it")
+        return proposal["value"]
+
     _event_context: EventContext | None = None
+    _entries: tuple[list[dict], tuple[Profile, ...]] | None = None
+    _spawn_base: dict[str, Any] | None = None
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        # every spawn starts from these (see restore_configured)
+        self._configured_traits = {name: _copy(getattr(self, name)) for name in self.trait_names(config=True)}
+
+    def restore_configured(self) -> None:
+        """Set every configurable setting back to its configured value; forget the last choice.
+
+        Runs when a server stops (JupyterHub stops a failed spawn too), so the next
+        spawn of this spawner object starts from the configuration plus its own
+        options, as a new spawner object would: KubeSpawner merges dict overrides
+        into its settings in place, and JupyterHub reuses the object (kubespawner issue 546).
+        """
+        for name, value in self._configured_traits.items():
+            if getattr(self, name) != value:
+                setattr(self, name, _copy(value))
+        self.gpu_choice = None
+        self._spawn_base = None
+
+    async def stop(self, now: bool = False):
+        if self._replacing_pod:  # the old pod goes; the new one keeps this start's count and settings
+            return await KubeSpawner.stop(self, now=now)
+        try:
+            await super().stop(now=now)
+        finally:
+            self.restore_configured()
+
+    # ------------------------------------------------------------ profiles
+
+    def _check_entries(self, listed, gpu_profiles) -> tuple[list[dict], tuple[Profile, ...]]:
+        entries = self._get_initialized_profile_list(combined_entries(gpu_profiles, listed))
+        return entries, check_entries(entries)
+
+    async def load_profiles(self) -> tuple[list[dict], tuple[Profile, ...]]:
+        """KubeSpawner's initialised profile list (gpu_profiles, then profile_list) and each one's GPU part.
+
+        A callable ``profile_list`` is called here, as KubeSpawner calls it (with this spawner).
+        """
+        listed = self._sorted_dict_values(self.profile_list)
+        if callable(listed):
+            listed = await maybe_future(listed(self))
+            listed = self._sorted_dict_values(listed)
+        try:
+            self._entries = self._check_entries(listed or [], self.gpu_profiles)
+        except OptionsError as e:
+            raise user_error(500, f"gpu-kube profile configuration: {e}") from e
+        return self._entries
+
+    def all_profiles(self) -> tuple[Profile, ...]:
+        if self._entries is None:
+            if callable(self.profile_list):
+                raise RuntimeError("a callable profile_list is read by load_profiles() first")
+            self._entries = self._check_entries(self._sorted_dict_values(self.profile_list) or [], self.gpu_profiles)
+        return self._entries[1]
+
+    async def check_options(self, options: Any) -> tuple[dict, Choice]:
+        """The profile entry and GPU choice ``options`` ask for; 400 (403 for another group's profile) if not allowed.
+
+        KubeSpawner's options (``profile``, each profile option by name, ``<name>--unlisted-choice``)
+        are checked as KubeSpawner checks them, and more strictly: a choice that is not offered,
+        or an option the profile does not have, is refused instead of failing later.
+        """
+        entries, profiles = await self.load_profiles()
+        if options is None:
+            options = {}
+        if not isinstance(options, Mapping):
+            raise user_error(400, f"user_options: must be a JSON object, not {type(options).__name__}")
+        visible = self.profiles_for_options(options)  # 403 for a profile of other groups
+        by_slug = {p.slug: (e, p) for e, p in zip(entries, profiles, strict=True) if p in visible}
+        slug = options.get("profile")
+        if slug in (None, ""):  # KubeSpawner's default: the entry marked default (else the first)
+            entry, profile = next((ep for ep in by_slug.values() if ep[0].get("default")),
+                                  next(iter(by_slug.values())))
+        elif isinstance(slug, str) and slug in by_slug:
+            entry, profile = by_slug[slug]
+        else:
+            shown = slug[:40] if isinstance(slug, str) else type(slug).__name__
+            raise user_error(400, f"profile: no profile {shown!r}; choose one of: {', '.join(by_slug)}")
+        option_specs = entry.get("profile_options") or {}
+        allowed = {"profile", *GPU_OPTIONS, *option_specs, *(f"{n}{UNLISTED}" for n in option_specs)}
+        unknown = sorted(str(k)[:40] for k in options if k not in allowed)
+        if unknown:
+            raise user_error(400, f"{unknown[0]}: unknown option for profile '{profile.slug}'; allowed options: "
+                                  + ", ".join(sorted(allowed)))
+        for name, spec in option_specs.items():
+            self._check_option(name, spec, options)
+        gpu_options = {k: options[k] for k in GPU_OPTIONS if k in options}
+        try:
+            choice = parse_options(gpu_options, (profile,), await self.offered_models())
+        except OptionsError as e:
+            raise user_error(400, str(e)) from e
+        return entry, choice
+
+    @staticmethod
+    def _check_option(name: str, spec: Mapping, options: Mapping) -> None:
+        value, text = options.get(name), options.get(f"{name}{UNLISTED}")
+        for key, given in ((name, value), (f"{name}{UNLISTED}", text)):
+            if given is not None and not isinstance(given, str):
+                raise user_error(400, f"{key}: must be a string, not {type(given).__name__}")
+        unlisted = spec.get("unlisted_choice") or {}
+        label = spec.get("display_name") or name
+        if text:
+            if not unlisted.get("enabled"):
+                raise user_error(400, f"{name}{UNLISTED}: '{label}' takes no value of your own; "
+                                      f"choose one of: {', '.join(spec.get('choices') or {})}")
+            regex = unlisted.get("validation_regex")
+            if regex and not re.match(regex, text):
+                shown = text if len(text) <= 60 else text[:60] + "..."
+                why = unlisted.get("validation_message") or f"it must match {regex}"
+                raise user_error(400, f"{name}{UNLISTED}: {shown!r} is not accepted for '{label}': {why}")
+        elif value:
+            if value not in (spec.get("choices") or {}):
+                what = "enter a value" if value == "unlisted-choice" else f"{value[:40]!r} is not a choice"
+                raise user_error(400, f"{name}: {what} for '{label}'; choose one of: "
+                                      + ", ".join(spec.get("choices") or {}))
+        elif not spec.get("choices"):
+            raise user_error(400, f"{name}{UNLISTED}: '{label}' needs a value")
+
+    def options_from_form(self, formdata):
+        """KubeSpawner's form fields (``profile``, ``profile-option-<slug>--<name>``); ``gpus`` as a number."""
+        options = self._options_from_form(formdata)
+        for key in [k for k, v in options.items() if v == ""]:
+            del options[key]  # an empty field (no free-text value typed) is no choice
+        gpus = options.get("gpus")
+        if gpus is not None:
+            if not re.fullmatch(r"[0-9]{1,4}", gpus.strip()):
+                raise user_error(400, f"gpus: {gpus[:20]!r} is not a whole number from 0 to 9999")
+            options["gpus"] = int(gpus)
+        return options
 
     # ------------------------------------------------------------ capacity
 
@@ -132,13 +293,24 @@ class GPUKubeSpawner(GPUSpawnerMixin, KubeSpawner):
         return {p.slug for p in pools(reading.nodes)}
 
     async def options_form_context(self) -> dict:
+        entries, _profiles = await self.load_profiles()
+        by_slug = {e["slug"]: e for e in entries}
         reading = await self.cluster_capacity().read()
         known = reading.unknown is None
         availability = [p.availability(known) for p in pools(reading.nodes)]
-        return form_context(
-            self.profiles, InventoryReading(), (), self.user_options or {},
+        previous = self.user_options or {}
+        context = form_context(
+            self.profiles, InventoryReading(), (), previous,
             availability=availability, unknown=reading.unknown,
         )
+        for p in context["profiles"]:
+            slug = p["profile"].slug
+            prefix = f"profile-option-{slug}--"
+            p["fields"] = {key: prefix + key for key in p["fields"]}
+            chosen = previous if previous.get("profile") == slug else {}
+            p["options"] = [_option_context(prefix + name, name, spec, chosen)
+                            for name, spec in (by_slug[slug].get("profile_options") or {}).items()]
+        return context
 
     def cuda_requirement(self, image: str) -> CudaVersion | None:
         text = self.image_cuda.get(image) or self.image_cuda.get(image_repository(image))
@@ -146,32 +318,53 @@ class GPUKubeSpawner(GPUSpawnerMixin, KubeSpawner):
 
     # ------------------------------------------------------------ applying a choice
 
-    def _configured_values(self) -> dict[str, Any]:
-        """The GPU- and profile-related traits as configured, taken before the first spawn changes them."""
-        if self._configured is None:
-            self._configured = {t: copy.deepcopy(getattr(self, t)) for t in GPU_TRAITS + _PROFILE_TRAITS}
-        return self._configured
+    async def load_spawn_options(self) -> Choice:
+        """Apply this spawn's user_options as KubeSpawner does, and say which GPUs they ask for.
 
-    def apply_profile(self, choice: Choice) -> None:
-        configured = self._configured_values()
-        for trait in _PROFILE_TRAITS:  # a profile's limits never outlive its spawn
-            setattr(self, trait, copy.deepcopy(configured[trait]))
-        super().apply_profile(choice)
-        image = choice.image or (choice.profile.images[0] if choice.profile.images else None)
-        if image:
-            self.image = image
-        # Until capacity is checked at start, ask for no GPU at all.
-        self._apply_request(PodGPURequest(0))
+        Every spawn starts here from its own options (never an earlier spawn's choice):
+        KubeSpawner's ``_load_profile`` applies the profile's ``kubespawner_override`` and
+        each chosen option's, merged as KubeSpawner merges them. A profile without GPU keys
+        asks for the GPU resource its overrides leave in ``extra_resource_limits`` (or
+        guarantees), MIG and shared GPUs included.
+        """
+        if self._spawn_base is not None:  # started again without a stop in between: start over
+            self.restore_configured()
+        entry, choice = await self.check_options(self.user_options or {})
+        self._load_profile(entry["slug"], [entry])
+        if not {"gpu_counts", "gpu_models"} & set(entry):
+            effective = {"extra_resource_limits": self.extra_resource_limits,
+                         "extra_resource_guarantees": self.extra_resource_guarantees,
+                         "node_selector": self.node_selector}
+            try:
+                asked = gpu_resource_choice(effective, f"profile '{choice.profile.slug}'")
+            except OptionsError as e:
+                raise user_error(400, str(e)) from e
+            counts, models = asked.get("gpu_counts", [0]), tuple(asked.get("gpu_models", ["any"]))
+            profile = dataclasses.replace(choice.profile, gpu_counts=tuple(counts), default_gpus=counts[0],
+                                          gpu_models=models)
+            model = choice.gpu_model if choice.gpu_model != "any" and profile.allows_model(choice.gpu_model) else "any"
+            choice = Choice(profile, counts[0], model, choice.image)
+        self.gpu_choice = choice
+        self._spawn_base = {t: copy.deepcopy(getattr(self, t)) for t in GPU_TRAITS}
+        return choice
 
     def _apply_request(self, request: PodGPURequest) -> None:
+        """This spawn's settings (configuration, hooks, profile overrides) with the request's GPU settings."""
+        base = self._spawn_base or {t: copy.deepcopy(getattr(self, t)) for t in GPU_TRAITS}
         settings = PodGPUSettings(tuple(self.gpu_tolerations), self.gpu_runtime_class, self.gpu_product_label)
-        values = merge_overrides(self._configured_values(), gpu_overrides(request, settings))
+        values = merge_overrides(base, gpu_overrides(request, settings))
         for trait, value in values.items():
             setattr(self, trait, value)
 
+    async def _apply_gpu_options(self, user_options: dict[str, Any]) -> None:
+        """JupyterHub's apply_user_options hook: check the options at once (400/403) and set the
+        queue policy; the profile is applied at start, after pre_spawn_hook, as KubeSpawner does."""
+        _entry, choice = await self.check_options(user_options)
+        self.gpu_choice = choice
+        self.apply_queue_policy(choice)
+
     async def load_user_options(self):
-        """user_options were checked and applied by apply_user_options and reserve_gpus;
-        KubeSpawner's profile_list is not used by gpu-kube."""
+        """Done by reserve_gpus (load_spawn_options) before KubeSpawner's start, for every spawn."""
 
     def _request_for(self, choice: Choice, reading: ClusterReading) -> tuple[PodGPURequest, EventContext]:
         cuda = self.cuda_requirement(self.image)
@@ -197,10 +390,7 @@ class GPUKubeSpawner(GPUSpawnerMixin, KubeSpawner):
         ledger's lock. A request over a quota, or that no node can take now or
         ever, is refused with HTTP 409 and a sentence, and nothing is created.
         """
-        choice = self.gpu_choice
-        if choice is None:  # spawned without apply_user_options
-            await self._apply_gpu_options(self.user_options or {})
-            choice = self.gpu_choice
+        choice = await self.load_spawn_options()  # this spawn's options, whatever JupyterHub ran before
         self._gpu_events = []
         self.gpu_allocation = ()
         self.release_gpus()  # a failed earlier start of this server holds nothing
@@ -273,11 +463,6 @@ class GPUKubeSpawner(GPUSpawnerMixin, KubeSpawner):
         finally:
             self._replacing_pod = False
 
-    async def stop(self, now: bool = False):
-        if self._replacing_pod:  # the old pod goes, the new one keeps this start's count
-            return await KubeSpawner.stop(self, now=now)
-        return await super().stop(now=now)
-
     async def poll(self):
         """KubeSpawner's poll; the first one after a hub restart also counts the pods' GPUs."""
         try:
@@ -299,3 +484,22 @@ class GPUKubeSpawner(GPUSpawnerMixin, KubeSpawner):
             if plain:
                 event = {**event, "message": plain}
             yield event
+
+
+def _option_context(field: str, name: str, spec: Mapping, chosen: Mapping) -> dict:
+    """One KubeSpawner profile option as the form shows it, the user's last choice preselected."""
+    unlisted = dict(spec.get("unlisted_choice") or {})
+    text = chosen.get(f"{name}{UNLISTED}") if unlisted.get("enabled") else None
+    last = chosen.get(name)
+    choices = spec.get("choices") or {}
+    if last not in choices:
+        last = next((k for k, c in choices.items() if c.get("default")), None)
+    unlisted["value"] = text if isinstance(text, str) else ""
+    return {
+        "name": name,
+        "field": field,
+        "display_name": spec.get("display_name") or name,
+        "choices": [{"key": k, "display_name": c.get("display_name") or k, "selected": k == last and not text}
+                    for k, c in choices.items()],
+        "unlisted": unlisted,
+    }

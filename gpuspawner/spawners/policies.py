@@ -23,7 +23,7 @@ from traitlets.config import Configurable
 from ..gpu import GPU
 from ..inventory import InventoryReading
 from ..placement import GPURequest, PlacementError
-from ..profiles import Choice, Profile, load_profiles
+from ..profiles import Choice, Profile
 from ..quota import Quota, check
 
 
@@ -91,7 +91,7 @@ class GPUPolicyMixin(Configurable):
 
     def profiles_for_options(self, options: Any) -> tuple[Profile, ...]:
         """The profiles ``options`` are checked against; 403 when they name a profile of other groups."""
-        every = load_profiles(self.gpu_profiles)
+        every = self.all_profiles()
         visible = self.visible_profiles(every)
         slug = options.get("profile") if isinstance(options, Mapping) else None
         hidden = {p.slug: p for p in every if p not in visible}

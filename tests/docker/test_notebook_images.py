@@ -74,17 +74,56 @@ def test_benchmark_notebook_runs_in_a_gpu_docker_server(docker_hub, tensorflow_i
     assert errors == []
 
 
-def test_hub_image_builds_offline_and_has_gpu_kube(engine):
-    """images/hub/Dockerfile (the Helm chart's hub) on the mmdebstrap base, from a host wheelhouse."""
+HUB_CHECK = """
+import json, sys
+from importlib.metadata import entry_points, version
+import pycurl, jupyterhub_idle_culler, oauthenticator, nativeauthenticator, firstuseauthenticator, psycopg2, pymysql
+from tornado.httpclient import AsyncHTTPClient
+AsyncHTTPClient.configure("tornado.curl_httpclient.CurlAsyncHTTPClient")  # as z2jh's hub config does
+from traitlets.config import Config
+from gpuspawner.kube.profiles import check_entries, combined_entries
+import yaml
+values = yaml.safe_load(sys.stdin)
+spawner = entry_points(group="jupyterhub.spawners")[values["hub"]["config"]["JupyterHub"]["spawner_class"]].load()
+profiles = check_entries(combined_entries([], values["singleuser"]["profileList"]))
+print(json.dumps({"python": sys.executable, "jupyterhub": version("jupyterhub"),
+                  "kubespawner": version("jupyterhub-kubespawner"), "spawner": spawner.__name__,
+                  "profiles": [p.slug for p in profiles]}))
+"""
+
+
+def test_hub_image_builds_offline_on_the_z2jh_layout_and_loads_gpu_kube(engine):
+    """images/hub/Dockerfile on a stand-in of z2jh's hub image (images/z2jh-hub-standin), from host wheels."""
+    from pathlib import Path
+
     tag = engine.build_image("gpuspawner-hub:test", "hub")
     config = engine.client.images.get(tag).attrs["Config"]
-    assert config["Cmd"] == ["jupyterhub", "--config", "/etc/jupyterhub/jupyterhub_config.py"]
-    assert config["User"] == "1000"
-    out = engine.client.containers.run(
-        tag, ["python3", "-c",
-              "from importlib.metadata import entry_points, version; "
-              "spawners = entry_points(group='jupyterhub.spawners'); "
-              "print(version('jupyterhub'), spawners['gpu-kube'].load().__name__)"],
-        remove=True, network=engine.network,
-    ).decode().split()
-    assert re.fullmatch(r"\d+\.\d+\.\d+", out[0]) and out[1] == "GPUKubeSpawner", out
+    assert config["User"] == "1000"  # z2jh's jovyan, not root
+    assert config["Cmd"] == ["jupyterhub", "--config", "/usr/local/etc/jupyterhub/jupyterhub_config.py"]  # kept
+    assert config["WorkingDir"] == "/srv/jupyterhub"
+    values = (Path(__file__).resolve().parents[2] / "helm" / "z2jh-values.yaml").read_text()
+    container = engine.client.containers.create(
+        tag, ["sh", "-c", "id -un; python3 -c \"$CHECK\" < /tmp/values.yaml"],
+        environment={"CHECK": HUB_CHECK}, network=engine.network)
+    try:
+        import io
+        import tarfile
+
+        archive = io.BytesIO()
+        with tarfile.open(fileobj=archive, mode="w") as tar:
+            info = tarfile.TarInfo("values.yaml")
+            info.size = len(values.encode())
+            info.mode = 0o644
+            tar.addfile(info, io.BytesIO(values.encode()))
+        container.put_archive("/tmp", archive.getvalue())
+        container.start()
+        assert container.wait(timeout=120)["StatusCode"] == 0, container.logs().decode()[-3000:]
+        lines = container.logs(stderr=False).decode().splitlines()
+    finally:
+        container.remove(force=True)
+    assert lines[0] == "jovyan"
+    loaded = json.loads(lines[-1])
+    assert loaded["python"].startswith("/opt/z2jh-python/")  # the base image's own environment
+    assert (loaded["jupyterhub"], loaded["kubespawner"]) == ("5.5.0", "7.0.0")  # held at the base's versions
+    assert loaded["spawner"] == "GPUKubeSpawner"
+    assert loaded["profiles"] == ["cpu", "gpu", "mig", "shared"]

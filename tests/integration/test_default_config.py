@@ -7,6 +7,7 @@ say so in the form, and start a JupyterLab server on the GPUs chosen there.
 from __future__ import annotations
 
 import json
+import sqlite3
 import time
 from pathlib import Path
 
@@ -45,6 +46,9 @@ def test_default_config_simulates_gpus_and_starts_jupyterlab_on_them(default_hub
     hub, state = default_hub
     devices = json.loads((state / "simulated-gpus.json").read_text())["devices"]
     assert [d["name"] for d in devices] == ["NVIDIA A100-SXM4-80GB"] * 2 + ["Tesla T4"] * 2
+    # the hub's database commits without waiting for the disk (answers stay prompt under a spawn storm)
+    with sqlite3.connect(state / "jupyterhub.sqlite") as db:
+        assert db.execute("PRAGMA journal_mode").fetchone() == ("wal",)
     web = login(hub, "ada")
     html = web.get(hub.url + "/hub/spawn").text
     assert "Simulated GPUs" in html

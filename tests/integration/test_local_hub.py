@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import re
 import time
+from pathlib import Path
 from urllib.parse import unquote
 
 import pytest
@@ -89,6 +90,9 @@ def test_specific_model_and_cpu_only(hub, gpus_config):
     hub.add_users("dana", "erin", "finn")
     assert start(hub, "dana", {"profile": "gpu", "gpus": 2, "gpu_model": "t4"}) == t4s
     assert start(hub, "erin", {"profile": "cpu"}) == set()
+    # the server runs in the user's own folder (made by the spawner, which starts it without forking the hub)
+    pid = hub.user("erin")["servers"][""]["state"]["pid"]
+    assert Path(f"/proc/{pid}/cwd").resolve() == (hub.dir / "users" / "erin").resolve()
     r = hub.spawn("finn", {"profile": "t4"})
     assert r.status_code == 409
     assert "T4" in r.json()["message"] and "0 of 2" in r.json()["message"]

@@ -71,6 +71,7 @@ class Cluster(SimpleNamespace):
 @pytest_asyncio.fixture
 async def cluster(tmp_path, monkeypatch, node_items, pod_items):
     """The recorded cluster (tests/kube/fixtures) on a loopback API server; KUBECONFIG points at it."""
+    from kubespawner import KubeSpawner
     from kubespawner.clients import load_config
 
     async with kmock.KubernetesEmulator() as handler, kmock.Server(handler) as server:
@@ -84,6 +85,10 @@ async def cluster(tmp_path, monkeypatch, node_items, pod_items):
         c = Cluster(url=url, handler=handler)
         c.load(node_items, pod_items)
         yield c
+        # KubeSpawner's pod and event reflectors are shared by the class, across
+        # spawners: any test's spawner (a stop() starts them too) would leave them
+        # watching this API server after it is gone.
+        await KubeSpawner._stop_all_reflectors()
     load_config.cache_clear()
 
 
@@ -143,9 +148,8 @@ async def kubelet(cluster):
     Every pod created through the API (one without a ``status.phase``) gets its
     namespace and a uid in ``metadata`` and a Running status with a ready
     ``notebook`` container, by a PATCH through the API, so KubeSpawner's pod
-    reflector sees it start. KubeSpawner's reflectors are stopped afterwards.
+    reflector sees it start. (KubeSpawner's reflectors are stopped with ``cluster``.)
     """
-    from gpuspawner.spawners.kube import GPUKubeSpawner
 
     async def run() -> None:
         async with aiohttp.ClientSession() as session:
@@ -171,4 +175,3 @@ async def kubelet(cluster):
     task.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await task
-    await GPUKubeSpawner._stop_all_reflectors()

@@ -250,7 +250,14 @@ async def test_no_pod_list_no_gpu_spawn_but_cpu_only_works(cluster, make_spawner
 
 def test_a_queue_profile_is_refused_at_configuration(cluster, make_spawner):
     queued = [*PROFILES, {"slug": "wait", "display_name": "Wait for a GPU", "gpu_counts": [1], "queue": True}]
-    with pytest.raises(TraitError, match="profile\\(s\\) 'wait' set 'queue': True, but gpu-kube has no hub queue: "
+    with pytest.raises(TraitError, match="profile 'wait': sets 'queue': True, but gpu-kube has no hub queue: "
                                          "a GPU pod waits in the cluster's own scheduler \\(or Kueue\\)"):
         make_spawner(gpu_profiles=queued)
+
+
+def test_a_queue_entry_in_profile_list_is_refused_too(cluster, make_spawner):
+    entry = {"display_name": "Wait for a GPU", "slug": "wait", "gpu_counts": [1], "queue": True,
+             "kubespawner_override": {"image": "quay.io/jupyter/base-notebook:2024-05-27"}}
+    with pytest.raises(TraitError, match="Invalid profile_list for gpu-kube: profile 'wait': sets 'queue': True"):
+        make_spawner(profile_list=[entry])
 

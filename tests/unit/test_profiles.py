@@ -168,9 +168,42 @@ def test_kubespawner_override_image_and_cpu_limit():
 
 
 def test_kubespawner_override_without_gpu_limit_and_empty_override():
-    assert one_profile(kubespawner_override={"extra_resource_limits": {"example.com/fpga": 1}}).gpu_counts == (0,)
     assert one_profile(kubespawner_override={}).gpu_counts == (0,)
     assert one_profile(kubespawner_override=None).gpu_counts == (0,)
+
+
+@pytest.mark.parametrize("override, named", [
+    ({"extra_resource_limits": {"example.com/fpga": 1}}, "example.com/fpga"),
+    ({"node_selector": {"disk": "ssd"}}, "node_selector"),
+    ({"environment": {"A": "1"}, "image": IMG_TORCH}, "environment"),
+    ({"tolerations": [], "volumes": []}, "tolerations"),
+])
+def test_override_keys_a_backend_cannot_apply_are_refused_not_dropped(override, named):
+    e = config_refusal([{"display_name": "X", "slug": "x", "kubespawner_override": override}])
+    assert named in str(e)
+    # gpu-kube applies every key (KubeSpawner does)
+    (p,) = load_profiles([{"display_name": "X", "slug": "x", "kubespawner_override": override}], honour_all=True)
+    assert p.gpu_counts == (0,)
+
+
+@pytest.mark.parametrize("override, counts, models", [
+    ({"extra_resource_limits": {"nvidia.com/mig-1g.10gb": 1}}, (1,), ("mig-1g-10gb",)),
+    ({"extra_resource_guarantees": {"nvidia.com/gpu.shared": "1"}}, (1,), ("shared",)),
+    ({"extra_resource_limits": {"nvidia.com/gpu": 2},
+      "node_selector": {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB"}}, (2,), ("a100-sxm4-80gb",)),
+])
+def test_kubespawner_style_gpu_entries_keep_their_gpu(override, counts, models):
+    (p,) = load_profiles([{"display_name": "X", "kubespawner_override": override}], honour_all=True)
+    assert (p.gpu_counts, p.gpu_models, p.default_gpus) == (counts, models, counts[0])
+
+
+@pytest.mark.parametrize("override, named", [
+    ({"extra_resource_limits": {"nvidia.com/fpga": 1}}, "nvidia.com/fpga"),
+    ({"extra_resource_limits": {"nvidia.com/gpu": 1, "nvidia.com/mig-1g.10gb": 1}}, "several GPU resources"),
+])
+def test_unknown_or_several_gpu_resources_are_refused(override, named):
+    with pytest.raises(OptionsError, match=re.escape(named)):
+        load_profiles([{"display_name": "X", "kubespawner_override": override}], honour_all=True)
 
 
 def test_kubespawner_gpu_limit_as_string_number():

@@ -1,0 +1,321 @@
+"""KubeSpawner's documented profile behaviour, run against KubeSpawner and GPUKubeSpawner alike.
+
+What a zero-to-jupyterhub admin relies on (kubespawner's ``profile_list`` help):
+list, dict and callable ``profile_list``; form fields ``profile`` and
+``profile-option-<slug>--<option>``; ``profile_options`` with ``choices`` and
+``unlisted_choice`` (its ``{value}`` and ``validation_regex``); REST user_options
+of the same names; overrides merged in order (configuration, the profile's
+``kubespawner_override``, each chosen option's), dicts merged recursively and a
+``None`` value removing a key. Each test runs on both spawners and asserts the
+same outcome; every pod is checked against the Kubernetes OpenAPI schema.
+Each spawner's own start-time step is taken: KubeSpawner's ``load_user_options``,
+GPUKubeSpawner's ``reserve_gpus`` (which applies the profile the same way, then the GPU).
+"""
+
+from __future__ import annotations
+
+from html.parser import HTMLParser
+
+import pytest
+from jupyterhub.utils import maybe_future
+from kubespawner import KubeSpawner
+from tornado import web
+from traitlets.config import Config
+
+from gpuspawner.spawners.kube import GPUKubeSpawner
+from profiles import env, gpu_limits, validate_pod
+
+SPAWNERS = [KubeSpawner, GPUKubeSpawner]
+
+DEMO = {
+    "display_name": "Demo",
+    "slug": "demo",
+    "description": "A profile with options",
+    "profile_options": {
+        "image": {
+            "display_name": "Image",
+            "choices": {
+                "base": {"display_name": "Base", "kubespawner_override": {"image": "jupyter/base-notebook:2024"}},
+                "minimal": {"display_name": "Minimal", "default": True,
+                            "kubespawner_override": {"image": "jupyter/minimal-notebook:2024",
+                                                     "environment": {"FLAVOUR": "minimal"}}},
+            },
+            "unlisted_choice": {
+                "enabled": True,
+                "display_name": "Other image",
+                "validation_regex": "^jupyter/.+:.+$",
+                "validation_message": "Must be jupyter/<name>:<tag>",
+                "kubespawner_override": {"image": "{value}", "extra_labels": {"custom-image": "yes"}},
+            },
+        },
+        "size": {
+            "display_name": "Size",
+            "choices": {
+                "small": {"display_name": "Small", "kubespawner_override": {"cpu_limit": 1.0}},
+                "large": {"display_name": "Large", "kubespawner_override": {"cpu_limit": 4.0,
+                                                                            "node_selector": {"size": "large"}}},
+            },
+        },
+    },
+    "kubespawner_override": {
+        "default_url": "/lab",
+        "environment": {"PROFILE": "demo", "REMOVED": None},
+        "node_selector": {"pool": "users"},
+        "tolerations": [{"key": "users", "operator": "Exists", "effect": "NoSchedule"}],
+        "volumes": [{"name": "shared", "emptyDir": {}}],
+        "volume_mounts": [{"name": "shared", "mountPath": "/shared"}],
+        "extra_resource_guarantees": {"example.com/fpga": "1"},
+        "extra_resource_limits": {"example.com/fpga": "1"},
+    },
+}
+PLAIN = {"display_name": "Plain", "slug": "plain", "default": True,
+         "kubespawner_override": {"image": "jupyter/scipy-notebook:2024", "mem_limit": "2G"}}
+PROFILE_LIST = [PLAIN, DEMO]
+
+
+@pytest.fixture
+def make(cluster):
+    def make(cls, profile_list=PROFILE_LIST, **settings):
+        config = Config()
+        config.KubeSpawner.namespace = "jhub"
+        config.KubeSpawner.image = "quay.io/jupyter/base-notebook:2024-05-27"
+        config.KubeSpawner.k8s_api_host = cluster.url
+        config.KubeSpawner.environment = {"CONFIGURED": "yes", "REMOVED": "no"}
+        config.KubeSpawner.profile_list = profile_list
+        for key, value in settings.items():
+            setattr(config.KubeSpawner, key, value)
+        return cls(_mock=True, config=config)
+
+    return make
+
+
+async def form_of(spawner) -> str:
+    form = spawner.options_form
+    return await maybe_future(form(spawner)) if callable(form) else form
+
+
+class Fields(HTMLParser):
+    """Named form controls: selects with their option values, radio values, other inputs."""
+
+    def __init__(self, html: str) -> None:
+        super().__init__()
+        self.selects: dict[str, list[str]] = {}
+        self.radios: dict[str, list[str]] = {}
+        self.inputs: set[str] = set()
+        self._select: str | None = None
+        self.feed(html)
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        name = a.get("name") or a.get("data-name")
+        if tag == "select":
+            self._select = name
+            self.selects[name] = []
+        elif tag == "option" and self._select:
+            self.selects[self._select].append(a.get("value"))
+        elif tag == "input" and a.get("type") == "radio":
+            self.radios.setdefault(name, []).append(a.get("value"))
+        elif tag == "input" and name:
+            self.inputs.add(name)
+
+    def handle_endtag(self, tag):
+        if tag == "select":
+            self._select = None
+
+
+async def pod_for(spawner, options: dict) -> dict:
+    """JupyterHub's path: user_options set, apply_user_options run, then the spawner's start-time step."""
+    spawner.user_options = options
+    await spawner._run_apply_user_options(options)
+    if isinstance(spawner, GPUKubeSpawner):
+        await spawner.reserve_gpus()
+    else:
+        await spawner.load_user_options()
+    return validate_pod(spawner, await spawner.get_pod_manifest())
+
+
+async def refused(spawner, options: dict) -> str:
+    """The refusal's message (KubeSpawner raises ValueError/KeyError; GPUKubeSpawner HTTP 400)."""
+    with pytest.raises((ValueError, KeyError, web.HTTPError)) as info:
+        await pod_for(spawner, options)
+    if isinstance(info.value, web.HTTPError):
+        assert info.value.status_code == 400
+    return str(info.value)
+
+
+def container(pod: dict) -> dict:
+    return pod["spec"]["containers"][0]
+
+
+@pytest.fixture(params=SPAWNERS, ids=lambda c: c.__name__)
+def cls(request):
+    return request.param
+
+
+@pytest.mark.parametrize("shape", ["list", "dict", "callable", "async-callable"])
+async def test_form_fields_for_each_profile_list_shape(make, cls, shape):
+    if shape == "list":
+        value = PROFILE_LIST
+    elif shape == "dict":
+        value = {"b-demo": DEMO, "a-plain": PLAIN}  # shown in the order of the keys
+    elif shape == "callable":
+        value = lambda spawner: PROFILE_LIST  # noqa: E731
+    else:
+        async def value(spawner):
+            return PROFILE_LIST
+    fields = Fields(await form_of(make(cls, value)))
+    assert fields.radios["profile"] == ["plain", "demo"]
+    assert fields.selects["profile-option-demo--image"] == ["base", "minimal", "unlisted-choice"]
+    assert fields.selects["profile-option-demo--size"] == ["small", "large"]
+    assert "profile-option-demo--image--unlisted-choice" in fields.inputs
+
+
+async def test_form_data_become_the_same_user_options(make, cls):
+    spawner = make(cls)
+    form = {"profile": ["demo"], "profile-option-demo--image": ["base"], "profile-option-demo--size": ["large"],
+            "profile-option-plain--image": ["ignored: another profile's field"]}
+    assert spawner.options_from_form(form) == {"profile": "demo", "image": "base", "size": "large"}
+    form = {"profile": ["demo"], "profile-option-demo--image--unlisted-choice": ["jupyter/r-notebook:2024"]}
+    assert spawner.options_from_form(form) == {"profile": "demo", "image--unlisted-choice": "jupyter/r-notebook:2024"}
+
+
+async def test_overrides_merge_in_order(make, cls):
+    pod = await pod_for(make(cls), {"profile": "demo", "image": "minimal", "size": "large"})
+    c = container(pod)
+    assert c["image"] == "jupyter/minimal-notebook:2024"  # the choice's override
+    e = env(pod)
+    assert (e["CONFIGURED"], e["PROFILE"], e["FLAVOUR"]) == ("yes", "demo", "minimal")  # dicts merge
+    assert "REMOVED" not in e  # None removes a configured key
+    assert pod["spec"]["nodeSelector"] == {"pool": "users", "size": "large"}
+    assert {"key": "users", "operator": "Exists", "effect": "NoSchedule"} in pod["spec"]["tolerations"]
+    assert {"name": "shared", "emptyDir": {}} in pod["spec"]["volumes"]
+    assert {"name": "shared", "mountPath": "/shared"} in c["volumeMounts"]
+    assert c["resources"]["limits"]["example.com/fpga"] == "1"
+    assert c["resources"]["requests"]["example.com/fpga"] == "1"
+    assert float(c["resources"]["limits"]["cpu"]) == 4
+    assert e["JUPYTERHUB_DEFAULT_URL"] == "/lab"
+
+
+async def test_defaults_without_options(make, cls):
+    pod = await pod_for(make(cls), {})
+    assert container(pod)["image"] == "jupyter/scipy-notebook:2024"  # the default profile
+    assert container(pod)["resources"]["limits"]["memory"] == 2 * 1024**3
+    pod = await pod_for(make(cls), {"profile": "demo"})
+    assert container(pod)["image"] == "jupyter/minimal-notebook:2024"  # the option's default choice
+    assert float(container(pod)["resources"]["limits"]["cpu"]) == 1  # the first choice when none is default
+
+
+async def test_unlisted_choice_fills_value_and_is_checked(make, cls):
+    pod = await pod_for(make(cls), {"profile": "demo", "image--unlisted-choice": "jupyter/r-notebook:2024"})
+    assert container(pod)["image"] == "jupyter/r-notebook:2024"
+    assert pod["metadata"]["labels"]["custom-image"] == "yes"
+    await refused(make(cls), {"profile": "demo", "image--unlisted-choice": "evil.example/miner:1"})
+
+
+async def test_unlisted_choice_must_be_enabled(make, cls):
+    await refused(make(cls), {"profile": "demo", "size--unlisted-choice": "huge"})
+
+
+async def test_unknown_profile_or_choice_is_refused(make, cls):
+    message = await refused(make(cls), {"profile": "nope"})
+    assert "nope" in message
+    await refused(make(cls), {"profile": "demo", "image": "no-such-choice"})
+
+
+async def test_profile_without_default_the_first_is_default(make, cls):
+    first = {"display_name": "First", "kubespawner_override": {"image": "jupyter/first:1"}}
+    second = {"display_name": "Second", "kubespawner_override": {"image": "jupyter/second:1"}}
+    spawner = make(cls, [first, second])
+    assert Fields(await form_of(spawner)).radios["profile"] == ["first", "second"]  # slugs from display names
+    assert container(await pod_for(spawner, {}))["image"] == "jupyter/first:1"
+    assert container(await pod_for(make(cls, [first, second]), {"profile": "second"}))["image"] == "jupyter/second:1"
+
+
+# ------------------------------------------------------------------ gpu-kube only: GPUs beside the options
+
+
+async def test_gpu_choices_appear_beside_a_profiles_options(make):
+    gpu = {**DEMO, "slug": "gpu", "display_name": "GPU", "gpu_models": ["a100", "h100"], "gpu_counts": [1, 2]}
+    spawner = make(GPUKubeSpawner, [PLAIN, gpu])
+    fields = Fields(await form_of(spawner))
+    assert fields.selects["profile-option-gpu--gpus"] == ["1", "2"]
+    assert "a100-sxm4-80gb" in fields.selects["profile-option-gpu--gpu_model"]
+    assert fields.selects["profile-option-gpu--size"] == ["small", "large"]
+    options = spawner.options_from_form({"profile": ["gpu"], "profile-option-gpu--gpus": ["2"],
+                                         "profile-option-gpu--gpu_model": ["a100-sxm4-80gb"],
+                                         "profile-option-gpu--size": ["large"]})
+    assert options == {"profile": "gpu", "gpus": 2, "gpu_model": "a100-sxm4-80gb", "size": "large"}
+    pod = await pod_for(spawner, options)
+    assert gpu_limits(pod) == {"nvidia.com/gpu": "2"}
+    assert pod["spec"]["nodeSelector"] == {"pool": "users", "size": "large",
+                                           "nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB"}
+    assert container(pod)["resources"]["limits"]["example.com/fpga"] == "1"  # the profile's other resources stay
+
+
+@pytest.mark.parametrize("resource, model, product", [
+    ("nvidia.com/gpu", None, "NVIDIA-A100-SXM4-80GB"),
+    ("nvidia.com/mig-1g.10gb", "mig-1g-10gb-a100-sxm4-80gb", "NVIDIA-A100-SXM4-80GB"),
+    ("nvidia.com/gpu.shared", "shared-t4", "Tesla-T4"),
+])
+async def test_kubespawner_style_gpu_entries_keep_their_gpu(make, resource, model, product):
+    entry = {"display_name": "GPU", "slug": "gpu",
+             "kubespawner_override": {"extra_resource_limits": {resource: 1}, "environment": {"KEPT": "1"}}}
+    spawner = make(GPUKubeSpawner, [PLAIN, entry])
+    options = {"profile": "gpu", **({"gpu_model": model} if model else {})}
+    pod = await pod_for(spawner, options)
+    assert gpu_limits(pod) == {resource: "1"}
+    assert pod["spec"]["nodeSelector"]["nvidia.com/gpu.product"] == product
+    assert env(pod)["KEPT"] == "1"
+
+
+async def test_a_gpu_from_an_options_choice_is_checked_and_applied(make):
+    entry = {"display_name": "Pick", "slug": "pick", "profile_options": {"accel": {"display_name": "Accelerator",
+             "choices": {"none": {"display_name": "None"},
+                         "mig": {"display_name": "MIG 1g", "kubespawner_override": {
+                             "extra_resource_limits": {"nvidia.com/mig-1g.10gb": "1"}}}}}}}
+    spawner = make(GPUKubeSpawner, [entry])
+    pod = await pod_for(spawner, {"profile": "pick", "accel": "none"})
+    assert gpu_limits(pod) == {} and env(pod)["NVIDIA_VISIBLE_DEVICES"] == "void"
+    await spawner.stop(now=True)
+    pod = await pod_for(spawner, {"profile": "pick", "accel": "mig"})
+    assert gpu_limits(pod) == {"nvidia.com/mig-1g.10gb": "1"}
+
+
+@pytest.mark.parametrize("apply_hook", ["gpuspawner's", "none (JupyterHub before 5.3, or the admin's own)"])
+async def test_no_stale_choice_between_spawns(make, apply_hook):
+    gpu = {"display_name": "GPU", "slug": "gpu", "gpu_models": ["any"], "gpu_counts": [1, 2],
+           "kubespawner_override": {"environment": {"GPU_PROFILE": "1"}, "node_selector": {"pool": "gpu"}}}
+    settings = {} if apply_hook == "gpuspawner's" else {"apply_user_options": {}}
+    spawner = make(GPUKubeSpawner, [PLAIN, gpu], **settings)
+    pod = await pod_for(spawner, {"profile": "plain"})
+    assert gpu_limits(pod) == {}
+    await spawner.stop(now=True)
+    pod = await pod_for(spawner, {"profile": "gpu", "gpus": 2})
+    assert gpu_limits(pod) == {"nvidia.com/gpu": "2"} and env(pod)["GPU_PROFILE"] == "1"
+    await spawner.stop(now=True)
+    pod = await pod_for(spawner, {"profile": "plain"})
+    assert gpu_limits(pod) == {} and "GPU_PROFILE" not in env(pod)
+    assert pod["spec"].get("nodeSelector") in (None, {})
+    assert env(pod)["CONFIGURED"] == "yes" and env(pod)["REMOVED"] == "no"  # configured values back
+
+
+@pytest.mark.parametrize("profile_list, named", [
+    ([{"display_name": "X", "kubespawner_override": {}, "html": "<b>"}], "html"),
+    ([{"display_name": "X", "profile_options": {"gpus": {"choices": {"1": {}}}}}], "gpus"),
+    ([{"display_name": "X", "profile_options": {"o": {"choices": {"a": {"kubespawner_overide": {}}}}}}],
+     "choices 'a'"),
+    ([{"display_name": "X", "profile_options": {"o": {"unlisted_choice": {"enabled": True,
+                                                                         "validation_regex": "("}}}}], "regex"),
+    ([{"display_name": "X", "kubespawner_override": {"extra_resource_limits": {"nvidia.com/gpu": "two"}}}],
+     "nvidia.com/gpu"),
+    ([PLAIN, PLAIN], "repeated"),
+])
+def test_what_gpu_kube_cannot_honour_stops_it_naming_the_key(make, profile_list, named):
+    with pytest.raises(Exception, match="Invalid profile_list") as info:
+        make(GPUKubeSpawner, profile_list)
+    assert named in str(info.value)
+
+
+def test_kubespawner_form_templates_are_refused_not_ignored(make):
+    with pytest.raises(Exception, match="profile_form_template"):
+        make(GPUKubeSpawner, profile_form_template="<form></form>")
