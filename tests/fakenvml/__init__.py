@@ -52,8 +52,11 @@ LIBRARY_NAME = "libnvidia-ml.so.1"
 _COUNT_RECORD = struct.Struct("=64sQ")
 
 
-def build(outdir: str | os.PathLike) -> Path:
+def build(outdir: str | os.PathLike, without_memory_v2: bool = False) -> Path:
     """Build (or reuse, if up to date) ``outdir/libnvidia-ml.so.1``; return ``outdir``.
+
+    ``without_memory_v2``: a library without ``nvmlDeviceGetMemoryInfo_v2`` (the
+    symbol is absent, as in drivers before 510); give it an ``outdir`` of its own.
 
     Runs ``build.sh`` with this interpreter as ``PYTHON`` (it locates ``nvml.h``
     through the ``nvidia`` package). Raises ``RuntimeError`` with the compiler's
@@ -61,7 +64,7 @@ def build(outdir: str | os.PathLike) -> Path:
     """
     outdir = Path(outdir)
     proc = subprocess.run(
-        ["bash", str(SOURCE_DIR / "build.sh"), str(outdir)],
+        ["bash", str(SOURCE_DIR / "build.sh"), str(outdir), *(["--without-memory-v2"] if without_memory_v2 else [])],
         env={**os.environ, "PYTHON": sys.executable},
         capture_output=True,
         text=True,

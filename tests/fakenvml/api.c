@@ -621,6 +621,7 @@ nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memory)
     return leave(NVML_SUCCESS);
 }
 
+#ifndef FK_WITHOUT_MEMORY_V2 /* build.sh --without-memory-v2: a driver before 510 */
 nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v2_t *memory)
 {
     FK_COUNT();
@@ -642,6 +643,7 @@ nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v2_t *me
     memory->free = total > used + reserved ? total - used - reserved : 0;
     return leave(NVML_SUCCESS);
 }
+#endif
 
 /* -------------------------------------------------- sensors and limits -- */
 
