@@ -11,9 +11,11 @@ from __future__ import annotations
 import json
 import os
 import time
+from pathlib import Path
 
 import pytest
 import requests
+from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.utils import floatToGoString
 
 import fakenvml
@@ -100,6 +102,12 @@ def test_snapshot_values_equal_the_stand_in(tmp_path, fakenvml_libdir, gpu_file,
         assert f"gpuspawner_gpu_memory_used_bytes{labels} {floatToGoString(first['memory_used'])}" in metrics.text
         assert f"gpuspawner_gpu_power_watts{labels} {floatToGoString(first['power_usage'] / 1000)}" in metrics.text
         assert f'gpuspawner_gpu_clock_hertz{{clock="sm",{labels[1:]} {floatToGoString(1410e6)}' in metrics.text
+        # every family served is in the README's list (short names there: `_memory_used_bytes`)
+        readme = (Path(__file__).parents[2] / "README.md").read_text()
+        listed = next(line for line in readme.splitlines() if line.startswith("| `GET {base_url}api/gpus/metrics`"))
+        for family in text_string_to_metric_families(metrics.text):
+            short = family.name.removeprefix("gpuspawner_gpu")
+            assert f"`{family.name}" in listed or f"`{short}" in listed, family.name
 
 
 def test_history_on_request(tmp_path, fakenvml_libdir, gpu_file, monkeypatch):
