@@ -48,6 +48,7 @@ _REASONS = {
     "NVMLError_ResetRequired": "GPU needs a reset",
     "NVMLError_Timeout": "the driver timed out",
     "NVMLError_NotFound": "not found",
+    "NVMLError_ArgumentVersionMismatch": "this driver does not know the version of the call",
 }
 
 
@@ -56,6 +57,7 @@ _REASONS = {
 #: nvmlDeviceGetHandleByIndex_v2 answers NO_PERMISSION for them; a device cgroup (gpu-local's
 #: fence, Slurm's ConstrainDevices) makes other users' GPUs so.
 DENIED = "this process may not open this GPU (its device node is fenced off)"
+NOT_SUPPORTED = _REASONS["NVMLError_NotSupported"]
 
 
 def reason_for(error: BaseException) -> str:
@@ -73,6 +75,7 @@ class _Session:
         self.lock = threading.Lock()
         self.pid: int | None = None
         self.reason: str | None = None
+        self.memory_v1_only = False  # this process's NVML lacks nvmlDeviceGetMemoryInfo_v2
 
     def ensure(self) -> str | None:
         """Initialise NVML in this process if needed; return why it failed, or None."""
@@ -80,6 +83,7 @@ class _Session:
             if self.pid == os.getpid():
                 return self.reason
             self.pid = os.getpid()
+            self.memory_v1_only = False
             if pynvml is None:
                 self.reason = "the nvidia-ml-py package is not installed"
                 return self.reason
@@ -102,6 +106,7 @@ class _Session:
                     pass
             self.pid = None
             self.reason = None
+            self.memory_v1_only = False
 
 
 _session = _Session()
@@ -137,6 +142,49 @@ def query(func: Callable[..., Any] | str, *args: Any) -> Reading:
     if isinstance(value, bytes):
         value = value.decode(errors="replace")
     return Reading(value)
+
+
+class Memory(NamedTuple):
+    """A device's memory in bytes, as nvidia-smi reports it.
+
+    ``used`` is what processes allocated; ``reserved`` what the driver keeps
+    for itself (firmware, page tables). None: the driver has only the v1 call,
+    whose ``used`` includes the reserved memory.
+    """
+
+    total: int
+    used: int
+    free: int
+    reserved: int | None
+
+
+MEMORY_V1_ONLY = ("not reported by this driver: it has only the v1 memory call, "
+                  "whose used memory includes the memory the driver reserves")
+
+
+def _memory_v2(handle: Any) -> Any:
+    return pynvml.nvmlDeviceGetMemoryInfo(handle, version=pynvml.nvmlMemory_v2)
+
+
+def memory_info(handle: Any) -> Reading:
+    """A device's (or MIG device's) :class:`Memory`, read as nvidia-smi, nvitop and gpustat read it.
+
+    Uses ``nvmlDeviceGetMemoryInfo_v2`` (``used`` excludes reserved memory; drivers
+    >= 510). Where the driver or nvidia-ml-py lacks it, falls back to the v1 call
+    (``reserved`` is then None, ``used`` includes it: see :data:`MEMORY_V1_ONLY`).
+    """
+    if pynvml is not None and hasattr(pynvml, "nvmlMemory_v2") and not _session.memory_v1_only:
+        v2 = query(_memory_v2, handle)
+        if v2.ok:
+            m = v2.value
+            return Reading(Memory(m.total, m.used, m.free, m.reserved))
+        if v2.reason not in (_REASONS["NVMLError_FunctionNotFound"], _REASONS["NVMLError_ArgumentVersionMismatch"]):
+            return v2
+        _session.memory_v1_only = True
+    v1 = query("nvmlDeviceGetMemoryInfo", handle)
+    if not v1.ok:
+        return v1
+    return Reading(Memory(v1.value.total, v1.value.used, v1.value.free, None))
 
 
 class Device(NamedTuple):

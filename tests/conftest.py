@@ -17,6 +17,14 @@ def fakenvml_libdir(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def fakenvml_v1_libdir(tmp_path_factory) -> Path:
+    """The stand-in without nvmlDeviceGetMemoryInfo_v2, as a driver before 510."""
+    import fakenvml
+
+    return fakenvml.build(tmp_path_factory.mktemp("fakenvml-v1"), without_memory_v2=True)
+
+
+@pytest.fixture(scope="session")
 def chromium_installed() -> None:
     """Debian's Chromium is there; else the test skips (fails in CI)."""
     from chromium import CHROMIUM

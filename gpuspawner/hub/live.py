@@ -112,7 +112,7 @@ def _read_nvml(uuids: tuple[str, ...]) -> dict[str, GPUNumbers]:
         if device.uuid.value not in wanted:
             continue
         util = nvml.query("nvmlDeviceGetUtilizationRates", device.handle.value)
-        memory = nvml.query("nvmlDeviceGetMemoryInfo", device.handle.value)
+        memory = nvml.memory_info(device.handle.value)  # used as nvidia-smi: without reserved memory
         out[device.uuid.value] = GPUNumbers(
             util.value.gpu if util.ok else None,
             memory.value.used if memory.ok else None,

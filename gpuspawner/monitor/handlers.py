@@ -145,7 +145,10 @@ class _SampleCollector:
         gauges = {
             "utilization_gpu": ("gpuspawner_gpu_utilization_percent", "GPU utilisation (%)", 1),
             "utilization_memory": ("gpuspawner_gpu_memory_utilization_percent", "memory bandwidth utilisation (%)", 1),
-            "memory_used": ("gpuspawner_gpu_memory_used_bytes", "GPU memory in use (bytes)", 1),
+            "memory_used": ("gpuspawner_gpu_memory_used_bytes",
+                            "GPU memory allocated by processes, as nvidia-smi's memory.used (bytes)", 1),
+            "memory_reserved": ("gpuspawner_gpu_memory_reserved_bytes",
+                                "GPU memory the driver reserves for itself (bytes)", 1),
             "memory_total": ("gpuspawner_gpu_memory_total_bytes", "GPU memory (bytes)", 1),
             "temperature": ("gpuspawner_gpu_temperature_celsius", "GPU temperature (Celsius)", 1),
             "power": ("gpuspawner_gpu_power_watts", "power draw (W)", 1),
@@ -153,8 +156,16 @@ class _SampleCollector:
         }
         families = {key: GaugeMetricFamily(name, doc, labels=labels) for key, (name, doc, _) in gauges.items()}
         clocks = GaugeMetricFamily("gpuspawner_gpu_clock_hertz", "current clock (Hz)", labels=[*labels, "clock"])
-        procs = GaugeMetricFamily("gpuspawner_gpu_process_memory_bytes", "GPU memory per process (bytes)",
+        procs = GaugeMetricFamily("gpuspawner_gpu_process_memory_bytes",
+                                  "GPU memory per process, counted once for a compute+graphics process (bytes)",
                                   labels=[*labels, "pid", "kernel_id", "path"])
+        mig_labels = [*labels, "mig_uuid", "mig_name"]
+        mig_families = {
+            key: GaugeMetricFamily(f"gpuspawner_gpu_mig_{key}_bytes", doc, labels=mig_labels)
+            for key, doc in (("memory_used", "MIG device memory allocated by processes (bytes)"),
+                             ("memory_reserved", "MIG device memory the driver reserves (bytes)"),
+                             ("memory_total", "MIG device memory (bytes)"))
+        }
         for gpu in self.sample["gpus"]:
             values = [str(gpu["index"]), gpu["uuid"] or "", gpu["name"] or ""]
             for key, family in families.items():
@@ -163,6 +174,10 @@ class _SampleCollector:
             for clock in ("sm", "memory", "graphics"):
                 if gpu.get(f"clock_{clock}") is not None:
                     clocks.add_metric([*values, clock], gpu[f"clock_{clock}"] * 1e6)
+            for m in gpu["mig"]:
+                for key, family in mig_families.items():
+                    if m.get(key) is not None:
+                        family.add_metric([*values, m["uuid"] or "", m["name"] or ""], float(m[key]))
             for p in gpu["processes"]:
                 if p["used_memory"] is not None:
                     kernel = p["kernel"] or {}
@@ -171,6 +186,7 @@ class _SampleCollector:
         yield from families.values()
         yield clocks
         yield procs
+        yield from mig_families.values()
 
 
 class MetricsHandler(_GPUHandler):

@@ -27,6 +27,7 @@ FIELDS = {
     "utilization_gpu": "%",
     "utilization_memory": "%",
     "memory_used": "bytes",
+    "memory_reserved": "bytes",
     "memory_total": "bytes",
     "temperature": "C",
     "power": "W",
@@ -48,6 +49,8 @@ class StaticMIG:
     uuid: str | None
     name: str | None
     memory_total: int | None
+    cuda_index: int | None = None
+    cuda_reason: str | None = None
 
 
 @dataclass
@@ -56,7 +59,7 @@ class StaticGPU:
     handle: Any
     uuid: str | None = None
     name: str | None = None
-    cuda_index: int | None = None
+    cuda_index: int | None = None  # None: the reason is in na["cuda_index"]
     memory_total: int | None = None
     power_limit: float | None = None
     max_clocks: dict[str, int | None] = field(default_factory=dict)
@@ -76,13 +79,19 @@ class Static:
     read_at: float = field(default_factory=time.monotonic)
 
 
-def _mig_layout(handle: Any) -> tuple[bool | None, list[StaticMIG]]:
+def _mig_layout(handle: Any, na: dict[str, str]) -> tuple[bool | None, list[StaticMIG]]:
+    """(MIG mode, its MIG devices). A GPU that cannot do MIG answers NOT_SUPPORTED: mode False."""
     mode = nvml.query("nvmlDeviceGetMigMode", handle)
-    if not mode.ok or not mode.value[0]:
-        return (bool(mode.value[0]) if mode.ok else None), []
+    if mode.reason == nvml.NOT_SUPPORTED:
+        return False, []
+    if not mode.ok:
+        na["mig_mode"] = mode.reason
+        return None, []
+    if not mode.value[0]:
+        return False, []
     migs = []
     for mig in nvml.mig_devices(handle):
-        memory = nvml.query("nvmlDeviceGetMemoryInfo", mig.handle.value)
+        memory = nvml.memory_info(mig.handle.value)
         migs.append(StaticMIG(
             handle=mig.handle.value,
             uuid=mig.uuid.value,
@@ -112,7 +121,7 @@ def read_static(visibility: Visibility) -> Static:
         for key, r in (("uuid", device.uuid), ("name", device.name)):
             if not r.ok:
                 gpu.na[key] = r.reason
-        memory = nvml.query("nvmlDeviceGetMemoryInfo", h)
+        memory = nvml.memory_info(h)
         gpu.memory_total = memory.value.total if memory.ok else None
         limit = nvml.query("nvmlDeviceGetEnforcedPowerLimit", h)
         gpu.power_limit = limit.value / 1000 if limit.ok else None
@@ -123,17 +132,23 @@ def read_static(visibility: Visibility) -> Static:
             gpu.max_clocks[clock] = r.value
             if not r.ok:
                 gpu.na[f"max_clock_{clock}"] = r.reason
-        gpu.mig_mode, gpu.mig = _mig_layout(h)
+        gpu.mig_mode, gpu.mig = _mig_layout(h, gpu.na)
         gpus.append(gpu)
-    decisions = visibility.decide([Device(g.index, g.uuid, tuple(m.uuid for m in g.mig if m.uuid)) for g in gpus])
+    decisions = visibility.decide([Device(g.index, g.uuid, tuple(m.uuid for m in g.mig if m.uuid), g.mig_mode, g.name)
+                                   for g in gpus])
     shown = []
     for gpu, decision in zip(gpus, decisions, strict=True):
         if not decision.visible:
             continue
         gpu.cuda_index = decision.cuda_index
+        if decision.cuda_reason is not None:
+            gpu.na["cuda_index"] = decision.cuda_reason
         if decision.mig_uuids is not None:
             gpu.only_some_mig = True
             gpu.mig = [m for m in gpu.mig if m.uuid in decision.mig_uuids]
+        for m in gpu.mig:
+            m.cuda_index = decision.mig_cuda.get(m.uuid) if m.uuid else None
+            m.cuda_reason = decision.mig_cuda_reasons.get(m.uuid) if m.uuid else "the MIG device's UUID is not known"
         shown.append(gpu)
     if not shown:
         if not listing.devices:
@@ -156,23 +171,42 @@ def _no_attribution(pid: int) -> tuple[dict | None, str | None]:
 
 
 def _processes(gpu: StaticGPU, na: dict[str, str], attribute: Attribution) -> list[dict]:
+    """The GPU's processes, each pid once.
+
+    A process with both a compute and a graphics context is listed by both NVML
+    calls, each entry with ``usedGpuMemory`` being all of that process's memory on
+    the device: it is one process of type ``"C+G"`` (as nvidia-smi and nvitop
+    show it), its memory counted once. Only on different devices (MIG devices
+    shown one by one) are a process's entries added up.
+    """
     handles = [m.handle for m in gpu.mig] if gpu.only_some_mig else [gpu.handle]
     seen: dict[int, dict] = {}
     for handle in handles:
-        for fn in ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetGraphicsRunningProcesses"):
+        on_device: dict[int, dict] = {}
+        for fn, kind in (("nvmlDeviceGetComputeRunningProcesses", "C"), ("nvmlDeviceGetGraphicsRunningProcesses", "G")):
             r = nvml.query(fn, handle)
             if not r.ok:
-                if fn.endswith("ComputeRunningProcesses"):
+                if kind == "C":
                     na["processes"] = r.reason
                 continue
             for p in r.value:
                 used = getattr(p, "usedGpuMemory", None)
-                entry = seen.get(p.pid)
-                if entry is None:
-                    kernel, note = attribute(p.pid)
-                    seen[p.pid] = {"pid": p.pid, "used_memory": used, "kernel": kernel, "note": note}
-                elif used is not None:
-                    entry["used_memory"] = (entry["used_memory"] or 0) + used
+                entry = on_device.setdefault(p.pid, {"used_memory": None, "type": ""})
+                if kind not in entry["type"]:
+                    entry["type"] = f"{entry['type']}+{kind}" if entry["type"] else kind
+                if entry["used_memory"] is None:
+                    entry["used_memory"] = used
+        for pid, entry in on_device.items():
+            process = seen.get(pid)
+            if process is None:
+                kernel, note = attribute(pid)
+                seen[pid] = {"pid": pid, "type": entry["type"], "used_memory": entry["used_memory"],
+                             "kernel": kernel, "note": note}
+                continue
+            if entry["used_memory"] is not None:  # the same process on another MIG device
+                process["used_memory"] = (process["used_memory"] or 0) + entry["used_memory"]
+            if entry["type"] != process["type"]:
+                process["type"] = "C+G"
     return sorted(seen.values(), key=lambda e: -(e["used_memory"] or 0))
 
 
@@ -188,7 +222,7 @@ def _gpu_sample(gpu: StaticGPU, attribute: Attribution) -> dict:
     values: dict[str, Any] = dict.fromkeys(FIELDS)
     if gpu.handle is None:  # no handle at all: the GPU is lost or unreadable
         reason = gpu.na.get("gpu", "unknown")
-        na.update({k: reason for k in ("uuid", "name", *FIELDS, "processes")})
+        na.update({k: reason for k in ("uuid", "name", "mig_mode", *FIELDS, "processes")})
         out.update(values, processes=[], mig=[], na=na)
         return out
     h = gpu.handle
@@ -200,11 +234,14 @@ def _gpu_sample(gpu: StaticGPU, attribute: Attribution) -> dict:
     else:
         reason = MIG_NOT_REPORTED if gpu.mig_mode and "not supported" in (util.reason or "") else util.reason
         na["utilization_gpu"] = na["utilization_memory"] = reason
-    memory = nvml.query("nvmlDeviceGetMemoryInfo", h)
+    memory = nvml.memory_info(h)
     if memory.ok:
-        values["memory_used"], values["memory_total"] = memory.value.used, memory.value.total
+        m = memory.value
+        values["memory_used"], values["memory_reserved"], values["memory_total"] = m.used, m.reserved, m.total
+        if m.reserved is None:
+            na["memory_reserved"] = nvml.MEMORY_V1_ONLY
     else:
-        na["memory_used"] = memory.reason
+        na["memory_used"] = na["memory_reserved"] = memory.reason
         values["memory_total"] = gpu.memory_total
         if gpu.memory_total is None:
             na["memory_total"] = memory.reason
@@ -227,13 +264,19 @@ def _gpu_sample(gpu: StaticGPU, attribute: Attribution) -> dict:
     mig = []
     for m in gpu.mig:
         mig_na: dict[str, str] = {}
-        used = nvml.query("nvmlDeviceGetMemoryInfo", m.handle)
+        used = nvml.memory_info(m.handle)
         if not used.ok:
-            mig_na["memory_used"] = used.reason
+            mig_na["memory_used"] = mig_na["memory_reserved"] = used.reason
+        elif used.value.reserved is None:
+            mig_na["memory_reserved"] = nvml.MEMORY_V1_ONLY
+        if m.cuda_reason is not None:
+            mig_na["cuda_index"] = m.cuda_reason
         mig.append({
             "uuid": m.uuid,
             "name": m.name,
+            "cuda_index": m.cuda_index,
             "memory_used": used.value.used if used.ok else None,
+            "memory_reserved": used.value.reserved if used.ok else None,
             "memory_total": used.value.total if used.ok else m.memory_total,
             "na": mig_na,
         })

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 _UUID = re.compile(r"^(GPU|MIG)-[0-9A-Za-z-]+$")
 _INDEX = re.compile(r"^\d+$")
@@ -80,16 +80,55 @@ class Device:
 
     index: int
     uuid: str | None
-    mig_uuids: tuple[str, ...] = ()
+    mig_uuids: tuple[str, ...] = ()  # its MIG devices, in NVML's order
+    mig_mode: bool | None = None  # None: unknown (then MIG mode is assumed when it has MIG devices)
+    name: str | None = None
+
+    @property
+    def in_mig_mode(self) -> bool:
+        return bool(self.mig_mode) or bool(self.mig_uuids)
 
 
 @dataclass(frozen=True)
 class Decision:
-    """Whether a GPU is shown, and which of its MIG devices (None: all of them)."""
+    """Whether a GPU is shown, and which of its MIG devices (None: all of them).
+
+    ``cuda_index`` is the GPU's number inside CUDA (``cuda:N``); when None,
+    ``cuda_reason`` says why. ``mig_cuda`` maps each shown MIG device's UUID
+    to its CUDA number or, when None, the reason in ``mig_cuda_reasons``.
+    """
 
     visible: bool
     mig_uuids: tuple[str, ...] | None = None
-    cuda_index: int | None = None  # its number inside CUDA (cuda:N), when known
+    cuda_index: int | None = None
+    cuda_reason: str | None = None
+    mig_cuda: Mapping[str, int | None] = field(default_factory=dict)
+    mig_cuda_reasons: Mapping[str, str] = field(default_factory=dict)
+
+
+# Why a device shown here has no CUDA number. CUDA's rules, as NVIDIA documents them:
+# - CUDA_VISIBLE_DEVICES: "Only the devices whose index is present in the sequence are visible to
+#   CUDA applications and they are enumerated in the order of the sequence" (CUDA C++ Programming
+#   Guide, "CUDA Environment Variables"); unset, CUDA_DEVICE_ORDER applies: PCI_BUS_ID orders by PCI
+#   bus id (NVML's order), the default FASTEST_FIRST puts the fastest device first "using a simple
+#   heuristic" and leaves the order of the rest unspecified.
+# - MIG: "only enumeration of a single MIG instance is supported. In other words, regardless of how
+#   many MIG devices are created (or made available to a container), a single CUDA process can only
+#   enumerate a single MIG device" (NVIDIA MIG User Guide, "CUDA Device Enumeration"). A GPU in MIG
+#   mode is used through its MIG devices, never as a whole.
+# - With a MIG device visible, that one MIG device is the only CUDA device: GPUs not in MIG mode
+#   are not enumerated beside it (observed behaviour on mixed systems; CUDA lists the GPUs not in
+#   MIG mode first, then the first MIG device of each GPU in MIG mode, and keeps only the first MIG
+#   device of that list when there is one).
+CUDA_MIG_PARENT = "in MIG mode: CUDA uses its MIG devices, never the GPU as a whole"
+CUDA_ONE_MIG = "CUDA enumerates a single MIG device per process, and it is another one"
+CUDA_HIDDEN_BY_MIG = "not enumerated by CUDA: with a MIG device visible, that MIG device is CUDA's only device"
+CUDA_ORDER_UNKNOWN = ("CUDA_DEVICE_ORDER is not PCI_BUS_ID and the GPUs differ: CUDA puts the fastest "
+                      "first by its own heuristic, so the numbering is not known here")
+CUDA_MIG_BY_GPU = ("CUDA_VISIBLE_DEVICES names a GPU in MIG mode, not one of its MIG devices: "
+                   "which device CUDA then uses is not documented")
+CUDA_INDEX_WITH_MIG = ("CUDA_VISIBLE_DEVICES lists indexes while a GPU is in MIG mode: CUDA's indexes "
+                       "then differ from NVML's, so the numbering is not known here")
 
 
 def _matches(entry: str, device: Device, host_indexes: bool) -> tuple[bool, tuple[str, ...] | None]:
@@ -146,12 +185,14 @@ class Visibility:
 
     cuda: Selector
     nvidia: Selector
+    cuda_device_order: str | None = None  # CUDA_DEVICE_ORDER (FASTEST_FIRST when unset)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> Visibility:
         return cls(
             parse("CUDA_VISIBLE_DEVICES", env.get("CUDA_VISIBLE_DEVICES")),
             parse("NVIDIA_VISIBLE_DEVICES", env.get("NVIDIA_VISIBLE_DEVICES")),
+            env.get("CUDA_DEVICE_ORDER"),
         )
 
     def describe(self) -> str:
@@ -162,10 +203,9 @@ class Visibility:
         listed = len(self.nvidia.entries) if self.nvidia.entries is not None else 0
         nvidia_host_indexes = len(devices) > listed
         decisions: list[Decision] = []
-        cuda_positions: list[tuple[int, int]] = []
-        for n, device in enumerate(devices):
+        for device in devices:
             ok_n, migs_n, _ = _apply(self.nvidia, device, nvidia_host_indexes)
-            ok_c, migs_c, pos = _apply(self.cuda, device, True)
+            ok_c, migs_c, _ = _apply(self.cuda, device, True)
             if not (ok_n and ok_c):
                 decisions.append(Decision(False))
                 continue
@@ -174,8 +214,74 @@ class Visibility:
                 decisions.append(Decision(False))
                 continue
             decisions.append(Decision(True, migs))
-            cuda_positions.append((pos if pos is not None else device.index, n))
-        # CUDA numbers visible devices in the order CUDA_VISIBLE_DEVICES lists them.
-        for cuda_index, (_, n) in enumerate(sorted(cuda_positions)):
-            decisions[n] = Decision(True, decisions[n].mig_uuids, cuda_index)
-        return decisions
+        return self._number(devices, decisions)
+
+    # ------------------------------------------------------ CUDA numbers --
+
+    def _cuda_sequence(self, devices: Sequence[Device], shown: dict[int, tuple[str, ...]],
+                       unknown: dict[tuple[int, str | None], str]) -> list[tuple[int, str | None]]:
+        """CUDA's devices among those shown, in CUDA's order: (device position, MIG UUID or None).
+
+        Devices whose place cannot be known get a reason in ``unknown`` instead.
+        """
+        if self.cuda.entries is None:  # CUDA's own enumeration
+            whole = [n for n in shown if not devices[n].in_mig_mode]
+            by_bus = (self.cuda_device_order or "").strip().upper() == "PCI_BUS_ID"
+            if not by_bus and len({devices[n].name for n in whole}) > 1:
+                unknown.update({(n, None): CUDA_ORDER_UNKNOWN for n in whole})
+                whole = []
+            firsts = [(n, shown[n][0]) for n in shown if devices[n].in_mig_mode and shown[n]]
+            return [(n, None) for n in whole] + firsts
+        if any(_INDEX.match(e) for e in self.cuda.entries) and any(d.in_mig_mode for d in devices):
+            unknown.update({(n, None): CUDA_INDEX_WITH_MIG for n in shown})
+            unknown.update({(n, u): CUDA_INDEX_WITH_MIG for n in shown for u in shown[n]})
+            return []
+        sequence: list[tuple[int, str | None]] = []
+        for entry in self.cuda.entries:
+            for n in shown:
+                device = devices[n]
+                if entry.startswith("MIG-"):
+                    chosen = [u for u in shown[n] if u.lower().startswith(entry.lower())]
+                    sequence += [(n, u) for u in chosen[:1]]
+                elif _matches(entry, device, True)[0]:
+                    if device.in_mig_mode:
+                        unknown.update({(n, u): CUDA_MIG_BY_GPU for u in shown[n]})
+                    else:
+                        sequence.append((n, None))
+        return list(dict.fromkeys(sequence))  # a device listed twice keeps its first place
+
+    def _number(self, devices: Sequence[Device], decisions: list[Decision]) -> list[Decision]:
+        shown = {n: (dec.mig_uuids if dec.mig_uuids is not None else devices[n].mig_uuids)
+                 for n, dec in enumerate(decisions) if dec.visible}
+        unknown: dict[tuple[int, str | None], str] = {}
+        sequence = self._cuda_sequence(devices, shown, unknown)
+        first_mig = next((item for item in sequence if item[1] is not None), None)
+        mig_unknown = next((r for (_, u), r in unknown.items() if u is not None), None)
+        if first_mig is not None:  # that MIG device is CUDA's only device
+            numbers = {first_mig: 0}
+        elif mig_unknown is not None:  # whether a MIG device hides the others is not known
+            numbers = {}
+        else:
+            numbers = {item: i for i, item in enumerate(sequence)}
+
+        def reason(key: tuple[int, str | None]) -> str:
+            if key[1] is not None:
+                return unknown.get(key, CUDA_ONE_MIG)
+            if first_mig is not None:
+                return CUDA_HIDDEN_BY_MIG
+            return unknown.get(key, mig_unknown or CUDA_HIDDEN_BY_MIG)
+
+        out = []
+        for n, dec in enumerate(decisions):
+            if not dec.visible:
+                out.append(dec)
+                continue
+            if devices[n].in_mig_mode:
+                gpu_index, gpu_reason = None, CUDA_MIG_PARENT
+            else:
+                gpu_index = numbers.get((n, None))
+                gpu_reason = None if gpu_index is not None else reason((n, None))
+            mig_cuda = {u: numbers.get((n, u)) for u in shown[n]}
+            mig_reasons = {u: reason((n, u)) for u, i in mig_cuda.items() if i is None}
+            out.append(Decision(True, dec.mig_uuids, gpu_index, gpu_reason, mig_cuda, mig_reasons))
+        return out

@@ -20,6 +20,8 @@ export interface IKernelRef {
 
 export interface IProcess {
   pid: number;
+  /** 'C' (compute), 'G' (graphics) or 'C+G' (both), as nvidia-smi shows it */
+  type: string;
   used_memory: number | null;
   kernel: IKernelRef | null;
   note: string | null;
@@ -28,7 +30,9 @@ export interface IProcess {
 export interface IMig {
   uuid: string | null;
   name: string | null;
+  cuda_index: number | null;
   memory_used: number | null;
+  memory_reserved: number | null;
   memory_total: number | null;
   na: { [field: string]: string };
 }
@@ -41,7 +45,10 @@ export interface IGPU {
   mig_mode: boolean | null;
   utilization_gpu: number | null;
   utilization_memory: number | null;
+  /** allocated by processes (nvidia-smi's memory.used) */
   memory_used: number | null;
+  /** kept by the driver for itself, not in memory_used */
+  memory_reserved: number | null;
   memory_total: number | null;
   temperature: number | null;
   power: number | null;

@@ -6,7 +6,7 @@
 import { Widget } from '@lumino/widgets';
 import uPlot from 'uplot';
 
-import { GPUStream, IGPU, ISample, gib } from './api';
+import { GPUStream, IGPU, IMig, ISample, gib } from './api';
 import { NoticeFeed } from './notices';
 
 interface IChartSpec {
@@ -35,6 +35,14 @@ const CHARTS: IChartSpec[] = [
 /** A theme colour (canvas cannot read CSS variables itself). */
 function cssVar(name: string, fallback: string): string {
   return getComputedStyle(document.body).getPropertyValue(name).trim() || fallback;
+}
+
+/** Memory as nvidia-smi splits it: used by processes, reserved by the driver, total. */
+function memoryTooltip(d: IGPU | IMig): string {
+  const used = d.memory_used === null ? na(d, 'memory_used') : `${gib(d.memory_used)} GiB`;
+  const reserved = d.memory_reserved === null ? na(d, 'memory_reserved') : `${gib(d.memory_reserved)} GiB`;
+  const total = d.memory_total === null ? na(d, 'memory_total') : `${gib(d.memory_total)} GiB`;
+  return `Used by processes: ${used}\nReserved by the driver: ${reserved}\nTotal: ${total}`;
 }
 
 function gpuKey(gpu: IGPU): string {
@@ -131,6 +139,7 @@ class GPUCard {
       return `${c} ${value === null ? na(gpu, `clock_${c}`) : `${value}${max === null ? '' : ` / ${max}`} MHz`}`;
     });
     this._clocks.textContent = `Clocks: ${clocks.join(' · ')}`;
+    this._labels['memory'].title = memoryTooltip(gpu);
     this._renderProcesses(gpu);
     this._renderMig(gpu);
   }
@@ -156,12 +165,13 @@ class GPUCard {
     }
     const table = el('table', 'jp-gpuspawner-Table');
     const head = table.insertRow();
-    for (const h of ['PID', 'Memory', 'Notebook / kernel']) {
+    for (const h of ['PID', 'Type', 'Memory', 'Notebook / kernel']) {
       head.appendChild(el('th', undefined, h));
     }
     for (const p of gpu.processes) {
       const row = table.insertRow();
       row.insertCell().textContent = String(p.pid);
+      row.insertCell().textContent = p.type;
       row.insertCell().textContent = p.used_memory === null ? 'N/A' : `${gib(p.used_memory)} GiB`;
       const k = p.kernel;
       row.insertCell().textContent = k
@@ -184,7 +194,7 @@ class GPUCard {
       row.insertCell().textContent = m.name ?? m.uuid ?? 'MIG device';
       row.insertCell().textContent =
         m.memory_used === null ? na(m, 'memory_used') : `${gib(m.memory_used)} / ${gib(m.memory_total)} GiB`;
-      row.title = m.uuid ?? '';
+      row.title = [m.uuid ?? '', memoryTooltip(m)].join('\n');
     }
     box.appendChild(table);
   }

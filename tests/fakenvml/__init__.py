@@ -21,6 +21,7 @@ explicitly by path with ``ctypes.CDLL`` before pynvml loads it).
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import os
@@ -51,8 +52,11 @@ LIBRARY_NAME = "libnvidia-ml.so.1"
 _COUNT_RECORD = struct.Struct("=64sQ")
 
 
-def build(outdir: str | os.PathLike) -> Path:
+def build(outdir: str | os.PathLike, without_memory_v2: bool = False) -> Path:
     """Build (or reuse, if up to date) ``outdir/libnvidia-ml.so.1``; return ``outdir``.
+
+    ``without_memory_v2``: a library without ``nvmlDeviceGetMemoryInfo_v2`` (the
+    symbol is absent, as in drivers before 510); give it an ``outdir`` of its own.
 
     Runs ``build.sh`` with this interpreter as ``PYTHON`` (it locates ``nvml.h``
     through the ``nvidia`` package). Raises ``RuntimeError`` with the compiler's
@@ -60,7 +64,7 @@ def build(outdir: str | os.PathLike) -> Path:
     """
     outdir = Path(outdir)
     proc = subprocess.run(
-        ["bash", str(SOURCE_DIR / "build.sh"), str(outdir)],
+        ["bash", str(SOURCE_DIR / "build.sh"), str(outdir), *(["--without-memory-v2"] if without_memory_v2 else [])],
         env={**os.environ, "PYTHON": sys.executable},
         capture_output=True,
         text=True,
@@ -154,6 +158,10 @@ _A100_80GB = {
     "max_clocks": {"graphics": 1410, "sm": 1410, "memory": 1593, "video": 1290},
     "fan_speed": None,  # passively cooled: NVML answers NOT_SUPPORTED
     "mig_mode": 0,
+    "pcie": {"max_generation": 4, "max_width": 16, "generation": 4, "width": 16, "tx_kbps": 0, "rx_kbps": 0},
+    "nvlink": {"version": "3.0", "links": 12, "speed_mbps": 25781, "tx_kibps": 0, "rx_kibps": 0},
+    "bar1_memory_total": 128 * 1024**3,
+    "bar1_memory_used": 2 * 1024**2,
 }
 
 _T4 = {
@@ -168,6 +176,10 @@ _T4 = {
     "max_clocks": {"graphics": 1590, "sm": 1590, "memory": 5001, "video": 1470},
     "fan_speed": None,
     # no "mig_mode": a T4 cannot do MIG, nvmlDeviceGetMigMode is NOT_SUPPORTED
+    "pcie": {"max_generation": 3, "max_width": 16, "generation": 3, "width": 16, "tx_kbps": 0, "rx_kbps": 0},
+    # no "nvlink": a T4 has none, NVLink queries are NOT_SUPPORTED
+    "bar1_memory_total": 256 * 1024**2,
+    "bar1_memory_used": 2 * 1024**2,
 }
 
 _H100_80GB = {
@@ -182,6 +194,22 @@ _H100_80GB = {
     "max_clocks": {"graphics": 1980, "sm": 1980, "memory": 2619, "video": 1755},
     "fan_speed": None,
     "mig_mode": 0,
+    "pcie": {"max_generation": 5, "max_width": 16, "generation": 5, "width": 16, "tx_kbps": 0, "rx_kbps": 0},
+    "nvlink": {"version": "4.0", "links": 18, "speed_mbps": 26562, "tx_kibps": 0, "rx_kibps": 0},
+    "bar1_memory_total": 128 * 1024**3,
+    "bar1_memory_used": 2 * 1024**2,
+}
+
+# What every model reports the same way (tools' queries: nvitop, gpustat, nvdashboard).
+_COMMON = {
+    "encoder_utilization": 0,
+    "decoder_utilization": 0,
+    "persistence_mode": 1,
+    "display_mode": 0,
+    "display_active": 0,
+    "performance_state": 0,
+    "compute_mode": 0,
+    "ecc_errors": {"corrected": 0, "uncorrected": 0},
 }
 
 
@@ -190,13 +218,16 @@ def _profile(name: str) -> dict[str, Any]:
     if "T4" in re.split(r"[^A-Z0-9]+", upper):
         return dict(_T4)
     if "H100" in upper:
-        return dict(_H100_80GB)
-    profile = dict(_A100_80GB)  # A100 80GB, also the template for other names
+        profile = dict(_H100_80GB)
+    else:
+        profile = dict(_A100_80GB)  # A100 80GB, also the template for other names
     if "A100" in upper and "40GB" in upper:
         profile["memory_total"] = 40 * 1024**3
         profile["pci_device_id"] = 0x20B010DE
     if "A100" in upper and "PCIE" in upper:
         profile["power_limit"] = 250_000 if "40GB" in upper else 300_000
+    if "PCIE" in upper:
+        del profile["nvlink"]  # PCIe cards: no NVLink (without a bridge)
     return profile
 
 
@@ -234,8 +265,9 @@ def make_device(index: int, name: str = "NVIDIA A100-SXM4-80GB", **overrides: An
         "utilization_gpu": 0,
         "utilization_memory": 0,
         "processes": [],
+        **copy.deepcopy(_COMMON),
     }
-    device.update(_profile(name))
+    device.update(copy.deepcopy(_profile(name)))
     device.update(overrides)
     return device
 

@@ -58,12 +58,6 @@ __attribute__((constructor)) static void fakenvml_load(void)
     pthread_atfork(fork_prepare, fork_release, fork_release);
 }
 
-#define FK_COUNT()                                                                                            \
-    do {                                                                                                      \
-        static fk_counter *fk_slot_;                                                                          \
-        fk_count(__func__, &fk_slot_);                                                                        \
-    } while (0)
-
 static int same_key(const fk_file_key *a, const fk_file_key *b)
 {
     return a->dev == b->dev && a->ino == b->ino && a->size == b->size && a->mtim.tv_sec == b->mtim.tv_sec &&
@@ -175,11 +169,6 @@ typedef struct {
     unsigned int gslot;
 } fk_ctx;
 
-static int mig_enabled(const fk_gpu *g)
-{
-    return g->mig_supported && g->mig_mode == NVML_DEVICE_MIG_ENABLE;
-}
-
 static nvmlReturn_t device_faults(const fk_gpu *g, const fk_mig *m, const char *fn)
 {
     nvmlReturn_t rc = m ? fk_fault_lookup(&m->faults, fn) : NVML_SUCCESS;
@@ -242,6 +231,23 @@ static nvmlReturn_t copy_str(char *dst, unsigned int length, const char *src)
         return NVML_ERROR_INSUFFICIENT_SIZE;
     memcpy(dst, src, n + 1);
     return NVML_SUCCESS;
+}
+
+/* For tools.c: the same entry steps as the functions here. */
+nvmlReturn_t fk_enter_device(const char *fn, nvmlDevice_t device, fk_dev *d)
+{
+    fk_ctx c;
+    nvmlReturn_t rc = enter_device(fn, device, &c);
+    if (!rc) {
+        d->g = c.g;
+        d->m = c.m;
+    }
+    return rc;
+}
+
+nvmlReturn_t fk_leave(nvmlReturn_t rc)
+{
+    return leave(rc);
 }
 
 /* ----------------------------------------------------- init / shutdown -- */
@@ -622,6 +628,7 @@ nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memory)
     return leave(NVML_SUCCESS);
 }
 
+#ifndef FK_WITHOUT_MEMORY_V2 /* build.sh --without-memory-v2: a driver before 510 */
 nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v2_t *memory)
 {
     FK_COUNT();
@@ -643,6 +650,7 @@ nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v2_t *me
     memory->free = total > used + reserved ? total - used - reserved : 0;
     return leave(NVML_SUCCESS);
 }
+#endif
 
 /* -------------------------------------------------- sensors and limits -- */
 

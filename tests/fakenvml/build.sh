@@ -1,5 +1,8 @@
 #!/usr/bin/env bash
-# Builds the stand-in NVML: tests/fakenvml/build.sh OUTDIR -> OUTDIR/libnvidia-ml.so.1
+# Builds the stand-in NVML: tests/fakenvml/build.sh OUTDIR [--without-memory-v2] -> OUTDIR/libnvidia-ml.so.1
+#
+# --without-memory-v2: the library lacks nvmlDeviceGetMemoryInfo_v2 (the symbol
+# is not there at all), as drivers before 510 lack it; use its own OUTDIR.
 #
 # Compiles against the official nvml.h shipped by the nvidia-nvml-dev wheel
 # (found through the `nvidia` Python package of ${PYTHON:-python3}) and links
@@ -8,8 +11,11 @@
 # concurrently: the library is written to a temporary name and renamed.
 set -euo pipefail
 
-if [[ $# -ne 1 ]]; then
-    echo "usage: $0 OUTDIR" >&2
+defines=()
+if [[ $# -eq 2 && "$2" == "--without-memory-v2" ]]; then
+    defines+=(-DFK_WITHOUT_MEMORY_V2)
+elif [[ $# -ne 1 ]]; then
+    echo "usage: $0 OUTDIR [--without-memory-v2]" >&2
     exit 2
 fi
 
@@ -41,7 +47,7 @@ if [[ ! -f /usr/include/cjson/cJSON.h ]]; then
     exit 1
 fi
 
-sources=("$here/api.c" "$here/config.c" "$here/counts.c" "$here/node.c")
+sources=("$here/api.c" "$here/config.c" "$here/counts.c" "$here/node.c" "$here/tools.c")
 inputs=("${sources[@]}" "$here/fakenvml.h" "${BASH_SOURCE[0]}" "$nvml_h")
 
 if [[ -f "$lib" ]]; then
@@ -70,7 +76,7 @@ grep -oE '^[[:space:]]*NVML_BRAND_[A-Z0-9_]+[[:space:]]*=' "$nvml_h" \
 grep -oE '^#define NVML_DEVICE_ARCH_[A-Z0-9_]+[[:space:]]' "$nvml_h" \
     | sed -E 's/^#define NVML_DEVICE_ARCH_([A-Z0-9_]+).*/FK_ARCH(\1)/' >"$work/fakenvml_archs.inc"
 
-"$cc" -std=gnu11 -O2 -Wall -Wextra -Werror -fPIC -shared -fvisibility=hidden \
+"$cc" -std=gnu11 -O2 -Wall -Wextra -Werror -fPIC -shared -fvisibility=hidden ${defines[@]+"${defines[@]}"} \
     -I "$(dirname "$nvml_h")" -I "$work" -I "$here" \
     -Wl,-soname,libnvidia-ml.so.1 -Wl,-z,defs \
     -o "$work/libnvidia-ml.so.1" "${sources[@]}" -lcjson -lm -lpthread

@@ -295,6 +295,20 @@ static void parse_faults(ctx *c, const cJSON *obj, const char *where, fk_faults 
     }
 }
 
+/* A process's utilisation sample (nvmlDeviceGetProcessUtilization): "sm_util" makes one;
+ * "mem_util", "enc_util" and "dec_util" default to 0. */
+static void parse_proc_util(ctx *c, const cJSON *p, const char *where, fk_proc *pr)
+{
+    int has;
+    opt_u32(c, p, "sm_util", where, &pr->has_util, &pr->sm_util);
+    opt_u32(c, p, "mem_util", where, &has, &pr->mem_util);
+    pr->mem_util = has ? pr->mem_util : 0;
+    opt_u32(c, p, "enc_util", where, &has, &pr->enc_util);
+    pr->enc_util = has ? pr->enc_util : 0;
+    opt_u32(c, p, "dec_util", where, &has, &pr->dec_util);
+    pr->dec_util = has ? pr->dec_util : 0;
+}
+
 static int parse_procs(ctx *c, const cJSON *obj, const char *key, const char *where, fk_proc *out, int max,
                        unsigned int gi, unsigned int ci)
 {
@@ -328,6 +342,7 @@ static int parse_procs(ctx *c, const cJSON *obj, const char *key, const char *wh
         opt_u64(c, p, "used_memory", w, &has, &pr->used_memory);
         pr->gpu_instance_id = u32_or(c, p, "gpu_instance_id", w, gi);
         pr->compute_instance_id = u32_or(c, p, "compute_instance_id", w, ci);
+        parse_proc_util(c, p, w, pr);
     }
     return n;
 }
@@ -393,6 +408,83 @@ static void parse_mig(ctx *c, const cJSON *m, const fk_gpu *parent, int gpu_inde
     out->nprocs = parse_procs(c, m, "processes", w, out->procs, FK_MAX_MIG_PROCS, out->gpu_instance_id,
                               out->compute_instance_id);
     parse_faults(c, m, w, &out->faults);
+}
+
+/* "1.0" .. "6.0" (NVLink versions) or nvmlNvlinkVersion_t's number. */
+static unsigned int nvlink_version(ctx *c, const cJSON *it, const char *where)
+{
+    static const char *names[] = {"1.0", "2.0", "2.2", "3.0", "3.1", "4.0", "5.0", "6.0"};
+    unsigned long long v = 0;
+    if (cJSON_IsString(it)) {
+        for (unsigned i = 0; i < sizeof names / sizeof names[0]; i++)
+            if (strcmp(it->valuestring, names[i]) == 0)
+                return i + 1; /* NVML_NVLINK_VERSION_1_0 == 1, ... */
+        fail(c, "%s.version: \"%s\" is not an NVLink version (\"1.0\" .. \"6.0\")", where, it->valuestring);
+        return 0;
+    }
+    to_u64(c, it, where, UINT32_MAX, &v);
+    return (unsigned int)v;
+}
+
+/* The keys that monitoring tools' extra queries read (tools.c); see README.md. */
+static void parse_tools(ctx *c, const cJSON *d, const char *where, fk_tools *t)
+{
+    char w[96];
+    opt_u32(c, d, "encoder_utilization", where, &t->has_enc, &t->enc_util);
+    opt_u32(c, d, "decoder_utilization", where, &t->has_dec, &t->dec_util);
+    opt_u32(c, d, "persistence_mode", where, &t->has_persistence, &t->persistence);
+    opt_u32(c, d, "display_mode", where, &t->has_display_mode, &t->display_mode);
+    opt_u32(c, d, "display_active", where, &t->has_display_active, &t->display_active);
+    opt_u32(c, d, "performance_state", where, &t->has_pstate, &t->pstate);
+    opt_u32(c, d, "compute_mode", where, &t->has_compute_mode, &t->compute_mode);
+
+    const cJSON *pcie = item(d, "pcie");
+    if (pcie && !cJSON_IsObject(pcie))
+        fail(c, "%s.pcie must be an object {max_generation, max_width, generation, width, tx_kbps, rx_kbps}", where);
+    else if (pcie) {
+        snprintf(w, sizeof w, "%s.pcie", where);
+        opt_u32(c, pcie, "max_generation", w, &t->has_pcie_max_gen, &t->pcie_max_gen);
+        opt_u32(c, pcie, "max_width", w, &t->has_pcie_max_width, &t->pcie_max_width);
+        opt_u32(c, pcie, "generation", w, &t->has_pcie_gen, &t->pcie_gen);
+        opt_u32(c, pcie, "width", w, &t->has_pcie_width, &t->pcie_width);
+        opt_u32(c, pcie, "tx_kbps", w, &t->has_pcie_tx, &t->pcie_tx);
+        opt_u32(c, pcie, "rx_kbps", w, &t->has_pcie_rx, &t->pcie_rx);
+    }
+
+    const cJSON *nvlink = item(d, "nvlink");
+    if (nvlink && !cJSON_IsObject(nvlink))
+        fail(c, "%s.nvlink must be an object {version, links, speed_mbps, tx_kibps, rx_kibps}", where);
+    else if (nvlink) {
+        int has;
+        snprintf(w, sizeof w, "%s.nvlink", where);
+        t->has_nvlink = 1;
+        t->nvlink_links = u32_or(c, nvlink, "links", w, 0);
+        if (t->nvlink_links > NVML_NVLINK_MAX_LINKS)
+            fail(c, "%s.links: at most %d", w, NVML_NVLINK_MAX_LINKS);
+        const cJSON *version = item(nvlink, "version");
+        t->nvlink_version = version ? nvlink_version(c, version, w) : NVML_NVLINK_VERSION_4_0;
+        t->nvlink_speed_mbps = u32_or(c, nvlink, "speed_mbps", w, 0);
+        t->nvlink_tx = t->nvlink_rx = 0;
+        opt_u64(c, nvlink, "tx_kibps", w, &has, &t->nvlink_tx);
+        opt_u64(c, nvlink, "rx_kibps", w, &has, &t->nvlink_rx);
+    }
+
+    int has_bar1_used;
+    opt_u64(c, d, "bar1_memory_total", where, &t->has_bar1, &t->bar1_total);
+    t->bar1_used = 0;
+    opt_u64(c, d, "bar1_memory_used", where, &has_bar1_used, &t->bar1_used);
+
+    const cJSON *ecc = item(d, "ecc_errors");
+    if (ecc && !cJSON_IsObject(ecc))
+        fail(c, "%s.ecc_errors must be an object {corrected, uncorrected}", where);
+    else if (ecc) {
+        int has;
+        snprintf(w, sizeof w, "%s.ecc_errors", where);
+        t->has_ecc = 1;
+        t->ecc_corrected = t->ecc_uncorrected = 0;
+        opt_u64(c, ecc, "corrected", w, &has, &t->ecc_corrected);
+        opt_u64(c, ecc, "uncorrected", w, &has, &t->ecc_uncorrected);
+    }
 }
 
 static void parse_gpu(ctx *c, const cJSON *d, int index, fk_gpu *g)
@@ -502,6 +594,7 @@ static void parse_gpu(ctx *c, const cJSON *d, int index, fk_gpu *g)
 
     g->nprocs = parse_procs(c, d, "processes", w, g->procs, FK_MAX_PROCS, FK_NA_U32, FK_NA_U32);
     g->ngprocs = parse_procs(c, d, "graphics_processes", w, g->gprocs, FK_MAX_PROCS, FK_NA_U32, FK_NA_U32);
+    parse_tools(c, d, w, &g->tools);
     parse_faults(c, d, w, &g->faults);
 }
 
@@ -584,11 +677,6 @@ static int all_digits(const char *s, size_t n)
         if (!isdigit((unsigned char)s[i]))
             return 0;
     return 1;
-}
-
-static int mig_enabled(const fk_gpu *g)
-{
-    return g->mig_supported && g->mig_mode == NVML_DEVICE_MIG_ENABLE;
 }
 
 static void show_gpu(fk_gpu *g)

@@ -5,7 +5,9 @@
  *   config.c  - reads the JSON device file (cJSON) into an fk_config, applies
  *               container visibility, maps NVML error names;
  *   counts.c  - per-function call counters in a shared, mmap'ed file;
- *   api.c     - the exported NVML functions (prototypes from the official nvml.h).
+ *   api.c     - the exported NVML functions (prototypes from the official nvml.h);
+ *   tools.c   - the further NVML functions that monitoring tools (nvitop,
+ *               gpustat, jupyterlab-nvdashboard) call, on top of api.c.
  *
  * Everything here has hidden visibility (the build uses -fvisibility=hidden);
  * only the NVML entry points in api.c are exported.
@@ -46,6 +48,9 @@ typedef struct {
     unsigned long long used_memory; /* FK_NA_U64 when the config says null */
     unsigned int gpu_instance_id;   /* FK_NA_U32 outside MIG */
     unsigned int compute_instance_id;
+    /* per-process utilisation sample (tools.c); has_util 0: the process has none */
+    int has_util;
+    unsigned int sm_util, mem_util, enc_util, dec_util;
 } fk_proc;
 
 typedef struct {
@@ -63,6 +68,29 @@ typedef struct {
 } fk_mig;
 
 enum { FK_CLK_GRAPHICS, FK_CLK_SM, FK_CLK_MEM, FK_CLK_VIDEO, FK_CLK_N };
+
+/* What monitoring tools read beyond the basics (tools.c); has_* 0: NOT_SUPPORTED. */
+typedef struct {
+    int has_enc, has_dec;
+    unsigned int enc_util, dec_util;
+
+    int has_pcie_max_gen, has_pcie_max_width, has_pcie_gen, has_pcie_width, has_pcie_tx, has_pcie_rx;
+    unsigned int pcie_max_gen, pcie_max_width, pcie_gen, pcie_width;
+    unsigned int pcie_tx, pcie_rx; /* KB/s */
+
+    int has_nvlink; /* "nvlink" present: links, version, speed */
+    unsigned int nvlink_links, nvlink_version, nvlink_speed_mbps;
+    unsigned long long nvlink_tx, nvlink_rx; /* KiB/s per link; counters grow at these rates */
+
+    int has_persistence, has_display_mode, has_display_active, has_pstate, has_compute_mode;
+    unsigned int persistence, display_mode, display_active, pstate, compute_mode;
+
+    int has_ecc;
+    unsigned long long ecc_corrected, ecc_uncorrected;
+
+    int has_bar1;
+    unsigned long long bar1_total, bar1_used;
+} fk_tools;
 
 typedef struct {
     char uuid[FK_STR];
@@ -113,6 +141,8 @@ typedef struct {
     int ngprocs;
     fk_proc gprocs[FK_MAX_PROCS];
 
+    fk_tools tools;
+
     fk_faults faults;
 
     /* derived by visibility */
@@ -133,6 +163,11 @@ typedef struct {
     unsigned int nvis;
     unsigned int vis[FK_MAX_GPUS];
 } fk_config;
+
+static inline int mig_enabled(const fk_gpu *g)
+{
+    return g->mig_supported && g->mig_mode == NVML_DEVICE_MIG_ENABLE;
+}
 
 /* config.c */
 #define FK_DEFAULT_DRIVER_VERSION "550.54.15"
@@ -158,5 +193,23 @@ nvmlReturn_t fk_node_access(const fk_gpu *g);
 typedef struct fk_counter fk_counter;
 /* Adds one to the counter of fn; *cache keeps the slot for the next call. */
 void fk_count(const char *fn, fk_counter **cache);
+
+/* Counts a call of the enclosing exported function (first line of each one). */
+#define FK_COUNT()                                                                                            \
+    do {                                                                                                      \
+        static fk_counter *fk_slot_;                                                                          \
+        fk_count(__func__, &fk_slot_);                                                                        \
+    } while (0)
+
+/* api.c, for the exported functions of other files (tools.c). */
+typedef struct {
+    fk_gpu *g;
+    fk_mig *m; /* NULL for a GPU handle */
+} fk_dev;
+/* Locks, checks init, reloads, resolves the handle, applies faults; on success the
+ * lock is held and the caller ends with fk_leave(rc). On failure it is released. */
+nvmlReturn_t fk_enter_device(const char *fn, nvmlDevice_t device, fk_dev *d);
+/* Releases the lock taken by fk_enter_device and returns rc. */
+nvmlReturn_t fk_leave(nvmlReturn_t rc);
 
 #endif

@@ -11,9 +11,11 @@ from __future__ import annotations
 import json
 import os
 import time
+from pathlib import Path
 
 import pytest
 import requests
+from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.utils import floatToGoString
 
 import devcgroup
@@ -53,6 +55,9 @@ def start(tmp_path, fakenvml_libdir, gpu_file_path, extra_env=None, args=(), cou
 def _env_without_visibility(monkeypatch):
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     monkeypatch.delenv("NVIDIA_VISIBLE_DEVICES", raising=False)
+    # A100s and T4s: CUDA numbers different models in PCI bus order only with this
+    # (its default puts the fastest first by a heuristic: cuda_index null, tested apart)
+    monkeypatch.setenv("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
 
 
 def expected_values(device: dict) -> dict:
@@ -84,6 +89,7 @@ def test_snapshot_values_equal_the_stand_in(tmp_path, fakenvml_libdir, gpu_file,
         assert sample["status"] == "ok"
         assert sample["driver_version"] == "550.54.15"
         assert [g["index"] for g in sample["gpus"]] == [0, 1, 2, 3]
+        assert [g["cuda_index"] for g in sample["gpus"]] == [0, 1, 2, 3]
         for gpu, device in zip(sample["gpus"], config["devices"], strict=True):
             got = {k: gpu[k] for k in expected_values(device)}
             assert got == expected_values(device)
@@ -97,6 +103,12 @@ def test_snapshot_values_equal_the_stand_in(tmp_path, fakenvml_libdir, gpu_file,
         assert f"gpuspawner_gpu_memory_used_bytes{labels} {floatToGoString(first['memory_used'])}" in metrics.text
         assert f"gpuspawner_gpu_power_watts{labels} {floatToGoString(first['power_usage'] / 1000)}" in metrics.text
         assert f'gpuspawner_gpu_clock_hertz{{clock="sm",{labels[1:]} {floatToGoString(1410e6)}' in metrics.text
+        # every family served is in the README's list (short names there: `_memory_used_bytes`)
+        readme = (Path(__file__).parents[2] / "README.md").read_text()
+        listed = next(line for line in readme.splitlines() if line.startswith("| `GET {base_url}api/gpus/metrics`"))
+        for family in text_string_to_metric_families(metrics.text):
+            short = family.name.removeprefix("gpuspawner_gpu")
+            assert f"`{family.name}" in listed or f"`{short}" in listed, family.name
 
 
 def test_history_on_request(tmp_path, fakenvml_libdir, gpu_file, monkeypatch):
@@ -132,7 +144,7 @@ def test_no_credentials_is_forbidden(tmp_path, fakenvml_libdir, gpu_file, monkey
 
 FAULTS = [
     ("nvmlDeviceGetUtilizationRates", ["utilization_gpu", "utilization_memory"]),
-    ("nvmlDeviceGetMemoryInfo", ["memory_used", "memory_total"]),
+    ("nvmlDeviceGetMemoryInfo", ["memory_used", "memory_reserved", "memory_total"]),
     ("nvmlDeviceGetTemperature", ["temperature"]),
     ("nvmlDeviceGetPowerUsage", ["power"]),
     ("nvmlDeviceGetEnforcedPowerLimit", ["power_limit"]),

@@ -34,6 +34,11 @@ nvmlDeviceGetMaxClockInfo nvmlDeviceGetFanSpeed nvmlDeviceGetMigMode nvmlDeviceG
 nvmlDeviceGetMigDeviceHandleByIndex nvmlDeviceIsMigDeviceHandle nvmlDeviceGetDeviceHandleFromMigDeviceHandle
 nvmlDeviceGetGpuInstanceId nvmlDeviceGetComputeInstanceId nvmlDeviceGetComputeRunningProcesses_v3
 nvmlDeviceGetGraphicsRunningProcesses_v3 nvmlDeviceGetBrand nvmlDeviceGetArchitecture
+nvmlDeviceGetEncoderUtilization nvmlDeviceGetDecoderUtilization nvmlDeviceGetProcessUtilization
+nvmlDeviceGetMaxPcieLinkGeneration nvmlDeviceGetMaxPcieLinkWidth nvmlDeviceGetCurrPcieLinkGeneration
+nvmlDeviceGetCurrPcieLinkWidth nvmlDeviceGetPcieThroughput nvmlDeviceGetNvLinkVersion nvmlDeviceGetFieldValues
+nvmlDeviceGetBAR1MemoryInfo nvmlDeviceGetPersistenceMode nvmlDeviceGetDisplayMode nvmlDeviceGetDisplayActive
+nvmlDeviceGetPerformanceState nvmlDeviceGetComputeMode nvmlDeviceGetDriverModel_v2 nvmlDeviceGetTotalEccErrors
 """.split()
 
 PRELUDE = r'''
@@ -279,6 +284,98 @@ def test_mig_devices_answer_for_themselves(nvml):
         0, "NVMLError_InvalidArgument", "NVMLError_NotSupported")
     assert out["parent_procs"] == [[11, 1, 0]]
     assert out["disabled_max"] == 0 and out["disabled_mig_uuid"] == "NVMLError_NotFound"
+
+
+def test_what_monitoring_tools_read(nvml):
+    """Encoder/decoder and per-process utilisation, PCIe, NVLink fields, modes, ECC, BAR1 (tools.c)."""
+    a100 = fakenvml.make_device(0, encoder_utilization=7, decoder_utilization=9, performance_state=2,
+                                processes=[{"pid": 11, "used_memory": 2**30, "sm_util": 40, "mem_util": 12},
+                                           {"pid": 12, "used_memory": 2**29}],
+                                graphics_processes=[{"pid": 11, "used_memory": 2**30, "sm_util": 40}],
+                                ecc_errors={"corrected": 3, "uncorrected": 1})
+    a100["pcie"].update(tx_kbps=1500, rx_kbps=2500)
+    a100["nvlink"].update(tx_kibps=2**20, rx_kibps=2**19)
+    t4 = fakenvml.make_device(1, "Tesla T4", encoder_utilization=None, ecc_errors=None, pcie=None)
+    out = nvml(
+        """
+        N.nvmlInit()
+        a, t = N.nvmlDeviceGetHandleByIndex(0), N.nvmlDeviceGetHandleByIndex(1)
+        speeds = [getattr(N, f"NVML_FI_DEV_NVLINK_SPEED_MBPS_L{i}") for i in range(12)]
+        def fields(h, ids):
+            return [[v.nvmlReturn, v.value.uiVal if v.valueType == N.NVML_VALUE_TYPE_UNSIGNED_INT else v.value.ullVal]
+                    for v in N.nvmlDeviceGetFieldValues(h, ids)]
+        def counters(h):
+            return [v.value.ullVal for v in N.nvmlDeviceGetFieldValues(
+                h, [(N.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, 0), (N.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX, 11)])]
+        import time
+        before = counters(a); time.sleep(0.2); after = counters(a)
+        out = {
+            "enc": N.nvmlDeviceGetEncoderUtilization(a), "dec": N.nvmlDeviceGetDecoderUtilization(a),
+            "t4_enc": err(N.nvmlDeviceGetEncoderUtilization, t),
+            "procs": sorted([s.pid, s.smUtil, s.memUtil, s.encUtil] for s in N.nvmlDeviceGetProcessUtilization(a, 0)),
+            "procs_later": err(N.nvmlDeviceGetProcessUtilization, a, 2**62),
+            "t4_procs": err(N.nvmlDeviceGetProcessUtilization, t, 0),
+            "pcie": [N.nvmlDeviceGetMaxPcieLinkGeneration(a), N.nvmlDeviceGetMaxPcieLinkWidth(a),
+                     N.nvmlDeviceGetCurrPcieLinkGeneration(a), N.nvmlDeviceGetCurrPcieLinkWidth(a),
+                     N.nvmlDeviceGetPcieThroughput(a, N.NVML_PCIE_UTIL_TX_BYTES),
+                     N.nvmlDeviceGetPcieThroughput(a, N.NVML_PCIE_UTIL_RX_BYTES)],
+            "pcie_bad_counter": err(N.nvmlDeviceGetPcieThroughput, a, 7),
+            "t4_pcie": err(N.nvmlDeviceGetMaxPcieLinkGeneration, t),
+            "nvlink_version": [N.nvmlDeviceGetNvLinkVersion(a, 0), err(N.nvmlDeviceGetNvLinkVersion, a, 12),
+                               err(N.nvmlDeviceGetNvLinkVersion, t, 0)],
+            "count": fields(a, [N.NVML_FI_DEV_NVLINK_LINK_COUNT, N.NVML_FI_DEV_NVLINK_SPEED_MBPS_COMMON]),
+            "speeds": fields(a, speeds),
+            "t4_fields": fields(t, [N.NVML_FI_DEV_NVLINK_LINK_COUNT, (N.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, 0)]),
+            "odd_fields": fields(a, [N.NVML_FI_DEV_ECC_CURRENT, 100000, (N.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX, 12)]),
+            "counter_growth": [y - x for x, y in zip(before, after)],
+            "modes": [N.nvmlDeviceGetPersistenceMode(a), N.nvmlDeviceGetDisplayMode(a), N.nvmlDeviceGetDisplayActive(a),
+                      N.nvmlDeviceGetPerformanceState(a), N.nvmlDeviceGetComputeMode(a),
+                      err(N.nvmlDeviceGetCurrentDriverModel, a)],
+            "ecc": [N.nvmlDeviceGetTotalEccErrors(a, N.NVML_MEMORY_ERROR_TYPE_CORRECTED, N.NVML_VOLATILE_ECC),
+                    N.nvmlDeviceGetTotalEccErrors(a, N.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, N.NVML_AGGREGATE_ECC),
+                    err(N.nvmlDeviceGetTotalEccErrors, t, 0, 0), err(N.nvmlDeviceGetTotalEccErrors, a, 5, 0)],
+            "bar1": [[b.bar1Total, b.bar1Used, b.bar1Free] for b in (N.nvmlDeviceGetBAR1MemoryInfo(a),)],
+        }
+        """,
+        {"devices": [a100, t4]},
+    )
+    assert out["enc"] == [7, 167000] and out["dec"] == [9, 167000] and out["t4_enc"] == "NVMLError_NotSupported"
+    assert out["procs"] == [[11, 40, 12, 0]]  # a compute+graphics process is one sample; 12 has none
+    assert out["procs_later"] == "NVMLError_NotFound" and out["t4_procs"] == "NVMLError_NotFound"
+    assert out["pcie"] == [4, 16, 4, 16, 1500, 2500]
+    assert out["pcie_bad_counter"] == "NVMLError_InvalidArgument" and out["t4_pcie"] == "NVMLError_NotSupported"
+    assert out["nvlink_version"] == [4, "NVMLError_InvalidArgument", "NVMLError_NotSupported"]  # 4: NVLink 3.0
+    assert out["count"] == [[0, 12], [0, 25781]]
+    assert out["speeds"] == [[0, 25781]] * 12
+    not_supported, invalid = 3, 2  # NVML_ERROR_NOT_SUPPORTED, NVML_ERROR_INVALID_ARGUMENT
+    assert [r for r, _ in out["t4_fields"]] == [not_supported, not_supported]
+    assert [r for r, _ in out["odd_fields"]] == [not_supported, invalid, invalid]
+    tx_growth, rx_growth = out["counter_growth"]  # KiB at 1 GiB/s and 512 MiB/s over >= 0.2 s
+    assert tx_growth >= 0.2 * 2**20 and rx_growth >= 0.2 * 2**19 and tx_growth > rx_growth
+    assert out["modes"] == [1, 0, 0, 2, 0, "NVMLError_NotSupported"]  # driver model: Windows only
+    assert out["ecc"] == [3, 1, "NVMLError_NotSupported", "NVMLError_InvalidArgument"]
+    assert out["bar1"] == [[128 * 2**30, 2 * 2**20, 128 * 2**30 - 2 * 2**20]]
+
+
+def test_tools_queries_on_mig_devices(nvml):
+    parent = fakenvml.make_device(0, mig_mode=1)
+    busy = [{"pid": 5, "used_memory": 1, "sm_util": 3}]
+    parent["mig_devices"] = [fakenvml.make_mig_device(parent, 0, processes=busy)]
+    out = nvml(
+        """
+        N.nvmlInit()
+        h = N.nvmlDeviceGetHandleByIndex(0)
+        m = N.nvmlDeviceGetMigDeviceHandleByIndex(h, 0)
+        out = {"parent": [err(N.nvmlDeviceGetEncoderUtilization, h), err(N.nvmlDeviceGetProcessUtilization, h, 0)],
+               "mig": [err(N.nvmlDeviceGetEncoderUtilization, m), err(N.nvmlDeviceGetProcessUtilization, m, 0),
+                       err(N.nvmlDeviceGetPcieThroughput, m, 0), err(N.nvmlDeviceGetPerformanceState, m),
+                       N.nvmlDeviceGetFieldValues(m, [N.NVML_FI_DEV_NVLINK_LINK_COUNT])[0].nvmlReturn,
+                       N.nvmlDeviceGetBAR1MemoryInfo(m).bar1Total]}
+        """,
+        {"devices": [parent]},
+    )
+    assert out["parent"] == ["NVMLError_NotSupported"] * 2  # nvml.h: not on MIG-enabled GPUs
+    assert out["mig"] == ["NVMLError_NotSupported"] * 4 + [3, 128 * 2**30]
 
 
 # ------------------------------------------------------------------ errors --

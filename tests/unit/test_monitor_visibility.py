@@ -2,11 +2,22 @@
 
 import pytest
 
-from gpuspawner.monitor.visibility import Device, Visibility, parse
+from gpuspawner.monitor.visibility import (
+    CUDA_HIDDEN_BY_MIG,
+    CUDA_INDEX_WITH_MIG,
+    CUDA_MIG_BY_GPU,
+    CUDA_MIG_PARENT,
+    CUDA_ONE_MIG,
+    CUDA_ORDER_UNKNOWN,
+    Device,
+    Visibility,
+    parse,
+)
 
 G = [f"GPU-{i}aaaaaaa-0000-4000-8000-00000000000{i}" for i in range(4)]
 M = [f"MIG-{i}bbbbbbb-0000-4000-8000-00000000000{i}" for i in range(3)]
 DEVICES = [Device(0, G[0]), Device(1, G[1], (M[0], M[1], M[2])), Device(2, G[2]), Device(3, G[3])]
+NO_MIG = [Device(i, G[i], name="NVIDIA A100-SXM4-80GB") for i in range(4)]
 
 
 def shown(env, devices=DEVICES):
@@ -35,7 +46,13 @@ def test_uuid_prefix_as_cuda_accepts():
 
 
 def test_indexes():
-    assert shown({"CUDA_VISIBLE_DEVICES": "2,0"}) == [(0, None, 1), (2, None, 0)]
+    assert shown({"CUDA_VISIBLE_DEVICES": "2,0"}, NO_MIG) == [(0, None, 1), (2, None, 0)]
+
+
+def test_indexes_with_a_gpu_in_mig_mode_leave_cuda_numbers_unknown():
+    # CUDA lists GPUs in MIG mode after the others, so its indexes are not NVML's
+    decisions = Visibility.from_env({"CUDA_VISIBLE_DEVICES": "2,0"}).decide(DEVICES)
+    assert [(d.cuda_index, d.cuda_reason) for d in decisions if d.visible] == [(None, CUDA_INDEX_WITH_MIG)] * 2
 
 
 def test_cuda_stops_at_the_first_entry_it_cannot_read():
@@ -46,12 +63,49 @@ def test_cuda_stops_at_the_first_entry_it_cannot_read():
 
 
 def test_mig_uuid_shows_its_gpu_with_only_that_instance():
-    assert shown({"CUDA_VISIBLE_DEVICES": M[1]}) == [(1, (M[1],), 0)]
-    assert shown({"NVIDIA_VISIBLE_DEVICES": f"{M[2]},{M[0]}"}) == [(1, (M[0], M[2]), 0)]
+    assert shown({"CUDA_VISIBLE_DEVICES": M[1]}) == [(1, (M[1],), None)]
+    assert shown({"NVIDIA_VISIBLE_DEVICES": f"{M[2]},{M[0]}", "CUDA_VISIBLE_DEVICES": f"{M[2]},{M[0]}"}) == [
+        (1, (M[0], M[2]), None)]
+
+
+def test_one_mig_device_is_cuda_0_and_hides_every_other_device():
+    """A GPU not in MIG mode and one in MIG mode, both visible: CUDA has one device, a MIG device."""
+    h100 = Device(0, G[0], name="NVIDIA H100 80GB HBM3")
+    a100 = Device(1, G[1], (M[0], M[1]), mig_mode=True, name="NVIDIA A100-SXM4-80GB")
+    for env in ({}, {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"}, {"CUDA_VISIBLE_DEVICES": f"{G[0]},{M[1]},{M[0]}"}):
+        gpu, mig = Visibility.from_env(env).decide([h100, a100])
+        assert (gpu.cuda_index, gpu.cuda_reason) == (None, CUDA_HIDDEN_BY_MIG), env
+        assert (mig.cuda_index, mig.cuda_reason) == (None, CUDA_MIG_PARENT)
+        first = M[1] if "CUDA_VISIBLE_DEVICES" in env else M[0]  # listed first, else NVML's first
+        other = M[0] if first == M[1] else M[1]
+        assert mig.mig_cuda == {M[0]: 0 if first == M[0] else None, M[1]: 0 if first == M[1] else None}
+        assert mig.mig_cuda_reasons == {other: CUDA_ONE_MIG}
+
+
+def test_a_gpu_in_mig_mode_without_mig_devices_is_not_a_cuda_device():
+    devices = [Device(0, G[0], mig_mode=True), Device(1, G[1])]
+    gpu0, gpu1 = Visibility.from_env({}).decide(devices)
+    assert (gpu0.cuda_index, gpu0.cuda_reason) == (None, CUDA_MIG_PARENT)
+    assert (gpu1.cuda_index, gpu1.cuda_reason) == (0, None)
+
+
+def test_a_mig_mode_gpu_named_by_its_gpu_uuid_leaves_cuda_numbers_unknown():
+    devices = [Device(0, G[0]), Device(1, G[1], (M[0],), mig_mode=True)]
+    gpu0, gpu1 = Visibility.from_env({"CUDA_VISIBLE_DEVICES": f"{G[1]},{G[0]}"}).decide(devices)
+    assert (gpu0.cuda_index, gpu0.cuda_reason) == (None, CUDA_MIG_BY_GPU)
+    assert gpu1.mig_cuda == {M[0]: None} and gpu1.mig_cuda_reasons == {M[0]: CUDA_MIG_BY_GPU}
+
+
+def test_unset_order_is_known_for_identical_gpus_or_pci_bus_order():
+    mixed = [Device(0, G[0], name="NVIDIA H100 80GB HBM3"), Device(1, G[1], name="Tesla T4")]
+    assert [(d.cuda_index, d.cuda_reason) for d in Visibility.from_env({}).decide(mixed)] == [
+        (None, CUDA_ORDER_UNKNOWN)] * 2
+    assert [d.cuda_index for d in Visibility.from_env({"CUDA_DEVICE_ORDER": "PCI_BUS_ID"}).decide(mixed)] == [0, 1]
+    assert [d.cuda_index for d in Visibility.from_env({}).decide(NO_MIG)] == [0, 1, 2, 3]
 
 
 def test_mig_index_pair_on_a_host():
-    assert shown({"NVIDIA_VISIBLE_DEVICES": "1:2"}) == [(1, (M[2],), 0)]
+    assert shown({"NVIDIA_VISIBLE_DEVICES": "1:2"}) == [(1, (M[2],), None)]
 
 
 def test_both_variables_must_allow_a_gpu():
