@@ -204,8 +204,11 @@ def test_the_form_shows_free_and_total_per_gpu_type_from_slurm(hub, cluster):
     start(hub, "gina", {"profile": "gpu", "gpus": 1, "gpu_model": "t4"})
     add_user(hub, "hank")
     session = requests.Session()
-    r = session.post(hub.url + "/hub/login", data={"username": "hank", "password": "test-password"}, timeout=30)
-    assert r.ok, r.text
+    login = session.get(hub.url + "/hub/login", timeout=30).text
+    xsrf = re.search(r'name="_xsrf" value="([^"]+)"', login).group(1)
+    r = session.post(hub.url + "/hub/login", timeout=30,
+                     data={"_xsrf": xsrf, "username": "hank", "password": "test-password"})
+    assert r.ok and "/hub/login" not in r.url, r.text
     page = session.get(hub.url + "/hub/spawn", timeout=30).text
     assert "A100 (gpu:a100) - 2 of 2 free" in page, page
     assert "T4 (gpu:t4) - 1 of 2 free" in page, page
