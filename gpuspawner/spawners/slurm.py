@@ -35,7 +35,7 @@ from ..gpu import GPU
 from ..inventory import InventoryReading
 from ..ledger import cluster_tokens
 from ..placement import GPURequest, PlacementError
-from ..profiles import Choice
+from ..profiles import Choice, load_profiles
 from ..slurm.commands import SlurmReader, run_slurm
 from ..slurm.jobs import job_comment, parse_comment, wait_words
 from ..slurm.sinfo import UNTYPED, GresTypes, NeverFits, choose_type, gpu_availability, parse_gres
@@ -101,6 +101,17 @@ class GPUSlurmSpawner(GPUSpawnerMixin, SlurmSpawner):
     ).tag(config=True)
 
     honours_slurm_settings = True
+
+    @validate("gpu_profiles")
+    def _check_profiles(self, proposal):
+        """As for every backend, and no ``queue: true`` profile: jobs wait in Slurm's queue, not the hub's."""
+        value = super()._check_profiles(proposal)
+        queued = [p.slug for p in load_profiles(value) if p.queue]
+        if queued:
+            raise TraitError(f"Invalid GPU profile configuration: profile '{queued[0]}' sets 'queue': True, but "
+                             "gpu-slurm has no hub queue: a job that must wait waits in Slurm's queue. "
+                             "Remove 'queue' from it.")
+        return value
 
     @default("batch_submit_cmd")
     def _default_submit(self):

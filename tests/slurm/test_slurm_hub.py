@@ -140,6 +140,9 @@ def test_two_users_get_disjoint_gpus_third_waits_in_slurm_and_starts_when_one_st
     assert "jupyterhub-jupyterhub-alice" in line
     comment = cluster.run("squeue", "-h", "-j", job_id(hub, "alice"), "-o", "%k").stdout.strip()
     assert comment == "jupyterhub:jupyterhub user:alice server:"
+    # the profile's Slurm settings reach sbatch: its time limit, one node, the A100 GRES
+    limits = cluster.run("squeue", "-h", "-j", job_id(hub, "alice"), "-o", "%l %D %b").stdout.split()
+    assert limits == ["30:00", "1", "gres:gpu:a100:1"], limits
 
     # carol's job waits in Slurm, and her progress page says why, and where she stands
     r = hub.spawn("carol", ONE_A100)

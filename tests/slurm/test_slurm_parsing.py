@@ -145,3 +145,14 @@ def test_other_backends_refuse_slurm_settings():
 
     with pytest.raises(TraitError, match="profile 'long': 'slurm' settings are only applied by gpu-slurm"):
         GPUSimpleLocalProcessSpawner(gpu_profiles=[{"display_name": "Long", "slurm": {"time": "8:00:00"}}])
+
+
+def test_gpu_slurm_refuses_the_hubs_queue():
+    from traitlets import TraitError
+
+    from gpuspawner.spawners.slurm import GPUSlurmSpawner
+
+    with pytest.raises(TraitError, match="profile 'q' sets 'queue': True, but gpu-slurm has no hub queue"):
+        GPUSlurmSpawner(gpu_profiles=[{"slug": "q", "display_name": "Q", "gpu_counts": [1], "queue": True}])
+    spawner = GPUSlurmSpawner(gpu_profiles=[{"display_name": "Long", "gpu_counts": [1], "slurm": {"time": "60"}}])
+    assert spawner.profiles[0].slurm == (("time", "60"),)
