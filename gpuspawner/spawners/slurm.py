@@ -218,15 +218,15 @@ class GPUSlurmSpawner(GPUSpawnerMixin, SlurmSpawner):
         self._announced_job = self._last_words = ""
         self.gpu_allocation = ()
         self.release_gpus()  # a failed earlier start of this server holds nothing
+        try:  # once per hub, before its first job: this hub's jobs counted, orphans cancelled
+            await self.ensure_reconciled()
+        except Exception as e:  # tried again next time; Slurm still enforces its own limits
+            self.log.warning("%s: Slurm jobs of this hub not counted yet: %s", self._log_name, e)
         if choice.gpus == 0:
             self.gpu_event("Submitting a CPU-only server (no GPU) to Slurm", 10)
             return ()
         partitions = self.partitions(choice)
         self.gpu_event(f"Checking Slurm for {self.describe_request(choice)}", 10)
-        try:
-            await self.ensure_reconciled()
-        except Exception as e:  # counted on the next try; Slurm still enforces its own limits
-            self.log.warning("%s: Slurm jobs of this hub not counted yet: %s", self._log_name, e)
         reading = await self.slurm().nodes()
         refusal = None
         types = self.gres_types
