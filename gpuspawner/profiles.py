@@ -55,6 +55,7 @@ class Profile:
     capabilities: tuple[str, ...] = ("compute", "utility")
     groups: tuple[str, ...] = ()  # empty: everyone; else only members of one of these JupyterHub groups
     queue: bool = False  # when no GPU is free, wait in the hub's queue instead of being refused
+    slurm: tuple[tuple[str, str], ...] = ()  # gpu-slurm job settings: (("partition", "gpu"), ("time", "8:00:00"))
 
     def visible_to(self, user_groups: Iterable[str]) -> bool:
         """Whether a member of ``user_groups`` may see and use this profile."""
@@ -115,10 +116,27 @@ DEFAULT_PROFILES: tuple[dict, ...] = (
 
 _PROFILE_KEYS = {
     "slug", "display_name", "description", "gpu_models", "gpu_counts", "default_gpus",
-    "images", "cpu_limit", "mem_limit", "default", "capabilities", "groups", "queue",
+    "images", "cpu_limit", "mem_limit", "default", "capabilities", "groups", "queue", "slurm",
     # KubeSpawner-style profile_list entries
     "kubespawner_override",
 }
+
+
+#: Keys of a profile's ``slurm`` settings (gpu-slurm): each one an ``sbatch`` option.
+SLURM_KEYS = ("partition", "time", "qos", "account", "reservation", "constraint")
+_SLURM_VALUE = re.compile(r"[A-Za-z0-9_.:,+@&|!-]{1,128}")
+
+
+def _slurm_settings(value: Any, where: str) -> tuple[tuple[str, str], ...]:
+    if not isinstance(value, Mapping):
+        raise OptionsError(where, f"slurm must be a dict with keys from {', '.join(SLURM_KEYS)}")
+    unknown = sorted(str(k) for k in value if k not in SLURM_KEYS)
+    if unknown:
+        raise OptionsError(where, f"slurm keys {unknown} are unknown; known keys: {', '.join(SLURM_KEYS)}")
+    for key, text in value.items():
+        if not isinstance(text, str) or not _SLURM_VALUE.fullmatch(text):
+            raise OptionsError(where, f"slurm.{key} {text!r} must be a Slurm name or time such as 'gpu' or '8:00:00'")
+    return tuple((k, value[k]) for k in SLURM_KEYS if k in value)
 
 
 def _slugify(text: str) -> str:
@@ -283,6 +301,7 @@ def profile_from_config(entry: Mapping, position: int = 0, honour_all: bool = Fa
         capabilities=tuple(capabilities),
         groups=tuple(groups),
         queue=queue,
+        slurm=_slurm_settings(values.get("slurm", {}), where),
     )
 
 

@@ -76,6 +76,9 @@ class GPUSpawnerMixin(GPUPolicyMixin, GPUHubSettings):
         - ``queue``: ``True`` to wait in the hub's GPU queue while no GPU is free instead
           of being refused (default ``False``; the wait is bounded by ``gpu_queue_timeout``).
           Refused on gpu-kube, where the cluster's scheduler is the queue.
+        - ``slurm``: gpu-slurm only: the job's ``partition``, ``time`` (limit, e.g.
+          ``"8:00:00"``), ``qos``, ``account``, ``reservation`` and ``constraint``
+          (node features), each passed to ``sbatch``; other backends refuse it.
         - ``kubespawner_override``: as in KubeSpawner's ``profile_list``; its GPU
           resource (``nvidia.com/gpu``, a MIG slice such as ``nvidia.com/mig-1g.10gb``,
           ``nvidia.com/gpu.shared``) becomes ``gpu_counts`` and ``gpu_models``. gpu-kube
@@ -90,12 +93,20 @@ class GPUSpawnerMixin(GPUPolicyMixin, GPUHubSettings):
     #: keys it cannot apply are refused instead of dropped.
     honours_kubespawner_override = False
 
+    #: True where profiles' ``slurm`` settings are applied (gpu-slurm); elsewhere they are refused.
+    honours_slurm_settings = False
+
     @validate("gpu_profiles")
     def _check_profiles(self, proposal):
         try:
-            load_profiles(proposal["value"], honour_all=self.honours_kubespawner_override)
+            profiles = load_profiles(proposal["value"], honour_all=self.honours_kubespawner_override)
         except OptionsError as e:
             raise TraitError(f"Invalid GPU profile configuration: {e}") from e
+        if not self.honours_slurm_settings:
+            slurm = [p.slug for p in profiles if p.slurm]
+            if slurm:
+                raise TraitError(f"Invalid GPU profile configuration: profile '{slurm[0]}': 'slurm' settings "
+                                 "are only applied by gpu-slurm")
         return proposal["value"]
 
     # ------------------------------------------------------------ collaborators

@@ -1,0 +1,162 @@
+"""Slurm's queue in words, from ``squeue --json``. Pure: no I/O here.
+
+:func:`read_jobs` reads the jobs; :func:`wait_words` says, for a pending job,
+why Slurm holds it (its *reason*, in plain words), its place among the pending
+GPU jobs of its partition (in Slurm's order: priority, then submission), and
+the start Slurm estimates (what ``squeue --start`` shows) when it has one.
+The job's name and comment tie it to a hub server (:func:`job_comment`).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["SlurmJob", "job_comment", "parse_comment", "read_jobs", "reason_words", "wait_words"]
+
+#: Slurm's pending reasons (``squeue -o %r``) in plain words; any other reads "Slurm's reason: X".
+REASONS: dict[str, str] = {
+    "Resources": "the GPUs it needs are in use by other jobs; it starts when enough of them are released",
+    "Priority": "jobs with a higher priority are ahead of it in Slurm's queue",
+    "None": "Slurm has not looked at it yet",
+    "BeginTime": "it may not start before its begin time",
+    "Dependency": "it waits for another job to finish",
+    "JobHeldUser": "it is held (released with scontrol release)",
+    "JobHeldAdmin": "an administrator holds it",
+    "PartitionDown": "its partition is down",
+    "PartitionInactive": "its partition is inactive",
+    "PartitionNodeLimit": "it asks for more nodes than its partition allows",
+    "PartitionTimeLimit": "its time limit is longer than its partition allows",
+    "ReqNodeNotAvail": "the nodes it could run on are down, drained or reserved",
+    "NodeDown": "a node it needs is down",
+    "Reservation": "it waits for its reservation to start",
+    "QOSMaxGRESPerUser": "your QOS limit of GPUs per user is reached; it starts when one of your jobs ends",
+    "QOSMaxGRESPerJob": "it asks for more GPUs than your QOS allows per job",
+    "QOSGrpGRES": "your QOS group's GPU limit is reached",
+    "QOSMaxJobsPerUserLimit": "your QOS limit of running jobs per user is reached",
+    "QOSMaxCpuPerUserLimit": "your QOS limit of CPUs per user is reached",
+    "AssocGrpGRES": "your account's GPU limit is reached",
+    "AssocMaxJobsLimit": "your account's limit of running jobs is reached",
+    "AssocGrpCpuLimit": "your account's CPU limit is reached",
+    "AssocGrpMemLimit": "your account's memory limit is reached",
+}
+
+#: Start estimates further away than this are Slurm's placeholders (jobs without a time limit), not estimates.
+_MAX_ESTIMATE = 7 * 24 * 3600
+_COMMENT = re.compile(r"jupyterhub:(?P<hub>[^ ]*) user:(?P<user>[^ ]+) server:(?P<server>[^ ]*)")
+
+
+def job_comment(hub: str, user: str, server: str) -> str:
+    """The ``--comment`` that ties a job to a hub's server: ``jupyterhub:HUB user:NAME server:NAME``."""
+    return f"jupyterhub:{hub} user:{user} server:{server}"
+
+
+def parse_comment(comment: str) -> tuple[str, str, str] | None:
+    """(hub, user, server) from :func:`job_comment`'s text; None for other jobs."""
+    match = _COMMENT.search(comment or "")
+    return (match["hub"], match["user"], match["server"]) if match else None
+
+
+@dataclass(frozen=True)
+class SlurmJob:
+    """One job as ``squeue --json`` lists it."""
+
+    id: str
+    state: str
+    reason: str
+    partition: str
+    name: str = ""
+    comment: str = ""
+    gpus: str = ""  # what it asks per node, e.g. "gres:gpu:a100:1"
+    priority: int = 0
+    submit_time: int = 0
+    start_time: int = 0
+    nodes: str = ""
+
+    @property
+    def pending(self) -> bool:
+        return self.state == "PENDING"
+
+    @property
+    def wants_gpus(self) -> bool:
+        return "gpu" in self.gpus
+
+
+def _int(value: Any) -> int:
+    if isinstance(value, Mapping):  # newer Slurm: {"set": true, "number": N}
+        value = value.get("number", 0) if value.get("set", True) else 0
+    try:
+        return int(value or 0)
+    except (TypeError, ValueError):
+        return 0
+
+
+def read_jobs(squeue: str | bytes | Mapping[str, Any]) -> tuple[SlurmJob, ...]:
+    """The jobs of ``squeue --json`` output (text or parsed); ValueError when it is not that."""
+    data = json.loads(squeue) if isinstance(squeue, (str, bytes)) else squeue
+    if not isinstance(data, Mapping) or not isinstance(data.get("jobs"), list):
+        raise ValueError("not squeue --json output: no 'jobs' list")
+    jobs = []
+    for raw in data["jobs"]:
+        if not isinstance(raw, Mapping):
+            continue
+        state = raw.get("job_state", "")
+        state = state[0] if isinstance(state, list) and state else state
+        gres = " ".join(str(raw.get(k) or "") for k in ("tres_per_node", "tres_per_job", "tres_per_task"))
+        jobs.append(SlurmJob(
+            id=str(raw.get("job_id", "")),
+            state=str(state).upper(),
+            reason=str(raw.get("state_reason") or "None"),
+            partition=str(raw.get("partition") or ""),
+            name=str(raw.get("name") or ""),
+            comment=str(raw.get("comment") or ""),
+            gpus=gres.strip(),
+            priority=_int(raw.get("priority")),
+            submit_time=_int(raw.get("submit_time")),
+            start_time=_int(raw.get("start_time")),
+            nodes=str(raw.get("nodes") or ""),
+        ))
+    return tuple(jobs)
+
+
+def reason_words(reason: str) -> str:
+    return REASONS.get(reason) or f"Slurm's reason: {reason}"
+
+
+def _ordinal(n: int) -> str:
+    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    return f"{n}{suffix}"
+
+
+def queue_place(job: SlurmJob, jobs: Iterable[SlurmJob]) -> tuple[int, int]:
+    """(place, of how many) among the pending GPU jobs of ``job``'s partition, in Slurm's order."""
+    waiting = [j for j in jobs if j.pending and j.wants_gpus and j.partition == job.partition]
+    if job.id not in {j.id for j in waiting}:
+        waiting.append(job)
+    waiting.sort(key=lambda j: (-j.priority, j.submit_time, _int(j.id)))
+    return next(i for i, j in enumerate(waiting, 1) if j.id == job.id), len(waiting)
+
+
+def wait_words(job: SlurmJob, jobs: Iterable[SlurmJob], now: float | None = None) -> str:
+    """What a user reads while ``job`` is pending, e.g.
+
+    "Waiting in Slurm's queue (job 12, partition gpu): the GPUs it needs are in use by other
+    jobs; it starts when enough of them are released. It is 1st of 2 GPU jobs waiting in
+    partition gpu. Slurm expects it to start in about 14 minutes (10:42)."
+    """
+    now = time.time() if now is None else now
+    place, waiting = queue_place(job, jobs)
+    text = (f"Waiting in Slurm's queue (job {job.id}, partition {job.partition}): {reason_words(job.reason)}. "
+            f"It is {_ordinal(place)} of {waiting} GPU job{'s' if waiting != 1 else ''} waiting in partition "
+            f"{job.partition}.")
+    ahead = job.start_time - now
+    if job.start_time and 0 < ahead <= _MAX_ESTIMATE:
+        minutes = max(1, round(ahead / 60))
+        when = time.strftime("%H:%M", time.localtime(job.start_time))
+        span = f"{minutes} minute{'s' if minutes != 1 else ''}" if minutes < 120 else f"{round(minutes / 60)} hours"
+        text += f" Slurm expects it to start in about {span} ({when})."
+    return text

@@ -1,0 +1,198 @@
+"""GPUs of a Slurm cluster, from ``sinfo --json``. Pure: no I/O here.
+
+Slurm counts GPUs as a generic resource (GRES) named ``gpu``, optionally typed:
+a node's ``gres`` reads ``gpu:a100:2,gpu:t4:2`` and its ``gres_used`` reads
+``gpu:a100:1(IDX:0),gpu:t4:0(IDX:N/A)``. A GRES *type* is what a user picks as
+``gpu_model``: :class:`GresTypes` maps model slugs to GRES types (by default
+the type itself, lower-cased, is the slug).
+
+:func:`gpu_availability` gives the free/total per model the spawn form shows
+(:mod:`gpuspawner.availability` says what the counts mean); :func:`choose_type`
+picks the GRES type of a request, or raises :class:`NeverFits` with the sentence
+a user reads when no node of the partition could ever run it.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..availability import ModelAvailability, Tally
+from ..gpu import model_rank, model_slug
+
+__all__ = ["GresTypes", "NeverFits", "SlurmNode", "choose_type", "gpu_availability", "parse_gres", "read_nodes"]
+
+#: GRES of no type (``gpu:4``); such GPUs answer only requests for any model.
+UNTYPED = ""
+
+# Node states in which Slurm starts jobs; flags that take a node out of service.
+_SERVING_STATES = {"idle", "mixed", "allocated", "completing", "planned"}
+_OUT_FLAGS = {"DRAIN", "DRAINING", "DRAINED", "FAIL", "FAILING", "NOT_RESPONDING", "MAINTENANCE",
+              "POWERED_DOWN", "POWERING_DOWN", "POWER_DOWN", "REBOOT_REQUESTED", "REBOOT_ISSUED"}
+_PARENS = re.compile(r"\([^)]*\)")
+
+
+def parse_gres(text: str | None) -> dict[str, int]:
+    """GPU counts per GRES type in a node's ``gres`` or ``gres_used`` string.
+
+    >>> parse_gres("gpu:a100:2,gpu:t4:2")
+    {'a100': 2, 't4': 2}
+    >>> parse_gres("gpu:a100:1(IDX:0,1),mps:100")
+    {'a100': 1}
+    >>> parse_gres("gpu:4(S:0-1)")
+    {'': 4}
+    """
+    counts: dict[str, int] = {}
+    if not text or text in ("(null)", "N/A"):
+        return counts
+    for item in _PARENS.sub("", text).split(","):
+        parts = item.strip().split(":")
+        if len(parts) < 2 or parts[0] != "gpu" or not parts[-1].isdigit():
+            continue
+        kind = parts[1].lower() if len(parts) >= 3 else UNTYPED
+        counts[kind] = counts.get(kind, 0) + int(parts[-1])
+    return counts
+
+
+@dataclass(frozen=True)
+class SlurmNode:
+    """One node as ``sinfo --json`` lists it: its partitions, state and GPUs per GRES type."""
+
+    name: str
+    partitions: tuple[str, ...]
+    state: str
+    flags: tuple[str, ...] = ()
+    gpus: Mapping[str, int] = field(default_factory=dict)
+    used: Mapping[str, int] = field(default_factory=dict)
+    reason: str = ""
+
+    @property
+    def in_service(self) -> bool:
+        """Whether Slurm starts jobs on it now (not down, drained, failing or powered down)."""
+        return self.state.lower() in _SERVING_STATES and not set(self.flags) & _OUT_FLAGS
+
+    def free(self, gres_type: str) -> int:
+        return max(0, self.gpus.get(gres_type, 0) - self.used.get(gres_type, 0)) if self.in_service else 0
+
+
+def read_nodes(sinfo: str | bytes | Mapping[str, Any]) -> tuple[SlurmNode, ...]:
+    """The nodes of ``sinfo --json`` output (text or parsed); ValueError when it is not that."""
+    data = json.loads(sinfo) if isinstance(sinfo, (str, bytes)) else sinfo
+    if not isinstance(data, Mapping) or not isinstance(data.get("nodes"), list):
+        raise ValueError("not sinfo --json output: no 'nodes' list")
+    nodes: dict[str, SlurmNode] = {}
+    for raw in data["nodes"]:
+        if not isinstance(raw, Mapping) or not raw.get("name"):
+            continue
+        state = raw.get("state", "")
+        state = state[0] if isinstance(state, list) and state else state  # newer Slurm: a list of words
+        name = str(raw["name"])
+        partitions = tuple(str(p) for p in raw.get("partitions") or ())
+        if name in nodes:  # some versions list a node once per partition
+            partitions = tuple(dict.fromkeys(nodes[name].partitions + partitions))
+        nodes[name] = SlurmNode(
+            name=name,
+            partitions=partitions,
+            state=str(state).lower(),
+            flags=tuple(str(f).upper() for f in raw.get("state_flags") or ()),
+            gpus=parse_gres(raw.get("gres")),
+            used=parse_gres(raw.get("gres_used")),
+            reason=str(raw.get("reason") or ""),
+        )
+    return tuple(nodes[n] for n in sorted(nodes))
+
+
+@dataclass(frozen=True)
+class GresTypes:
+    """Model slug <-> Slurm GRES type: ``{"a100": "nvidia_a100-sxm4-80gb"}``; unmapped types are their own slug."""
+
+    by_slug: Mapping[str, str] = field(default_factory=dict)
+
+    def slug(self, gres_type: str) -> str:
+        for slug, known in self.by_slug.items():
+            if known.lower() == gres_type:
+                return slug
+        return model_slug(gres_type) if gres_type else "gpu"
+
+    def gres_type(self, slug: str) -> str:
+        return self.by_slug.get(slug, slug).lower()
+
+    def name(self, gres_type: str) -> str:
+        return f"{gres_type.upper()} (gpu:{gres_type})" if gres_type else "GPU (untyped)"
+
+
+def _in(node: SlurmNode, partitions: Iterable[str]) -> bool:
+    wanted = set(partitions)
+    return not wanted or bool(wanted & set(node.partitions))
+
+
+def gpu_availability(
+    nodes: Iterable[SlurmNode], types: GresTypes, partitions: Iterable[str] = (),
+) -> list[ModelAvailability]:
+    """Free/total per GPU model on the nodes of ``partitions`` (all nodes when none are named)."""
+    partitions = tuple(partitions)
+    tally = Tally()
+    for node in nodes:
+        if not _in(node, partitions):
+            continue
+        for gres_type, count in node.gpus.items():
+            tally.add(types.slug(gres_type), types.name(gres_type), node.name, count=count,
+                      free=node.free(gres_type), in_service=node.in_service)
+    return sorted(tally.models().values(), key=lambda a: (a.name, a.slug))
+
+
+class NeverFits(Exception):
+    """No node of the partition could ever run the request; ``str(e)`` is the user's sentence."""
+
+    def __init__(self, message: str, code: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def _where(partitions: tuple[str, ...]) -> str:
+    if not partitions:
+        return "in the Slurm cluster"
+    return f"in Slurm partition {partitions[0]}" if len(partitions) == 1 else \
+        f"in Slurm partitions {', '.join(partitions)}"
+
+
+def choose_type(
+    nodes: Iterable[SlurmNode], types: GresTypes, models: tuple[str, ...], count: int,
+    partitions: Iterable[str] = (),
+) -> str:
+    """The GRES type to ask Slurm for: ``count`` GPUs of one of ``models`` (patterns; ``()``: any) on one node.
+
+    Among the types that fit on one node of ``partitions``, one with ``count`` GPUs
+    free on one node now wins, so Slurm can start it at once; then the model listed
+    first, the most free on one node, the type name. Untyped GRES is
+    :data:`UNTYPED` (``gres=gpu:N``). Nodes out of service still count for "could ever fit".
+    Raises :class:`NeverFits` naming the GPU types and the most of each on one node.
+    """
+    partitions = tuple(partitions)
+    most: dict[str, int] = {}
+    free: dict[str, int] = {}
+    for node in nodes:
+        if not _in(node, partitions):
+            continue
+        for gres_type, n in node.gpus.items():
+            most[gres_type] = max(most.get(gres_type, 0), n)
+            free[gres_type] = max(free.get(gres_type, 0), node.free(gres_type))
+    sizes = ", ".join(f"{types.slug(t)} (up to {n} per node)" for t, n in sorted(most.items()) if n)
+    where = _where(partitions)
+    if not sizes:
+        raise NeverFits(f"No node {where} has GPUs.", "no_gpus")
+    ranked = [(model_rank(models, types.slug(t)), t) for t in most if most[t]]
+    matching = [(rank, t) for rank, t in ranked if rank is not None]
+    if not matching:
+        wanted = " or ".join(models)
+        raise NeverFits(f"No node {where} has {wanted} GPUs; the GPUs there: {sizes}.", "no_matching_model")
+    fitting = [(rank, t) for rank, t in matching if most[t] >= count]
+    if not fitting:
+        what = " or ".join(models) if models else "GPUs of one type"
+        raise NeverFits(f"No node {where} has {count} {what} GPUs; the most on one node: {sizes}. "
+                        "Ask for fewer GPUs.", "exceeds_host_size")
+    fitting.sort(key=lambda rt: (free[rt[1]] < count, rt[0], -free[rt[1]], rt[1]))
+    return fitting[0][1]

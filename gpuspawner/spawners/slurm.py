@@ -1,0 +1,346 @@
+"""``gpu-slurm``: GPU profiles on batchspawner's SlurmSpawner.
+
+Same form and user_options as the other backends; the choice becomes a Slurm
+job on one node: ``--gres=gpu:TYPE:N`` (the GRES type of the chosen model, see
+``slurm_gres_types``), with the profile's partition, time limit, QOS, CPUs
+(``cpu_limit``) and memory (``mem_limit``). Slurm places the job and picks the
+GPUs (it sets ``CUDA_VISIBLE_DEVICES`` in the job); the hub's ledger only
+counts each server's GPUs so the hub's quotas apply, as on gpu-kube.
+
+Before submitting, the request is checked against ``sinfo --json`` (cached for
+``gpu_inventory_ttl`` seconds): one no node of the partition could ever run is
+refused with HTTP 409 naming the GPU types and sizes there; one that must wait
+is submitted and waits in Slurm's queue, and the progress page says why in
+plain words (Slurm's reason), its place among the partition's pending GPU jobs
+and Slurm's start estimate. Stopping a pending server cancels its job.
+
+Every job carries the hub, user and server in its name and comment; the job id
+is in the server's state (saved as soon as the job is submitted). Once per hub
+start, jobs of this hub (``gpu_hub_id``) that no server's state names are
+cancelled, and the GPUs of those that are are counted again.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import shlex
+import time
+
+from batchspawner import JobStatus, SlurmSpawner
+from traitlets import Bool, Dict, TraitError, Unicode, default, validate
+
+from ..form import form_context
+from ..gpu import GPU
+from ..inventory import InventoryReading
+from ..ledger import cluster_tokens
+from ..placement import GPURequest, PlacementError
+from ..profiles import Choice, load_profiles
+from ..slurm.commands import SlurmReader, run_slurm
+from ..slurm.jobs import job_comment, parse_comment, wait_words
+from ..slurm.sinfo import UNTYPED, GresTypes, NeverFits, choose_type, gpu_availability, parse_gres
+from .base import GPUSpawnerMixin, user_error
+
+_GRES_TYPE = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+#: batchspawner traits a profile's ``slurm`` settings set
+_SLURM_TRAITS = {"partition": "req_partition", "time": "req_runtime", "qos": "req_qos",
+                 "account": "req_account", "reservation": "req_reservation"}
+_PROFILE_TRAITS = (*_SLURM_TRAITS.values(), "req_nprocs", "req_memory", "req_gres", "req_options")
+
+
+def _ledger_resource(gres_type: str) -> str:
+    """The ledger's resource name for GPUs of a GRES type (no colon: see :func:`cluster_tokens`)."""
+    return f"slurm-gpu.{gres_type or 'untyped'}"
+
+
+def slurm_memory(limit: str | int) -> str:
+    """A profile's ``mem_limit`` as ``sbatch --mem`` takes it: ``"8G"`` stays, bytes become MiB."""
+    if isinstance(limit, int):
+        return f"{math.ceil(limit / 2**20)}M"
+    if re.fullmatch(r"[0-9]+[KMGT]?", limit):
+        return limit
+    number, unit = float(limit[:-1]), limit[-1]
+    return f"{math.ceil(number * 1024 ** 'KMGT'.index(unit) / 1024)}M"  # "1.5G" -> "1536M"
+
+
+class GPUSlurmSpawner(GPUSpawnerMixin, SlurmSpawner):
+    """SlurmSpawner with gpuspawner's GPU profiles, Slurm's availability and its queue in words."""
+
+    slurm_gres_types = Dict(
+        Unicode(),
+        help="""
+        Model slug -> Slurm GRES type, for sites whose GRES types are not the model
+        slugs users should pick: ``{"a100": "nvidia_a100-sxm4-80gb", "t4": "tesla_t4"}``.
+        A type not listed is its own slug (lower-cased), so ``gpu:a100:2`` in
+        ``gres.conf`` is offered as model ``a100`` and asked for as ``--gres=gpu:a100:N``.
+        Profiles' ``gpu_models`` name slugs. GPUs of no type (``gpu:4``) are offered
+        as model ``gpu`` and asked for as ``--gres=gpu:N``.
+        """,
+    ).tag(config=True)
+
+    @validate("slurm_gres_types")
+    def _check_gres_types(self, proposal):
+        for slug, gres_type in proposal["value"].items():
+            if not _GRES_TYPE.fullmatch(gres_type):
+                raise TraitError(f"slurm_gres_types[{slug!r}]: {gres_type!r} is not a GRES type name")
+        return proposal["value"]
+
+    home_dir_template = Unicode(
+        "",
+        help="""
+        The directory a job starts in and writes its log to (``{username}`` is replaced),
+        for users the hub host's user database does not know. Empty: the user's home
+        directory from that database, as batchspawner does.
+        """,
+    ).tag(config=True)
+
+    slurm_cancel_orphans = Bool(
+        True,
+        help="""On hub start, cancel jobs of this hub (their comment names ``gpu_hub_id``) that no
+        server's state names: the hub died between submitting them and saving their id.""",
+    ).tag(config=True)
+
+    honours_slurm_settings = True
+
+    @validate("gpu_profiles")
+    def _check_profiles(self, proposal):
+        """As for every backend, and no ``queue: true`` profile: jobs wait in Slurm's queue, not the hub's."""
+        value = super()._check_profiles(proposal)
+        queued = [p.slug for p in load_profiles(value) if p.queue]
+        if queued:
+            raise TraitError(f"Invalid GPU profile configuration: profile '{queued[0]}' sets 'queue': True, but "
+                             "gpu-slurm has no hub queue: a job that must wait waits in Slurm's queue. "
+                             "Remove 'queue' from it.")
+        return value
+
+    @default("batch_submit_cmd")
+    def _default_submit(self):
+        # the job's identity goes on the command line, so a site's own batch_script keeps it
+        return "sbatch --parsable --nodes=1 --job-name={{job_name}} --comment={{job_comment}}"
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._configured = {name: getattr(self, name) for name in _PROFILE_TRAITS}
+        self._announced_job = ""
+        self._last_words = ""
+        self._words_at = 0.0
+
+    # ------------------------------------------------------------ where jobs run
+
+    @default("req_homedir")
+    def _req_homedir_default(self):
+        if self.home_dir_template:
+            return self.home_dir_template.format(username=self.user.name)
+        return super()._req_homedir_default()
+
+    def user_env(self, env):
+        """batchspawner's USER, HOME and SHELL; HOME from ``home_dir_template`` when it is set."""
+        if not self.home_dir_template:
+            return super().user_env(env)
+        env["USER"] = self.user.name
+        env["HOME"] = self.req_homedir
+        return env
+
+    def get_req_subvars(self):
+        subvars = super().get_req_subvars()
+        server = self.name or ""
+        subvars["job_name"] = shlex.quote(f"jupyterhub-{self.gpu_hub_id}-{self.user.name}-{server}".rstrip("-"))
+        subvars["job_comment"] = shlex.quote(job_comment(self.gpu_hub_id, self.user.name, server))
+        return subvars
+
+    # ------------------------------------------------------------ reading Slurm
+
+    def slurm(self) -> SlurmReader:
+        """The hub's one cached reader of sinfo and squeue."""
+        return self.hub_state.cache("slurm-reader", lambda: SlurmReader(ttl=self.gpu_inventory_ttl))
+
+    @property
+    def gres_types(self) -> GresTypes:
+        return GresTypes(dict(self.slurm_gres_types))
+
+    def partitions(self, choice: Choice | None = None) -> tuple[str, ...]:
+        """The partitions a request of ``choice`` goes to (none named: Slurm's default, all nodes counted)."""
+        if choice is not None:
+            named = dict(choice.profile.slurm).get("partition")
+            if named:
+                return tuple(named.split(","))
+        configured = self._configured.get("req_partition") if hasattr(self, "_configured") else self.req_partition
+        return tuple(configured.split(",")) if configured else ()
+
+    def _form_partitions(self) -> tuple[str, ...]:
+        named = {part for p in self.profiles for part in self.partitions(Choice(p, 0))}
+        return tuple(sorted(named))
+
+    async def offered_models(self) -> set[str]:
+        reading = await self.slurm().nodes()
+        if reading.unknown is not None:  # Slurm does not answer: accept the models profiles and the map name
+            named = {m for p in self.profiles for m in p.gpu_models if m != "any"}
+            return named | set(self.slurm_gres_types)
+        types = self.gres_types
+        return {types.slug(t) for node in reading.value for t in node.gpus}
+
+    async def options_form_context(self) -> dict:
+        reading = await self.slurm().nodes()
+        availability = [] if reading.unknown else gpu_availability(reading.value, self.gres_types,
+                                                                    self._form_partitions())
+        unknown = f"Slurm does not answer: {reading.unknown}" if reading.unknown else None
+        return form_context(self.profiles, InventoryReading(), (), self.user_options or {},
+                            availability=availability, unknown=unknown)
+
+    # ------------------------------------------------------------ applying a choice
+
+    def apply_profile(self, choice: Choice) -> None:
+        """The profile's Slurm settings, CPUs and memory on the job (configured values otherwise)."""
+        for name, value in self._configured.items():
+            setattr(self, name, value)
+        super().apply_profile(choice)
+        for key, value in choice.profile.slurm:
+            if key in _SLURM_TRAITS:
+                setattr(self, _SLURM_TRAITS[key], value)
+            elif key == "constraint":
+                self.req_options = f"{self.req_options} --constraint={value}".strip()
+        if choice.profile.cpu_limit is not None:
+            self.req_nprocs = str(math.ceil(choice.profile.cpu_limit))
+        if choice.profile.mem_limit is not None:
+            self.req_memory = slurm_memory(choice.profile.mem_limit)
+
+    async def reserve_gpus(self) -> tuple[GPU, ...]:
+        """Check the request against Slurm's nodes, count it against the quotas, set ``--gres``.
+
+        Slurm picks the GPUs; a request no node of the partition could ever run,
+        or over a hub quota, is refused with HTTP 409 and nothing is submitted.
+        """
+        choice = self.gpu_choice
+        if choice is None:
+            await self._apply_gpu_options(self.user_options or {})
+            choice = self.gpu_choice
+        self._gpu_events = []
+        self._announced_job = self._last_words = ""
+        self.gpu_allocation = ()
+        self.release_gpus()  # a failed earlier start of this server holds nothing
+        try:  # once per hub, before its first job: this hub's jobs counted, orphans cancelled
+            await self.ensure_reconciled()
+        except Exception as e:  # tried again next time; Slurm still enforces its own limits
+            self.log.warning("%s: Slurm jobs of this hub not counted yet: %s", self._log_name, e)
+        if choice.gpus == 0:
+            self.gpu_event("Submitting a CPU-only server (no GPU) to Slurm", 10)
+            return ()
+        partitions = self.partitions(choice)
+        self.gpu_event(f"Checking Slurm for {self.describe_request(choice)}", 10)
+        reading = await self.slurm().nodes()
+        refusal = None
+        types = self.gres_types
+        if reading.unknown is None:
+            try:
+                gres_type = choose_type(reading.value, types, choice.models, choice.gpus, partitions)
+            except NeverFits as e:
+                refusal = PlacementError(str(e), code=e.code, requested=choice.gpus, models=choice.models)
+                gres_type = UNTYPED
+        else:
+            gres_type = types.gres_type(choice.models[0]) if choice.models else UNTYPED
+            self.gpu_event(f"GPU availability unknown (Slurm does not answer: {reading.unknown}); "
+                           "submitting to Slurm, which decides", 20)
+        request = GPURequest(owner=self.gpu_owner, count=choice.gpus, models=choice.models)
+        try:
+            self.claim_cluster_gpus(request, {_ledger_resource(gres_type): choice.gpus}, refusal)
+        except PlacementError as e:
+            self.gpu_event(f"Refused: {e}", 100)
+            raise user_error(409, str(e)) from e
+        self.req_gres = f"gpu:{gres_type}:{choice.gpus}" if gres_type else f"gpu:{choice.gpus}"
+        where = f" in partition {','.join(partitions)}" if partitions else ""
+        self.gpu_event(f"Asking Slurm for {choice.gpus} x {types.slug(gres_type) if gres_type else 'GPU'} "
+                       f"(--gres={self.req_gres}){where}", 30)
+        return ()
+
+    # ------------------------------------------------------------ the job
+
+    async def submit_batch_script(self):
+        job_id = await super().submit_batch_script()
+        if job_id:
+            self.gpu_event(f"Submitted Slurm job {job_id}", 35)
+            self.save_state()  # the job id is in the database before the job can start
+        return job_id
+
+    async def query_job_status(self):
+        """batchspawner's status; while pending, Slurm's reason and the queue in the progress."""
+        status = await super().query_job_status()
+        if status == JobStatus.PENDING and time.monotonic() - self._words_at >= 1.5:
+            self._words_at = time.monotonic()
+            await self._say_why_waiting()
+        elif status == JobStatus.RUNNING and self._announced_job != self.job_id:
+            self._announced_job = self.job_id
+            self.gpu_event(f"Slurm started job {self.job_id} on {self.state_gethost()}; "
+                           "waiting for the server to answer", 60)
+        return status
+
+    async def _say_why_waiting(self) -> None:
+        reading = await self.slurm().jobs(max_age=1.0)
+        if reading.unknown is not None:
+            return
+        job = next((j for j in reading.value if j.id == self.job_id), None)
+        if job is None or not job.pending:
+            return
+        words = wait_words(job, reading.value)
+        if words != self._last_words:
+            self._last_words = words
+            self.gpu_event(words, 40)
+
+    async def stop(self, now: bool = False):
+        try:
+            await super().stop(now=now)
+        finally:
+            for name, value in self._configured.items():
+                setattr(self, name, value)
+            self.gpu_choice = None
+
+    async def poll(self):
+        """batchspawner's poll; the first one after a hub start also reconciles this hub's jobs."""
+        try:
+            await self.ensure_reconciled()
+        except Exception as e:
+            self.log.warning("%s: Slurm jobs of this hub not reconciled yet: %s", self._log_name, e)
+        return await super().poll()
+
+    # ------------------------------------------------------------ after a hub restart
+
+    def _jobs_in_state(self) -> dict[str, str]:
+        """Job id -> owner (``user/server``) of every server whose state names a job, from the database."""
+        from jupyterhub import orm
+
+        owners: dict[str, str] = {}
+        for row in self.db.query(orm.Spawner).all():
+            job_id = (row.state or {}).get("job_id")
+            if job_id and row.user is not None:
+                owners[str(job_id)] = f"{row.user.name}/{row.name or ''}"
+        return owners
+
+    async def reconcile_allocations(self) -> None:
+        """Count the GPUs of this hub's live jobs; cancel (and log) those no server's state names."""
+        reading = await self.slurm().jobs(max_age=0)
+        if reading.unknown is not None:
+            raise RuntimeError(reading.unknown)
+        known = self._jobs_in_state() if getattr(self, "db", None) is not None else None
+        ledger = self.ledger
+        counted = ledger.allocations()
+        for job in reading.value:
+            tag = parse_comment(job.comment)
+            if tag is None or tag[0] != self.gpu_hub_id or job.state not in ("PENDING", "RUNNING", "CONFIGURING"):
+                continue
+            owner = f"{tag[1]}/{tag[2]}"
+            if known is not None and job.id not in known:
+                if self.slurm_cancel_orphans:
+                    self.log.warning("gpu-slurm: cancelling Slurm job %s of %s: no server of this hub names it "
+                                     "(the hub stopped before saving it)", job.id, owner)
+                    try:
+                        await run_slurm("scancel", job.id)
+                    except RuntimeError as e:
+                        self.log.error("gpu-slurm: could not cancel job %s: %s", job.id, e)
+                continue
+            gpus = parse_gres(job.gpus.replace("gres:", ""))
+            if gpus and owner not in counted:
+                ledger.adopt(owner, cluster_tokens(owner, {_ledger_resource(t): n for t, n in gpus.items()}))
+        self.log.info("gpu-slurm: this hub's Slurm jobs reconciled")
+
+
+
+__all__ = ["GPUSlurmSpawner", "slurm_memory"]

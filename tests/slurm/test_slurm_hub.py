@@ -1,0 +1,236 @@
+"""gpu-slurm on a real JupyterHub and a real one-node Slurm cluster (gpu:a100:2, gpu:t4:2).
+
+The single-user servers really run inside the Slurm jobs (``srun batchspawner-singleuser
+jupyterhub-singleuser``); the GPUs a server got are read from its process's environment
+(``/proc/PID/environ``), where Slurm set ``CUDA_VISIBLE_DEVICES``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from pathlib import Path
+
+import pytest
+import requests
+
+from hub import BASE_HUB_CONFIG, Hub, pid_alive, process_env
+
+pytestmark = [pytest.mark.integration, pytest.mark.slurm]
+
+PROFILES = [
+    {"slug": "cpu", "display_name": "CPU only", "gpu_counts": [0]},
+    {"slug": "gpu", "display_name": "GPU notebook", "gpu_models": ["any"], "gpu_counts": [1, 2, 4],
+     "default_gpus": 1, "default": True, "slurm": {"time": "30"}},
+    {"slug": "h100", "display_name": "H100", "gpu_models": ["h100"], "gpu_counts": [1]},
+]
+ONE_A100 = {"profile": "gpu", "gpus": 1, "gpu_model": "a100"}
+
+SLURM_HUB_CONFIG = BASE_HUB_CONFIG + """
+c.JupyterHub.spawner_class = "gpuspawner.spawners.slurm.GPUSlurmSpawner"
+c.GPUSlurmSpawner.exec_prefix = ""  # the hub runs as root here; jobs run as root too
+c.GPUSlurmSpawner.home_dir_template = settings["dir"] + "/users/{username}"
+c.GPUSlurmSpawner.startup_poll_interval = 0.5
+c.Spawner.cmd = ["jupyterhub-singleuser"]
+c.Spawner.args = ["--allow-root"]
+c.Spawner.start_timeout = 180
+c.Spawner.http_timeout = 60
+# sbatch, squeue and scancel run with the server's environment: the private cluster's SLURM_CONF goes with it
+c.Spawner.env_keep = ["PATH", "PYTHONPATH", "LANG", "SLURM_CONF"]
+c.GPUSpawnerMixin.gpu_inventory_ttl = 0.5
+c.GPUSpawnerMixin.gpu_profiles = settings["profiles"]
+"""
+
+
+@pytest.fixture(scope="module")
+def hub(slurm_cluster, tmp_path_factory):
+    directory = tmp_path_factory.mktemp("slurm-hub")
+    config = directory / "jupyterhub_config.py"
+    config.write_text(SLURM_HUB_CONFIG)
+    hub = Hub(directory, {"SLURM_CONF": str(slurm_cluster.conf)}, PROFILES, config_file=config)
+    hub.start()
+    try:
+        yield hub
+    finally:
+        hub.close()
+        slurm_cluster.cancel_all()
+
+
+@pytest.fixture
+def cluster(slurm_cluster, hub):
+    """The cluster, with no job left by the test."""
+    yield slurm_cluster
+    for name in hub.user_names():
+        hub.api("DELETE", f"/users/{name}/server")
+    deadline = time.monotonic() + 30
+    while slurm_cluster.jobs() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    slurm_cluster.cancel_all()
+
+
+def add_user(hub: Hub, name: str) -> None:
+    hub.add_users(name)
+    (hub.dir / "users" / name).mkdir(parents=True, exist_ok=True)
+
+
+def job_id(hub: Hub, name: str) -> str:
+    return str(hub.user(name)["servers"][""]["state"]["job_id"])
+
+
+def server_process(job: str, timeout: float = 30) -> int:
+    """The pid of the single-user server running in Slurm job ``job``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for proc in Path("/proc").iterdir():
+            if not proc.name.isdigit():
+                continue
+            try:
+                cmdline = (proc / "cmdline").read_bytes()
+                if b"singleuser" not in cmdline or b"srun" in cmdline:
+                    continue
+                if process_env(int(proc.name)).get("SLURM_JOB_ID") == job:
+                    return int(proc.name)
+            except (OSError, ValueError):
+                continue
+        time.sleep(0.3)
+    raise AssertionError(f"no single-user server process in Slurm job {job}")
+
+
+def start(hub: Hub, name: str, options=ONE_A100) -> str:
+    """Start ``name``'s server; the GPUs Slurm gave its process (``CUDA_VISIBLE_DEVICES``)."""
+    r = hub.spawn(name, options)
+    assert r.status_code in (201, 202), f"{r.status_code} {r.text}\n{hub.log()}"
+    hub.wait_ready(name, timeout=120)
+    pid = server_process(job_id(hub, name))
+    return process_env(pid)["CUDA_VISIBLE_DEVICES"]
+
+
+def progress_until(hub: Hub, name: str, pattern: str, timeout: float = 60) -> str:
+    """The progress messages of ``name``'s pending spawn, read until one matches ``pattern``."""
+    seen = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        stream = hub.api("GET", f"/users/{name}/server/progress", stream=True)
+        try:
+            for line in stream.iter_lines(decode_unicode=True):
+                if line.startswith("data:"):
+                    message = json.loads(line[5:]).get("message", "")
+                    seen.append(message)
+                    if re.search(pattern, message):
+                        return message
+        except requests.exceptions.RequestException:
+            pass
+        finally:
+            stream.close()
+        time.sleep(0.5)
+    raise AssertionError(f"no progress message matching {pattern!r}; seen: {seen}\n{hub.log()}")
+
+
+def test_two_users_get_disjoint_gpus_third_waits_in_slurm_and_starts_when_one_stops(hub, cluster):
+    for name in ("alice", "bob", "carol", "dave"):
+        add_user(hub, name)
+    alice = start(hub, "alice")
+    bob = start(hub, "bob")
+    assert alice and bob and alice != bob, (alice, bob)
+    assert {alice, bob} <= {"0", "1"}  # the a100 device files are nvidia0 and nvidia1
+
+    # the job carries the hub, user and server
+    line = next(j for j in cluster.jobs() if j.startswith(job_id(hub, "alice") + " "))
+    assert "jupyterhub-jupyterhub-alice" in line
+    comment = cluster.run("squeue", "-h", "-j", job_id(hub, "alice"), "-o", "%k").stdout.strip()
+    assert comment == "jupyterhub:jupyterhub user:alice server:"
+    # the profile's Slurm settings reach sbatch: its time limit, one node, the A100 GRES
+    limits = cluster.run("squeue", "-h", "-j", job_id(hub, "alice"), "-o", "%l %D %b").stdout.split()
+    assert limits == ["30:00", "1", "gres:gpu:a100:1"], limits
+
+    # carol's job waits in Slurm, and her progress page says why, and where she stands
+    r = hub.spawn("carol", ONE_A100)
+    assert r.status_code == 202, r.text
+    # (first "Slurm has not looked at it yet", then Slurm's reason once its scheduler ran)
+    message = progress_until(hub, "carol", r"Waiting in Slurm's queue .* in use by other jobs")
+    assert message.startswith(f"Waiting in Slurm's queue (job {job_id(hub, 'carol')}, partition gpu): the GPUs it "
+                              "needs are in use by other jobs; it starts when enough of them are released."), message
+    assert "It is 1st of 1 GPU job waiting in partition gpu" in message, message
+    carol_job = job_id(hub, "carol")
+    assert f"{carol_job} PENDING Resources" in "\n".join(cluster.jobs())
+
+    # dave queues behind carol; stopping his pending server cancels his job
+    assert hub.spawn("dave", ONE_A100).status_code == 202
+    message = progress_until(hub, "dave", r"Waiting in Slurm's queue .*2nd of 2 GPU jobs")
+    assert "It is 2nd of 2 GPU jobs waiting in partition gpu." in message, message
+    dave_job = job_id(hub, "dave")
+    hub.stop_server("dave")
+    deadline = time.monotonic() + 20
+    while any(j.startswith(dave_job + " ") for j in cluster.jobs()) and time.monotonic() < deadline:
+        time.sleep(0.3)
+    assert not any(j.startswith(dave_job + " ") for j in cluster.jobs()), cluster.jobs()
+
+    # alice stops: Slurm starts carol's job on the A100 alice had
+    hub.stop_server("alice")
+    hub.wait_ready("carol", timeout=120)
+    assert process_env(server_process(carol_job))["CUDA_VISIBLE_DEVICES"] == alice
+
+
+def test_a_request_no_node_can_ever_run_is_refused_at_once(hub, cluster):
+    add_user(hub, "erin")
+    r = hub.spawn("erin", {"profile": "gpu", "gpus": 4, "gpu_model": "a100"})
+    assert r.status_code == 409, r.text
+    message = r.json()["message"]
+    assert message == ("No node in the Slurm cluster has 4 a100 GPUs; the most on one node: "
+                       "a100 (up to 2 per node), t4 (up to 2 per node). Ask for fewer GPUs."), message
+
+    r = hub.spawn("erin", {"profile": "h100", "gpus": 1})
+    assert r.status_code == 409, r.text
+    assert "has h100 GPUs; the GPUs there: a100 (up to 2 per node), t4 (up to 2 per node)" in r.json()["message"]
+    assert hub.user("erin")["servers"] == {}
+    assert cluster.jobs() == []  # nothing was submitted
+
+
+@pytest.mark.parametrize("body", [
+    {"profile": "gpu", "gpus": "two"},
+    {"profile": "gpu", "gpus": 3},
+    {"profile": "gpu", "gpus": 1, "gpu_model": "h100"},
+    {"profile": "gpu", "gpus": 1, "partition": "debug"},
+    "[1, 2]",
+])
+def test_malformed_requests_get_400_and_submit_nothing(hub, cluster, body):
+    add_user(hub, "frank")
+    r = hub.spawn("frank", body)
+    assert r.status_code == 400, r.text
+    assert hub.user("frank")["servers"] == {}
+    assert cluster.jobs() == []
+
+
+def test_the_form_shows_free_and_total_per_gpu_type_from_slurm(hub, cluster):
+    add_user(hub, "gina")
+    start(hub, "gina", {"profile": "gpu", "gpus": 1, "gpu_model": "t4"})
+    add_user(hub, "hank")
+    session = requests.Session()
+    login = session.get(hub.url + "/hub/login", timeout=30).text
+    xsrf = re.search(r'name="_xsrf" value="([^"]+)"', login).group(1)
+    r = session.post(hub.url + "/hub/login", timeout=30,
+                     data={"_xsrf": xsrf, "username": "hank", "password": "test-password"})
+    assert r.ok and "/hub/login" not in r.url, r.text
+    page = session.get(hub.url + "/hub/spawn", timeout=30).text
+    assert "A100 (gpu:a100) - 2 of 2 free" in page, page
+    assert "T4 (gpu:t4) - 1 of 2 free" in page, page
+
+
+def test_hub_start_cancels_jobs_of_this_hub_that_no_server_names(hub, cluster):
+    # a job as the hub submits it, whose id never reached the database (the hub died in between)
+    out = cluster.run("sbatch", "--parsable", "--job-name=jupyterhub-jupyterhub-ghost", "--gres=gpu:t4:1",
+                      "--comment=jupyterhub:jupyterhub user:ghost server:", "-o", "/dev/null", "--wrap", "sleep 300")
+    orphan = out.stdout.strip()
+    other = cluster.run("sbatch", "--parsable", "--comment=jupyterhub:otherhub user:ghost server:",
+                        "-o", "/dev/null", "--wrap", "sleep 300").stdout.strip()
+    hub.restart()
+    add_user(hub, "ivy")
+    r = hub.spawn("ivy", {"profile": "cpu"})  # the first spawn reconciles before submitting
+    assert r.status_code in (201, 202), r.text
+    hub.wait_ready("ivy", timeout=120)
+    ids = [j.split()[0] for j in cluster.jobs()]
+    assert orphan not in ids and other in ids, cluster.jobs()
+    assert f"cancelling Slurm job {orphan} of ghost/" in hub.log_path.read_text()
+    cluster.run("scancel", other)
+    assert pid_alive(hub.proc.pid)
