@@ -124,6 +124,7 @@ class GPUSlurmSpawner(GPUSpawnerMixin, SlurmSpawner):
         self._announced_job = ""
         self._last_words = ""
         self._words_at = 0.0
+        self._submitted_job = ""  # the last job sbatch gave this spawner, until it is stopped
 
     # ------------------------------------------------------------ where jobs run
 
@@ -257,6 +258,7 @@ class GPUSlurmSpawner(GPUSpawnerMixin, SlurmSpawner):
     async def submit_batch_script(self):
         job_id = await super().submit_batch_script()
         if job_id:
+            self._submitted_job = job_id
             self.gpu_event(f"Submitted Slurm job {job_id}", 35)
             self.save_state()  # the job id is in the database before the job can start
         return job_id
@@ -286,9 +288,15 @@ class GPUSlurmSpawner(GPUSpawnerMixin, SlurmSpawner):
             self.gpu_event(words, 40)
 
     async def stop(self, now: bool = False):
+        if not self.job_id and self._submitted_job:
+            # batchspawner forgets its job when a start is interrupted (a cancelled spawn kills its
+            # squeue, which reads as "neither pending nor running"), while Slurm may still queue it
+            self.log.info("%s: cancelling Slurm job %s of an interrupted start", self._log_name, self._submitted_job)
+            self.job_id = self._submitted_job
         try:
             await super().stop(now=now)
         finally:
+            self._submitted_job = ""
             for name, value in self._configured.items():
                 setattr(self, name, value)
             self.gpu_choice = None

@@ -164,7 +164,7 @@ def test_two_users_get_disjoint_gpus_third_waits_in_slurm_and_starts_when_one_st
     deadline = time.monotonic() + 20
     while any(j.startswith(dave_job + " ") for j in cluster.jobs()) and time.monotonic() < deadline:
         time.sleep(0.3)
-    assert not any(j.startswith(dave_job + " ") for j in cluster.jobs()), cluster.jobs()
+    assert not any(j.startswith(dave_job + " ") for j in cluster.jobs()), f"{cluster.jobs()}\n{hub.log()}"
 
     # alice stops: Slurm starts carol's job on the A100 alice had
     hub.stop_server("alice")
