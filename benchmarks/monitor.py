@@ -276,6 +276,8 @@ def main() -> None:
                 return
             print(f"{NVDASHBOARD} {version} (from {target}): the same 4 GPUs; each client one websocket to "
                   f"each of {', '.join('nvdashboard/' + w for w in NVDASHBOARD_WIDGETS)} (1 message/s each)")
+            startup = ", ".join(f"{f} {n}" for f, n in sorted(fakenvml.read_counts(nvd_counts).items()))
+            print(f"  its NVML calls at start (import-time probes), none failing in its log: {startup}")
             nvd_rows = run_rows(f"{NVDASHBOARD} {version}", server, nvd_counts, nvdashboard_client, args.window)
             if why := nvdashboard_problem(server):
                 print(f"{NVDASHBOARD}: errors during the measurement: {why}")
