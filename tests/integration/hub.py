@@ -79,6 +79,7 @@ c.Spawner.start_timeout = 60
 c.Spawner.http_timeout = 60
 c.LocalProcessSpawner.env_keep = ["PATH", "LANG", "LD_LIBRARY_PATH", "FAKENVML_CONFIG"]
 c.GPUSpawnerMixin.simulated_gpus = True
+c.GPUSpawnerMixin.gpu_hub_id = settings["hub_id"]  # never another test hub's servers
 c.GPUSpawnerMixin.gpu_inventory_ttl = 0.5
 c.GPUSpawnerMixin.gpu_profiles = settings["profiles"]
 """
@@ -106,6 +107,9 @@ class Hub:
             "token": self.token,
             "profiles": profiles,
             "singleuser": str(self.dir / "singleuser.sh"),
+            # this hub's own id (kept across its restarts): a hub adopts or stops the servers
+            # that carry its id, so two test hubs alive at once must not share one
+            "hub_id": "test-" + secrets.token_hex(4),
         }
         # the real single-user server, except for the user "crash", whose server dies at start
         (self.dir / "singleuser.sh").write_text(
@@ -178,6 +182,7 @@ class Hub:
         if self.proc is not None and self.proc.poll() is None:
             for name in self.user_names():
                 self.api("DELETE", f"/users/{name}/server")
+        self.server_pids |= self.marked_pids()
         for pid in list(self.server_pids):
             if pid_alive(pid):
                 os.kill(pid, signal.SIGTERM)
@@ -188,6 +193,18 @@ class Hub:
                 time.sleep(0.1)
             if pid_alive(pid):
                 os.kill(pid, signal.SIGKILL)
+
+    def marked_pids(self) -> set[int]:
+        """Live processes whose environment carries this hub's id (gpu-local's GPUSPAWNER_HUB marker)."""
+        found = set()
+        for entry in Path("/proc").iterdir():
+            if entry.name.isdigit():
+                try:
+                    if process_env(int(entry.name)).get("GPUSPAWNER_HUB") == self.settings["hub_id"]:
+                        found.add(int(entry.name))
+                except (OSError, UnicodeDecodeError):
+                    continue  # gone, or not ours to read
+        return found
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")[-6000:]
