@@ -72,9 +72,13 @@ def scope_command(
     user: str | None = None,
     group: int | None = None,
     capabilities: Path = CAPABILITIES,
+    program: str = "systemd-run",
 ) -> list[str]:
-    """The ``systemd-run`` words to put before a server's command (``user``/``group``: who it runs as)."""
-    cmd = ["systemd-run", "--scope", "--quiet", "--collect", f"--unit={unit_name(hub_id, spawn)}"]
+    """The ``systemd-run`` words to put before a server's command (``user``/``group``: who it runs as).
+
+    ``program``: best the full path (the server's ``PATH`` is the one used to find it).
+    """
+    cmd = [program, "--scope", "--quiet", "--collect", f"--unit={unit_name(hub_id, spawn)}"]
     if user is not None:
         cmd.append(f"--uid={user}")
     if group is not None:

@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import os
 import pwd
+import shutil
 import uuid as uuidlib
 
 from jupyterhub.spawner import LocalProcessSpawner, SimpleLocalProcessSpawner
@@ -228,6 +229,7 @@ class _LocalGPUs(GPUSpawnerMixin):
             self._scope_prefix = scope_command(
                 self.gpu_hub_id, self.gpu_spawn_id, minors,
                 user=user.pw_name if user else None, group=user.pw_gid if user else None,
+                program=shutil.which("systemd-run") or "systemd-run",
             )
         else:
             self._fence_path = self.fence.create(self.gpu_spawn_id, minors)
