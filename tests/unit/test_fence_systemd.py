@@ -3,10 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import logging
+import shutil
+from types import SimpleNamespace
 
-from gpuspawner.fence import detect
+import pytest
+from tornado.web import HTTPError
+
+from gpuspawner.fence import Isolation, detect
 from gpuspawner.fence_systemd import device_allow, mig_nodes, scope_command, unit_name
-from gpuspawner.spawners.local import _InFence
+from gpuspawner.spawners.local import _InFence, _LocalGPUs
 
 
 def allowed(cmd: list[str]) -> list[str]:
@@ -103,3 +109,44 @@ def test_the_scope_words_go_before_the_command_and_any_shell():
     asyncio.run(shell.start())
     assert shell.seen == (["systemd-run", "--scope", "--", "bash", "-l", "-c"], ["jupyterhub-singleuser"])
     assert shell.shell_cmd == ["bash", "-l", "-c"]
+
+
+class _Start:
+    """The parts of a gpu-local spawner that ``_create_fence`` reads, on a host whose isolation is given."""
+
+    def __init__(self, isolation: Isolation, gpu_isolation="auto", minors=(1,), switches_user=True):
+        self.hub_state = SimpleNamespace(cache=lambda key, make: isolation)
+        self.gpu_isolation = gpu_isolation
+        self.gpu_allocation = [SimpleNamespace(uuid=f"GPU-{m}", minor_number=m) for m in minors]
+        self.user = SimpleNamespace(name="root")
+        self.gpu_hub_id, self.gpu_spawn_id = "hub9", "s9"
+        self._switches_user = switches_user
+        self.log = logging.getLogger("test")
+
+
+SYSTEMD = Isolation("systemd", "GPU isolation: enforced by the kernel (a systemd scope per server)")
+
+
+def test_a_start_on_a_systemd_host_gets_its_scope_words():
+    start = _Start(SYSTEMD)
+    _LocalGPUs._create_fence(start)
+    assert start._fence_path is None
+    words = start._scope_prefix
+    assert words[0] == shutil.which("systemd-run")  # found on the hub's PATH, not the server's
+    assert "--uid=root" in words and "--gid=0" in words and "--unit=gpuspawner-hub9-s9.scope" in words
+    assert "DeviceAllow=/dev/nvidia1 rw" in words and "DeviceAllow=/dev/nvidia0 rw" not in words
+    as_hub = _Start(SYSTEMD, switches_user=False)  # gpu-local-simple: the server runs as the hub
+    _LocalGPUs._create_fence(as_hub)
+    assert not any(w.startswith(("--uid", "--gid")) for w in as_hub._scope_prefix)
+
+
+def test_no_scope_where_isolation_is_off_or_advisory_and_required_refuses():
+    off = _Start(SYSTEMD, gpu_isolation="off")
+    _LocalGPUs._create_fence(off)
+    assert off._scope_prefix is None and off._fence_path is None
+    advisory = Isolation("advisory", "GPU isolation: advisory only on this host: no systemd")
+    required = _Start(advisory, gpu_isolation="required")
+    with pytest.raises(HTTPError) as refused:
+        _LocalGPUs._create_fence(required)
+    assert refused.value.status_code == 503
+    assert "must enforce GPU isolation but cannot: GPU isolation: advisory only" in refused.value.jupyterhub_message
