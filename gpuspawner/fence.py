@@ -14,9 +14,13 @@ Mechanisms, best first:
   (root): one group per server start under ``<mount>/gpuspawner/<hub id>/``,
   denying every GPU minor (0-253) except the server's own; the server process
   joins it before it drops privileges, so nothing it runs ever had access.
-- ``advisory``: neither is available (cgroup v2 without systemd support here,
-  a hub that is not root): servers get ``CUDA_VISIBLE_DEVICES`` only, and the
-  hub says so at start and on the admin overview.
+- ``systemd``: systemd is PID 1 and ``systemd-run`` is installed (cgroup v2
+  hosts, the common case), the hub runs as root: each server start runs in its
+  own transient scope with ``DevicePolicy=closed`` and ``DeviceAllow=`` for its
+  own nodes only (:mod:`gpuspawner.fence_systemd`).
+- ``advisory``: neither is available (no systemd, a hub that is not root):
+  servers get ``CUDA_VISIBLE_DEVICES`` only, and the hub says so at start and
+  on the admin overview.
 
 Nothing here knows about JupyterHub.
 """
@@ -25,9 +29,12 @@ from __future__ import annotations
 
 import errno
 import os
+import shutil
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+
+from .fence_systemd import SYSTEMD_DIR
 
 NVIDIA_MAJOR = 195
 GPU_MINORS = range(0, 254)  # 254: nvidia-modeset, 255: nvidiactl (both stay open)
@@ -40,7 +47,7 @@ __all__ = ["DeviceFence", "Isolation", "deny_rules", "detect"]
 class Isolation:
     """How this host fences a local server's GPUs."""
 
-    mechanism: str  # "cgroup-v1" or "advisory"
+    mechanism: str  # "cgroup-v1", "systemd" or "advisory"
     note: str  # a sentence for the log and the admin overview
 
     @property
@@ -54,14 +61,36 @@ def deny_rules(own_minors: Iterable[int]) -> list[str]:
     return [f"c {NVIDIA_MAJOR}:{minor} rwm" for minor in GPU_MINORS if minor not in own]
 
 
-def detect(mount: Path = DEVICES_MOUNT) -> Isolation:
-    """Which mechanism this host offers the hub (as the user the hub runs as)."""
-    if (mount / "devices.deny").exists():
-        if os.access(mount, os.W_OK):
-            return Isolation("cgroup-v1", f"GPU isolation: enforced by the kernel (device cgroups under {mount})")
+def detect(
+    mount: Path = DEVICES_MOUNT,
+    systemd_dir: Path = SYSTEMD_DIR,
+    systemd_run: str | None = "systemd-run",
+    root: bool | None = None,
+) -> Isolation:
+    """Which mechanism this host offers the hub (as the user the hub runs as).
+
+    ``systemd_run``: the program's name (looked up on PATH) or None for "not installed";
+    ``root``: whether the hub runs as root (default: asks the kernel).
+    """
+    if root is None:
+        root = os.geteuid() == 0
+    v1 = (mount / "devices.deny").exists()
+    if v1 and os.access(mount, os.W_OK):
+        return Isolation("cgroup-v1", f"GPU isolation: enforced by the kernel (device cgroups under {mount})")
+    systemd = systemd_dir.is_dir()
+    if systemd and root and systemd_run and shutil.which(systemd_run):
+        return Isolation(
+            "systemd",
+            "GPU isolation: enforced by the kernel (a systemd scope per server with DevicePolicy=closed)",
+        )
+    if v1:
         reason = f"the hub may not create device cgroups under {mount} (it is not root)"
+    elif systemd and not root:
+        reason = "the hub is not root, so it cannot start servers in systemd scopes with a device policy"
+    elif systemd:
+        reason = "systemd runs this host but systemd-run is not installed"
     elif Path("/sys/fs/cgroup/cgroup.controllers").exists():
-        reason = "this host uses cgroup v2, whose device fence (systemd DeviceAllow=) gpuspawner does not set up"
+        reason = "this host uses cgroup v2 without systemd, whose device fence gpuspawner does not set up"
     else:
         reason = "no device cgroup controller is mounted"
     return Isolation(

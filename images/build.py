@@ -95,18 +95,18 @@ def _run(cmd: list[str], **kwargs) -> None:
         raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout[-3000:]}{proc.stderr[-3000:]}")
 
 
-def base_tarball(cache: Path) -> Path:
-    """A bootstrapped Debian root filesystem (cached)."""
-    key = _key(SUITE, BASE_PACKAGES, "apt")
-    path = cache / f"base-{key}.tar"
+def base_tarball(cache: Path, packages: tuple[str, ...] = BASE_PACKAGES, name: str = "base") -> Path:
+    """A bootstrapped Debian root filesystem with ``packages`` (cached as ``<name>-<key>.tar``)."""
+    key = _key(SUITE, packages, "apt")
+    path = cache / f"{name}-{key}.tar"
     if path.exists():
         return path
     if not shutil.which("mmdebstrap"):
         raise RuntimeError("mmdebstrap is missing: apt-get install mmdebstrap (scripts/setup does)")
     _log(f"bootstrapping Debian {SUITE} with mmdebstrap (about a minute)")
-    tmp = cache / f".base-{key}-{os.getpid()}.tar"  # mmdebstrap picks the format from ".tar"
+    tmp = cache / f".{name}-{key}-{os.getpid()}.tar"  # mmdebstrap picks the format from ".tar"
     try:
-        _run(["mmdebstrap", "--variant=apt", "--include=" + ",".join(BASE_PACKAGES), SUITE, str(tmp)])
+        _run(["mmdebstrap", "--variant=apt", "--include=" + ",".join(packages), SUITE, str(tmp)])
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
@@ -287,7 +287,8 @@ def build_hub(tag: str, cache: Path, client: docker.DockerClient | None = None) 
 
 
 def _import_base(client: docker.DockerClient, base: Path) -> str:
-    base_tag = f"gpuspawner-base:{base.stem.split('-', 1)[1]}"
+    name, _, key = base.stem.partition("-")
+    base_tag = f"gpuspawner-{name}:{key}"
     if not _has_image(client, base_tag):
         _log(f"importing {base.name} as {base_tag}")
         repo, _, btag = base_tag.partition(":")

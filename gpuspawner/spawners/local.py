@@ -16,16 +16,18 @@ When a server stops, every process of that start still alive (kernels the
 server left behind) is ended before its GPUs are given back.
 
 Isolation: where the host allows it (:mod:`gpuspawner.fence`), each start runs
-in its own device cgroup that denies every GPU but its own, so clearing
-``CUDA_VISIBLE_DEVICES`` or opening ``/dev/nvidiaN`` directly gets ``EPERM``;
-the cgroup goes when the start's last process is gone, and a restarted hub
-keeps the cgroups of the servers it adopts.
+in its own device cgroup (cgroup v1) or systemd scope that denies every GPU but
+its own, so clearing ``CUDA_VISIBLE_DEVICES`` or opening ``/dev/nvidiaN``
+directly gets ``EPERM``; the cgroup or scope goes when the start's last process
+is gone, and a restarted hub keeps those of the servers it adopts.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+import pwd
+import shutil
 import uuid as uuidlib
 
 from jupyterhub.spawner import LocalProcessSpawner, SimpleLocalProcessSpawner
@@ -33,6 +35,7 @@ from jupyterhub.utils import random_port
 from traitlets import TraitError, Unicode, validate
 
 from ..fence import DeviceFence, Isolation, detect
+from ..fence_systemd import scope_command
 from ..gpu import nvidia_visible_devices
 from .base import GPUSpawnerMixin, user_error
 from .processes import HUB_VAR, SERVER_VAR, SPAWN_VAR, ServerProcesses, end_processes, find_servers
@@ -41,6 +44,25 @@ from .processes import HUB_VAR, SERVER_VAR, SPAWN_VAR, ServerProcesses, end_proc
 def orphan_owner(group: ServerProcesses) -> str:
     """The ledger owner of an unrecorded start being stopped: ``user/server/stopping-<start id>``."""
     return f"{group.owner}/stopping-{group.spawn[:12]}"
+
+
+def groups_and_home(username: str):
+    """A ``preexec_fn`` for a server that ``systemd-run`` switches to ``username``.
+
+    ``systemd-run --uid`` keeps the caller's supplementary groups (root's): give the
+    process the user's own first, and start it in their home as JupyterHub does.
+    """
+    user = pwd.getpwnam(username)
+    gids = os.getgrouplist(username, user.pw_gid)
+
+    def preexec():
+        os.setgroups(gids)
+        try:
+            os.chdir(user.pw_dir)
+        except OSError:
+            pass
+
+    return preexec
 
 
 def visible_devices(uuids: tuple[str, ...]) -> dict[str, str]:
@@ -61,10 +83,14 @@ class _LocalGPUs(GPUSpawnerMixin):
         "auto",
         help="""
         How a server is kept off other users' GPUs beyond ``CUDA_VISIBLE_DEVICES``:
-        ``"auto"`` (default): a device cgroup per server where the host allows it (cgroup v1
-        ``devices`` controller, hub running as root), otherwise advisory only, with a warning
-        in the log and on the admin overview; ``"required"``: refuse to start servers when
-        the kernel cannot enforce it; ``"off"``: environment variables only.
+        ``"auto"`` (default): the kernel refuses every GPU device node but the server's own
+        where the hub runs as root and the host offers a device controller: a cgroup per
+        server under a writable cgroup v1 ``devices`` controller, else (systemd as PID 1 and
+        ``systemd-run`` installed, the usual cgroup v2 host) a transient systemd scope per
+        server with ``DevicePolicy=closed`` and ``DeviceAllow=`` for its own ``/dev/nvidiaN``,
+        the shared NVIDIA nodes and its MIG capability nodes; otherwise advisory only, with
+        a warning in the log and on the admin overview. ``"required"``: refuse to start
+        servers when the kernel cannot enforce it; ``"off"``: environment variables only.
         """,
     ).tag(config=True)
 
@@ -76,6 +102,8 @@ class _LocalGPUs(GPUSpawnerMixin):
 
     gpu_spawn_id: str = ""
     _fence_path = None
+    _scope_prefix: list[str] | None = None  # systemd-run words before the server's command
+    _switches_user = True  # servers run as their user (the hub drops privileges for them)
 
     @classmethod
     def gpu_isolation_summary(cls) -> Isolation:
@@ -84,8 +112,8 @@ class _LocalGPUs(GPUSpawnerMixin):
 
     @property
     def fence(self) -> DeviceFence | None:
-        """This hub's device cgroups, or None where isolation is off or not possible here."""
-        if self.gpu_isolation == "off" or not self.hub_state.cache("local-isolation", detect).enforced:
+        """This hub's cgroup v1 device cgroups, or None where isolation is off or done otherwise here."""
+        if self.gpu_isolation == "off" or self.hub_state.cache("local-isolation", detect).mechanism != "cgroup-v1":
             return None
         return DeviceFence(self.gpu_hub_id)
 
@@ -177,13 +205,16 @@ class _LocalGPUs(GPUSpawnerMixin):
     # ------------------------------------------------------------ the device fence
 
     def _create_fence(self) -> None:
-        """The device cgroup of this start, made before its process exists; 503 where it is required but impossible."""
-        self._fence_path = None
-        fence = self.fence
-        if fence is None:
+        """The device cgroup (or scope command) of this start, before its process exists.
+
+        503 where isolation is required but impossible.
+        """
+        self._fence_path = self._scope_prefix = None
+        isolation = self.hub_state.cache("local-isolation", detect)
+        if self.gpu_isolation == "off" or not isolation.enforced:
             if self.gpu_isolation == "required":
-                note = self.hub_state.cache("local-isolation", detect).note
-                raise user_error(503, f"This hub must enforce GPU isolation but cannot: {note}. Ask an admin.")
+                message = f"This hub must enforce GPU isolation but cannot: {isolation.note}. Ask an admin."
+                raise user_error(503, message)
             return
         minors = [g.minor_number for g in self.gpu_allocation]
         if None in minors:
@@ -193,7 +224,15 @@ class _LocalGPUs(GPUSpawnerMixin):
                 raise user_error(503, f"GPU isolation cannot be enforced: {message}. Ask an admin.")
             self.log.warning("%s: not fenced: %s", self._log_name, message)
             return
-        self._fence_path = fence.create(self.gpu_spawn_id, minors)
+        if isolation.mechanism == "systemd":
+            user = pwd.getpwnam(self.user.name) if self._switches_user else None
+            self._scope_prefix = scope_command(
+                self.gpu_hub_id, self.gpu_spawn_id, minors,
+                user=user.pw_name if user else None, group=user.pw_gid if user else None,
+                program=shutil.which("systemd-run") or "systemd-run",
+            )
+        else:
+            self._fence_path = self.fence.create(self.gpu_spawn_id, minors)
 
     def _remove_fence(self, spawn: str) -> None:
         fence = self.fence
@@ -208,7 +247,8 @@ class _LocalGPUs(GPUSpawnerMixin):
                 fence.remove(spawn)
 
     def make_preexec_fn(self, name):
-        self._create_fence()
+        if self._scope_prefix is not None and self._switches_user:
+            return groups_and_home(name)  # systemd-run sets the user and group
         inner = super().make_preexec_fn(name)
         path = self._fence_path
         if path is None:
@@ -273,7 +313,28 @@ class _LocalGPUs(GPUSpawnerMixin):
         self.release_gpus()
 
 
-class GPULocalProcessSpawner(_LocalGPUs, LocalProcessSpawner):
+class _InFence:
+    """Between the GPU mixin and JupyterHub's spawner: the fence of a start, made once its GPUs
+    are placed and before JupyterHub builds the command (which a systemd scope's
+    ``systemd-run`` words go before, ahead of any ``shell_cmd``)."""
+
+    async def start(self):
+        self._create_fence()
+        prefix = self._scope_prefix
+        if prefix is None:
+            return await super().start()
+        cmd, shell_cmd = self.cmd, self.shell_cmd
+        if shell_cmd:
+            self.shell_cmd = prefix + list(shell_cmd)
+        else:
+            self.cmd = prefix + list(cmd)
+        try:
+            return await super().start()
+        finally:
+            self.cmd, self.shell_cmd = cmd, shell_cmd
+
+
+class GPULocalProcessSpawner(_LocalGPUs, _InFence, LocalProcessSpawner):
     """LocalProcessSpawner whose servers see only the GPUs placed for them."""
 
 
@@ -284,7 +345,7 @@ class _VforkSimpleLocalProcessSpawner(SimpleLocalProcessSpawner):
     ``preexec_fn`` makes Popen fork the whole hub on the event loop (24 ms for a
     150 MB process, 20-90 ms each during a storm of spawns on 2 cores); without
     one Python uses vfork (0.1 ms). The folder is made here and given as ``cwd``.
-    (Where the device fence is on, joining its cgroup still needs a ``preexec_fn``.)
+    (Where a cgroup v1 device fence is on, joining its cgroup still needs a ``preexec_fn``.)
     """
 
     def make_preexec_fn(self, name):
@@ -296,9 +357,11 @@ class _VforkSimpleLocalProcessSpawner(SimpleLocalProcessSpawner):
         return await super().start()
 
 
-class GPUSimpleLocalProcessSpawner(_LocalGPUs, _VforkSimpleLocalProcessSpawner):
+class GPUSimpleLocalProcessSpawner(_LocalGPUs, _InFence, _VforkSimpleLocalProcessSpawner):
     """The same, running every server as the hub's own user in a per-user folder.
 
     For demos and tests with made-up user names (``gpu-local-simple``); use
     ``gpu-local`` where users are system accounts.
     """
+
+    _switches_user = False

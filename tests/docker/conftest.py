@@ -12,8 +12,8 @@ from needs import missing
 
 
 @pytest.fixture(scope="session")
-def engine():
-    """A private dockerd with the stand-in hook, and the single-user image built on it.
+def dockerd():
+    """A private dockerd with the stand-in hook (no image built yet).
 
     Where no dockerd can run here, the Docker tests skip, saying why; in CI they fail (tests/needs.py).
     """
@@ -27,10 +27,16 @@ def engine():
         except RuntimeError as e:  # dockerd exited at once: this machine cannot run it
             last = [line for line in str(e).splitlines() if line.strip()][-1:]
             missing(f"dockerd cannot run here: {' '.join(last)}")
-        eng.build_image()
         yield eng
     finally:
         eng.stop()
+
+
+@pytest.fixture(scope="session")
+def engine(dockerd):
+    """The private dockerd with the single-user image built on it."""
+    dockerd.build_image()
+    return dockerd
 
 
 @pytest.fixture(scope="session")

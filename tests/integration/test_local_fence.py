@@ -150,7 +150,7 @@ def test_a_server_can_open_only_its_own_gpu_node(tmp_path, fakenvml_libdir, fenc
 
 
 def test_advisory_host_is_said_plainly(tmp_path):
-    isolation = detect(mount=tmp_path / "no-devices-controller")
+    isolation = detect(mount=tmp_path / "no-devices-controller", systemd_dir=tmp_path / "no-systemd")
     assert not isolation.enforced
     assert isolation.note.startswith("GPU isolation: advisory only on this host")
     assert "CUDA_VISIBLE_DEVICES" in isolation.note
