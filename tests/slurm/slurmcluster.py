@@ -10,6 +10,7 @@ their pid files. Needs root (slurmd runs jobs, mknod makes device files).
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import socket
@@ -174,6 +175,15 @@ class SlurmCluster:
         self.run("scancel", "--full", "--partition", self.partition, check=False)
         for line in self.jobs():
             self.run("scancel", line.split()[0], check=False)
+
+    def unreachable_conf(self, directory: Path) -> Path:
+        """A copy of this cluster's slurm.conf whose slurmctld port nobody listens on (a controller that
+        is down; clients give up after about a second), for the Slurm commands of "Slurm does not answer"."""
+        text = re.sub(r"(?m)^SlurmctldPort=.*$", f"SlurmctldPort={_free_port()}", self.conf.read_text())
+        path = Path(directory) / "slurm.conf"
+        path.write_text(text + "MessageTimeout=2\n")
+        shutil.copy(self.dir / "gres.conf", Path(directory) / "gres.conf")
+        return path
 
     def logs(self) -> str:
         text = ""

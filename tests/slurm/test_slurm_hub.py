@@ -73,6 +73,17 @@ def cluster(slurm_cluster, hub):
     slurm_cluster.cancel_all()
 
 
+def login(hub: Hub, name: str) -> requests.Session:
+    """A browser-like session logged in as ``name``."""
+    session = requests.Session()
+    login = session.get(hub.url + "/hub/login", timeout=30).text
+    xsrf = re.search(r'name="_xsrf" value="([^"]+)"', login).group(1)
+    r = session.post(hub.url + "/hub/login", timeout=30,
+                     data={"_xsrf": xsrf, "username": name, "password": "test-password"})
+    assert r.ok and "/hub/login" not in r.url, r.text
+    return session
+
+
 def add_user(hub: Hub, name: str) -> None:
     hub.add_users(name)
     (hub.dir / "users" / name).mkdir(parents=True, exist_ok=True)
@@ -278,13 +289,7 @@ def test_the_form_shows_free_and_total_per_gpu_type_from_slurm(hub, cluster):
     add_user(hub, "gina")
     start(hub, "gina", {"profile": "gpu", "gpus": 1, "gpu_model": "t4"})
     add_user(hub, "hank")
-    session = requests.Session()
-    login = session.get(hub.url + "/hub/login", timeout=30).text
-    xsrf = re.search(r'name="_xsrf" value="([^"]+)"', login).group(1)
-    r = session.post(hub.url + "/hub/login", timeout=30,
-                     data={"_xsrf": xsrf, "username": "hank", "password": "test-password"})
-    assert r.ok and "/hub/login" not in r.url, r.text
-    page = session.get(hub.url + "/hub/spawn", timeout=30).text
+    page = login(hub, "hank").get(hub.url + "/hub/spawn", timeout=30).text
     assert "A100 (gpu:a100) - 2 of 2 free" in page, page
     assert "T4 (gpu:t4) - 1 of 2 free" in page, page
 
@@ -306,3 +311,38 @@ def test_hub_start_cancels_jobs_of_this_hub_that_no_server_names(hub, cluster):
     assert f"cancelling Slurm job {orphan} of ghost/" in hub.log_path.read_text()
     cluster.run("scancel", other)
     assert pid_alive(hub.proc.pid)
+
+
+def test_when_slurm_does_not_answer_the_form_says_availability_unknown_and_spawns_go_to_slurm(
+        cluster, slurm_gpus, tmp_path):
+    # a second hub whose Slurm commands reach a controller that is down (the shared cluster runs on)
+    down = cluster.unreachable_conf(tmp_path)
+    config = tmp_path / "jupyterhub_config.py"
+    config.write_text(SLURM_HUB_CONFIG + 'c.GPUSpawnerMixin.gpu_hub_id = "downhub"\n')
+    other = Hub(tmp_path / "hub", {**slurm_gpus["env"], "SLURM_CONF": str(down)}, PROFILES, config_file=config)
+    other.start()
+    try:
+        add_user(other, "kim")
+        page = login(other, "kim").get(other.url + "/hub/spawn", timeout=60).text
+        assert ("GPU availability unknown right now (Slurm does not answer: sinfo --json answered with an "
+                "error instead of a listing (Unspecified error): is slurmctld up?). You can still start a server"
+                ) in " ".join(page.split()), page
+        # neither counts nor "this cluster has no GPUs" are made up
+        assert "of 2 free" not in page and "gs-no-gpus" not in page, page
+
+        # the request is not refused by the hub (which cannot know that no node has 4 GPUs of one type):
+        # it goes to Slurm, and sbatch's failure is what kim reads. (Models only Slurm names, like a100
+        # here, are not offered while it does not answer: 400 naming the profiles' models.)
+        r = other.spawn("kim", {"profile": "gpu", "gpus": 4, "gpu_model": "any"})
+        assert r.status_code in (202, 500), r.text
+        message = progress_until(other, "kim", r"Unable to contact slurm controller")
+        assert "Unable to contact slurm controller" in message, message
+        log = other.log_path.read_text()
+        assert "GPU availability unknown (Slurm does not answer: sinfo --json answered with an error" in log, log
+        deadline = time.monotonic() + 30
+        while other.user("kim")["servers"] and time.monotonic() < deadline:
+            time.sleep(0.3)
+        assert other.user("kim")["servers"] == {}
+        assert cluster.jobs() == []
+    finally:
+        other.close()
