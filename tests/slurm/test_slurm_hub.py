@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import re
+import signal
 import time
 from pathlib import Path
 
@@ -44,6 +45,8 @@ c.Spawner.http_timeout = 60
 c.Spawner.env_keep = ["PATH", "PYTHONPATH", "LANG", "SLURM_CONF", "LD_LIBRARY_PATH", "FAKENVML_CONFIG"]
 c.GPUSpawnerMixin.gpu_inventory_ttl = 0.5
 c.GPUSpawnerMixin.gpu_profiles = settings["profiles"]
+c.GPUSpawnerMixin.gpu_quota_per_user = 4
+c.JupyterHub.allow_named_servers = True
 """
 
 
@@ -311,6 +314,52 @@ def test_hub_start_cancels_jobs_of_this_hub_that_no_server_names(hub, cluster):
     assert f"cancelling Slurm job {orphan} of ghost/" in hub.log_path.read_text()
     cluster.run("scancel", other)
     assert pid_alive(hub.proc.pid)
+
+
+def start_named(hub: Hub, name: str, server: str, options: dict) -> requests.Response:
+    """POST ``name``'s named server; wait until it is ready when the hub took the request."""
+    r = hub.api("POST", f"/users/{name}/servers/{server}", json=options)
+    if r.status_code in (201, 202):
+        deadline = time.monotonic() + 120
+        while not hub.user(name)["servers"].get(server, {}).get("ready"):
+            assert server in hub.user(name)["servers"] and time.monotonic() < deadline, hub.log()
+            time.sleep(0.3)
+    return r
+
+
+def test_a_job_that_ended_while_the_hub_was_down_is_noticed(hub, cluster):
+    add_user(hub, "lena")
+    two_t4 = {"profile": "gpu", "gpus": 2, "gpu_model": "t4"}
+    try:
+        assert start_named(hub, "lena", "keep", {"profile": "gpu", "gpus": 2, "gpu_model": "a100"}).ok
+        start(hub, "lena", two_t4)
+        gone = job_id(hub, "lena")
+        hub.stop(signal.SIGKILL)
+        # while the hub is down, an admin (or Slurm: time limit, node failure) ends the job
+        cluster.run("scancel", gone)
+        deadline = time.monotonic() + 30
+        while any(j.startswith(gone + " ") and " RUNNING " in f"{j} " for j in cluster.jobs()):
+            assert time.monotonic() < deadline, cluster.jobs()
+            time.sleep(0.3)
+        hub.start()
+        # the hub shows that server stopped, and the other one still running
+        deadline = time.monotonic() + 30
+        while "" in hub.user("lena")["servers"] and time.monotonic() < deadline:
+            time.sleep(0.3)
+        assert list(hub.user("lena")["servers"]) == ["keep"], hub.user("lena")["servers"]
+        # its 2 GPUs no longer count against lena's quota of 4: keep's 2 and 2 more fit
+        r = start_named(hub, "lena", "more", two_t4)
+        assert r.status_code in (201, 202), r.text
+        assert sorted(hub.user("lena")["servers"]) == ["keep", "more"]
+        # and a third would not (the quota counts the adopted job's GPUs)
+        r = hub.api("POST", "/users/lena/servers/third", json={"profile": "gpu", "gpus": 1, "gpu_model": "any"})
+        assert r.status_code == 409 and "Your quota is 4 GPUs" in r.json()["message"], r.text
+        # and lena's default server starts again
+        assert hub.spawn("lena", {"profile": "cpu"}).status_code in (201, 202)
+        hub.wait_ready("lena", timeout=120)
+    finally:
+        for server in ("keep", "more"):
+            hub.api("DELETE", f"/users/lena/servers/{server}")
 
 
 def test_when_slurm_does_not_answer_the_form_says_availability_unknown_and_spawns_go_to_slurm(
