@@ -194,7 +194,16 @@ class SlurmCluster:
         return text
 
     def stop(self) -> None:
-        """Stop slurmd, slurmctld and munged by the pids in their pid files."""
+        """Cancel the jobs left (so no slurmstepd outlives slurmd), then stop slurmd, slurmctld and
+        munged by the pids in their pid files."""
+        if (self.dir / "slurmctld.pid").exists():
+            try:
+                self.cancel_all()
+                deadline = time.monotonic() + 15
+                while self.jobs() and time.monotonic() < deadline:
+                    time.sleep(0.3)
+            except (OSError, subprocess.SubprocessError):
+                pass  # the controller is gone already: nothing to cancel through it
         pids = []
         for pid_file in (self.dir / "slurmd.pid", self.dir / "slurmctld.pid", self.dir / "munge" / "munged.pid"):
             try:
@@ -218,4 +227,16 @@ class SlurmCluster:
                 try:
                     os.kill(pid, signal.SIGKILL)
                 except ProcessLookupError:
+                    pass
+        if self.constrain_devices:
+            self._remove_empty_cgroups()
+
+    def _remove_empty_cgroups(self) -> None:
+        """Slurm's cgroup folders (``slurm_HOST/uid_N/job_N/...`` per controller) that no process uses
+        any more; ones another cluster's jobs still use refuse rmdir and stay."""
+        for top in Path("/sys/fs/cgroup").glob(f"*/slurm_{self.host}"):
+            for folder in sorted((p for p in top.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)) + [top]:
+                try:
+                    folder.rmdir()
+                except OSError:
                     pass
