@@ -134,8 +134,10 @@ def read_static(visibility: Visibility) -> Static:
                 gpu.na[f"max_clock_{clock}"] = r.reason
         gpu.mig_mode, gpu.mig = _mig_layout(h, gpu.na)
         gpus.append(gpu)
-    decisions = visibility.decide([Device(g.index, g.uuid, tuple(m.uuid for m in g.mig if m.uuid), g.mig_mode, g.name)
-                                   for g in gpus])
+    # (fenced GPUs are left out of gpus: CUDA_VISIBLE_DEVICES indexes count the others, see visibility.py)
+    decisions = visibility.decide([Device(g.index, g.uuid, tuple(m.uuid for m in g.mig if m.uuid), g.mig_mode, g.name,
+                                          ordinal=n)
+                                   for n, g in enumerate(gpus)])
     shown = []
     for gpu, decision in zip(gpus, decisions, strict=True):
         if not decision.visible:

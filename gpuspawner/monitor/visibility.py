@@ -20,7 +20,10 @@ Rules (as CUDA and the NVIDIA container runtime read them):
 Index entries of NVIDIA_VISIBLE_DEVICES are host indexes: inside a container
 NVML has renumbered the mounted GPUs 0..k-1, so they are applied only when
 NVML sees more GPUs than the variable lists (that is, on a host).
-CUDA_VISIBLE_DEVICES indexes are the ones this process's NVML uses.
+CUDA_VISIBLE_DEVICES indexes count the GPUs this process may open, in NVML's
+order, as CUDA enumerates only those: NVML's own indexes, except under a device
+cgroup that refuses some GPUs (Slurm's ``ConstrainDevices=yes``), where Slurm
+sets indexes relative to the job's GPUs and ``0`` is the first GPU it may open.
 """
 
 from __future__ import annotations
@@ -83,6 +86,14 @@ class Device:
     mig_uuids: tuple[str, ...] = ()  # its MIG devices, in NVML's order
     mig_mode: bool | None = None  # None: unknown (then MIG mode is assumed when it has MIG devices)
     name: str | None = None
+    #: its place among the GPUs this process may open, which is what CUDA_VISIBLE_DEVICES indexes
+    #: count (CUDA enumerates only those); differs from ``index`` under a device cgroup (Slurm's
+    #: ConstrainDevices, which then sets indexes relative to the job's GPUs). None: ``index``.
+    ordinal: int | None = None
+
+    @property
+    def cuda_ordinal(self) -> int:
+        return self.index if self.ordinal is None else self.ordinal
 
     @property
     def in_mig_mode(self) -> bool:
@@ -131,13 +142,14 @@ CUDA_INDEX_WITH_MIG = ("CUDA_VISIBLE_DEVICES lists indexes while a GPU is in MIG
                        "then differ from NVML's, so the numbering is not known here")
 
 
-def _matches(entry: str, device: Device, host_indexes: bool) -> tuple[bool, tuple[str, ...] | None]:
+def _matches(entry: str, device: Device, host_indexes: bool,
+             cuda: bool = False) -> tuple[bool, tuple[str, ...] | None]:
     """(GPU matched, MIG UUIDs the entry selects: None = all, () = none)."""
     pair = _MIG_PAIR.match(entry)
     if not host_indexes and (pair or _INDEX.match(entry)):
         return True, None  # already applied by the container runtime
     if _INDEX.match(entry):
-        return int(entry) == device.index, None
+        return int(entry) == (device.cuda_ordinal if cuda else device.index), None
     if pair:
         if int(pair.group(1)) == device.index:
             n = int(pair.group(2))
@@ -157,8 +169,9 @@ def _apply(selector: Selector, device: Device, host_indexes: bool) -> tuple[bool
     migs: set[str] = set()
     whole = False
     position = None
+    cuda = selector.variable == "CUDA_VISIBLE_DEVICES"
     for n, entry in enumerate(selector.entries):
-        matched, chosen = _matches(entry, device, host_indexes)
+        matched, chosen = _matches(entry, device, host_indexes, cuda)
         if not matched:
             continue
         position = n if position is None else position
@@ -243,7 +256,7 @@ class Visibility:
                 if entry.startswith("MIG-"):
                     chosen = [u for u in shown[n] if u.lower().startswith(entry.lower())]
                     sequence += [(n, u) for u in chosen[:1]]
-                elif _matches(entry, device, True)[0]:
+                elif _matches(entry, device, True, cuda=True)[0]:
                     if device.in_mig_mode:
                         unknown.update({(n, u): CUDA_MIG_BY_GPU for u in shown[n]})
                     else:

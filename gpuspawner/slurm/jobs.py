@@ -16,6 +16,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from .sinfo import check_errors
+
 __all__ = ["SlurmJob", "job_comment", "parse_comment", "read_jobs", "reason_words", "wait_words"]
 
 #: Slurm's pending reasons (``squeue -o %r``) in plain words; any other reads "Slurm's reason: X".
@@ -96,10 +98,12 @@ def _int(value: Any) -> int:
 
 
 def read_jobs(squeue: str | bytes | Mapping[str, Any]) -> tuple[SlurmJob, ...]:
-    """The jobs of ``squeue --json`` output (text or parsed); ValueError when it is not that."""
+    """The jobs of ``squeue --json`` output (text or parsed); ValueError when it is not that,
+    or when it reports errors (:func:`~gpuspawner.slurm.sinfo.check_errors`)."""
     data = json.loads(squeue) if isinstance(squeue, (str, bytes)) else squeue
     if not isinstance(data, Mapping) or not isinstance(data.get("jobs"), list):
         raise ValueError("not squeue --json output: no 'jobs' list")
+    check_errors(data, "squeue --json")
     jobs = []
     for raw in data["jobs"]:
         if not isinstance(raw, Mapping):

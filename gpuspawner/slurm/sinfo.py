@@ -23,7 +23,8 @@ from typing import Any
 from ..availability import ModelAvailability, Tally
 from ..gpu import model_rank, model_slug
 
-__all__ = ["GresTypes", "NeverFits", "SlurmNode", "choose_type", "gpu_availability", "parse_gres", "read_nodes"]
+__all__ = ["GresTypes", "NeverFits", "SlurmNode", "check_errors", "choose_type", "gpu_availability", "parse_gres",
+           "read_nodes"]
 
 #: GRES of no type (``gpu:4``); such GPUs answer only requests for any model.
 UNTYPED = ""
@@ -78,11 +79,24 @@ class SlurmNode:
         return max(0, self.gpus.get(gres_type, 0) - self.used.get(gres_type, 0)) if self.in_service else 0
 
 
+def check_errors(data: Mapping[str, Any], command: str) -> None:
+    """ValueError when Slurm's JSON output lists errors: ``sinfo --json`` and ``squeue --json`` (22.05)
+    exit 0 with ``"errors": [{"error": "Unspecified error"}]`` and no nodes or jobs when slurmctld
+    does not answer, which must not read as "a cluster without GPUs" or "no jobs"."""
+    errors = data.get("errors") if isinstance(data, Mapping) else None
+    if errors:
+        said = "; ".join(str(e.get("error") or e.get("description") or e) if isinstance(e, Mapping) else str(e)
+                         for e in errors)
+        raise ValueError(f"{command} answered with an error instead of a listing ({said}): is slurmctld up?")
+
+
 def read_nodes(sinfo: str | bytes | Mapping[str, Any]) -> tuple[SlurmNode, ...]:
-    """The nodes of ``sinfo --json`` output (text or parsed); ValueError when it is not that."""
+    """The nodes of ``sinfo --json`` output (text or parsed); ValueError when it is not that,
+    or when it reports errors (see :func:`check_errors`)."""
     data = json.loads(sinfo) if isinstance(sinfo, (str, bytes)) else sinfo
     if not isinstance(data, Mapping) or not isinstance(data.get("nodes"), list):
         raise ValueError("not sinfo --json output: no 'nodes' list")
+    check_errors(data, "sinfo --json")
     nodes: dict[str, SlurmNode] = {}
     for raw in data["nodes"]:
         if not isinstance(raw, Mapping) or not raw.get("name"):

@@ -10,6 +10,7 @@ their pid files. Needs root (slurmd runs jobs, mknod makes device files).
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import socket
@@ -58,12 +59,13 @@ SchedulerParameters=bf_interval=1,sched_interval=1
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 GresTypes=gpu
-ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
+ProctrackType={proctrack}
+TaskPlugin={task}
 MpiDefault=none
 JobCompType=jobcomp/none
 AccountingStorageType=accounting_storage/none
 ReturnToService=2
+FirstJobId={first_job}
 SlurmdParameters=config_overrides
 KillWait=2
 MinJobAge=30
@@ -72,20 +74,37 @@ NodeName={host} NodeAddr=127.0.0.1 CPUs={cpus} RealMemory=8000 Gres={gres} State
 PartitionName={partition} Nodes={host} Default=YES MaxTime=INFINITE State=UP
 """
 
+#: with ``constrain_devices``: the job's devices cgroup (cgroup v1 here) allows only its GPUs'
+#: device files, and Slurm then sets CUDA_VISIBLE_DEVICES relative to them (0..n-1)
+CGROUP_CONF = """\
+CgroupPlugin=cgroup/v1
+CgroupMountpoint=/sys/fs/cgroup
+ConstrainDevices=yes
+"""
+
 
 class SlurmCluster:
     """One slurmctld and one slurmd (with munged) under ``directory``."""
 
     def __init__(self, directory: Path, gpus: dict[str, int] | None = None, cpus: int = 8,
-                 partition: str = "gpu") -> None:
+                 partition: str = "gpu", constrain_devices: bool = False) -> None:
         self.dir = Path(directory)
         self.gpus = dict(gpus or {"a100": 2, "t4": 2})
         self.cpus = cpus
         self.partition = partition
+        self.constrain_devices = constrain_devices
         self.host = socket.gethostname().split(".")[0]
         self.conf = self.dir / "slurm.conf"
         self.env = {**os.environ, "SLURM_CONF": str(self.conf)}
         self._munged_pid: int | None = None
+
+    def device_nodes(self) -> list[Path]:
+        """The GPUs' device files in gres.conf's order (``nvidia0``, ``nvidia1``, ...: minor = position)."""
+        return [self.dir / "dev" / f"nvidia{i}" for i in range(sum(self.gpus.values()))]
+
+    def models(self) -> list[str]:
+        """The GRES type of each GPU, in gres.conf's order."""
+        return [model for model, n in self.gpus.items() for _ in range(n)]
 
     @property
     def gres(self) -> str:
@@ -111,9 +130,16 @@ class SlurmCluster:
             files = f"{d}/dev/nvidia[{first}-{index - 1}]" if n > 1 else f"{d}/dev/nvidia{first}"
             gres_lines.append(f"Name=gpu Type={model} File={files}\n")
         (d / "gres.conf").write_text("".join(gres_lines))
+        if self.constrain_devices:
+            (d / "cgroup.conf").write_text(CGROUP_CONF)
         self.conf.write_text(SLURM_CONF.format(
             host=self.host, dir=d, ctld_port=_free_port(), slurmd_port=_free_port(),
             cpus=self.cpus, gres=self.gres, partition=self.partition,
+            proctrack="proctrack/cgroup" if self.constrain_devices else "proctrack/linuxproc",
+            task="task/cgroup" if self.constrain_devices else "task/none",
+            # Slurm's cgroups are named after node and job (slurm_HOST/uid_0/job_N): start job ids
+            # at a random number so clusters of concurrent test sessions do not share them
+            first_job=int.from_bytes(os.urandom(3), "big") % 9_000_000 + 1_000_000,
         ))
 
     def start(self, timeout: float = 60) -> None:
@@ -150,6 +176,15 @@ class SlurmCluster:
         for line in self.jobs():
             self.run("scancel", line.split()[0], check=False)
 
+    def unreachable_conf(self, directory: Path) -> Path:
+        """A copy of this cluster's slurm.conf whose slurmctld port nobody listens on (a controller that
+        is down; clients give up after about a second), for the Slurm commands of "Slurm does not answer"."""
+        text = re.sub(r"(?m)^SlurmctldPort=.*$", f"SlurmctldPort={_free_port()}", self.conf.read_text())
+        path = Path(directory) / "slurm.conf"
+        path.write_text(text + "MessageTimeout=2\n")
+        shutil.copy(self.dir / "gres.conf", Path(directory) / "gres.conf")
+        return path
+
     def logs(self) -> str:
         text = ""
         for name in ("slurmctld.log", "slurmd.log"):
@@ -159,7 +194,16 @@ class SlurmCluster:
         return text
 
     def stop(self) -> None:
-        """Stop slurmd, slurmctld and munged by the pids in their pid files."""
+        """Cancel the jobs left (so no slurmstepd outlives slurmd), then stop slurmd, slurmctld and
+        munged by the pids in their pid files."""
+        if (self.dir / "slurmctld.pid").exists():
+            try:
+                self.cancel_all()
+                deadline = time.monotonic() + 15
+                while self.jobs() and time.monotonic() < deadline:
+                    time.sleep(0.3)
+            except (OSError, subprocess.SubprocessError):
+                pass  # the controller is gone already: nothing to cancel through it
         pids = []
         for pid_file in (self.dir / "slurmd.pid", self.dir / "slurmctld.pid", self.dir / "munge" / "munged.pid"):
             try:
@@ -183,4 +227,16 @@ class SlurmCluster:
                 try:
                     os.kill(pid, signal.SIGKILL)
                 except ProcessLookupError:
+                    pass
+        if self.constrain_devices:
+            self._remove_empty_cgroups()
+
+    def _remove_empty_cgroups(self) -> None:
+        """Slurm's cgroup folders (``slurm_HOST/uid_N/job_N/...`` per controller) that no process uses
+        any more; ones another cluster's jobs still use refuse rmdir and stay."""
+        for top in Path("/sys/fs/cgroup").glob(f"*/slurm_{self.host}"):
+            for folder in sorted((p for p in top.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)) + [top]:
+                try:
+                    folder.rmdir()
+                except OSError:
                     pass

@@ -1,14 +1,17 @@
 """gpu-slurm on a real JupyterHub and a real one-node Slurm cluster (gpu:a100:2, gpu:t4:2).
 
 The single-user servers really run inside the Slurm jobs (``srun batchspawner-singleuser
-jupyterhub-singleuser``); the GPUs a server got are read from its process's environment
-(``/proc/PID/environ``), where Slurm set ``CUDA_VISIBLE_DEVICES``.
+jupyterhub-singleuser``), each confined by Slurm to its GPUs' device files (``ConstrainDevices``);
+the GPUs a server got are what Slurm says it allocated (``scontrol show job -d``), Slurm's
+``CUDA_VISIBLE_DEVICES`` in its process's environment (``/proc/PID/environ``), and what its GPU
+monitor lists (the stand-in NVML lists the node's GPUs in gres.conf's order, on its device files).
 """
 
 from __future__ import annotations
 
 import json
 import re
+import signal
 import time
 from pathlib import Path
 
@@ -16,6 +19,7 @@ import pytest
 import requests
 
 from hub import BASE_HUB_CONFIG, Hub, pid_alive, process_env
+from kernels import execute, start_kernel
 
 pytestmark = [pytest.mark.integration, pytest.mark.slurm]
 
@@ -37,18 +41,21 @@ c.Spawner.args = ["--allow-root"]
 c.Spawner.start_timeout = 180
 c.Spawner.http_timeout = 60
 # sbatch, squeue and scancel run with the server's environment: the private cluster's SLURM_CONF goes with it
-c.Spawner.env_keep = ["PATH", "PYTHONPATH", "LANG", "SLURM_CONF"]
+# (and the stand-in NVML's library and device file, for the servers' GPU monitor)
+c.Spawner.env_keep = ["PATH", "PYTHONPATH", "LANG", "SLURM_CONF", "LD_LIBRARY_PATH", "FAKENVML_CONFIG"]
 c.GPUSpawnerMixin.gpu_inventory_ttl = 0.5
 c.GPUSpawnerMixin.gpu_profiles = settings["profiles"]
+c.GPUSpawnerMixin.gpu_quota_per_user = 4
+c.JupyterHub.allow_named_servers = True
 """
 
 
 @pytest.fixture(scope="module")
-def hub(slurm_cluster, tmp_path_factory):
+def hub(slurm_cluster, slurm_gpus, tmp_path_factory):
     directory = tmp_path_factory.mktemp("slurm-hub")
     config = directory / "jupyterhub_config.py"
     config.write_text(SLURM_HUB_CONFIG)
-    hub = Hub(directory, {"SLURM_CONF": str(slurm_cluster.conf)}, PROFILES, config_file=config)
+    hub = Hub(directory, {**slurm_gpus["env"], "SLURM_CONF": str(slurm_cluster.conf)}, PROFILES, config_file=config)
     hub.start()
     try:
         yield hub
@@ -67,6 +74,17 @@ def cluster(slurm_cluster, hub):
     while slurm_cluster.jobs() and time.monotonic() < deadline:
         time.sleep(0.5)
     slurm_cluster.cancel_all()
+
+
+def login(hub: Hub, name: str) -> requests.Session:
+    """A browser-like session logged in as ``name``."""
+    session = requests.Session()
+    login = session.get(hub.url + "/hub/login", timeout=30).text
+    xsrf = re.search(r'name="_xsrf" value="([^"]+)"', login).group(1)
+    r = session.post(hub.url + "/hub/login", timeout=30,
+                     data={"_xsrf": xsrf, "username": name, "password": "test-password"})
+    assert r.ok and "/hub/login" not in r.url, r.text
+    return session
 
 
 def add_user(hub: Hub, name: str) -> None:
@@ -106,6 +124,26 @@ def start(hub: Hub, name: str, options=ONE_A100) -> str:
     return process_env(pid)["CUDA_VISIBLE_DEVICES"]
 
 
+def job_gpus(cluster, job: str) -> list[int]:
+    """The node's GPUs (gres.conf order) Slurm allocated to ``job``: ``GRES=gpu:a100:1(IDX:1)``."""
+    detail = cluster.run("scontrol", "show", "job", "-d", job).stdout
+    found = re.search(r"GRES=\S*\(IDX:([0-9,-]+)\)", detail)
+    assert found, detail
+    indexes = []
+    for part in found.group(1).split(","):
+        first, _, last = part.partition("-")
+        indexes += range(int(first), int(last or first) + 1)
+    return indexes
+
+
+def monitor_uuids(hub: Hub, name: str) -> list[str]:
+    """The GPUs the GPU monitor of ``name``'s server lists (its ``api/gpus``)."""
+    r = requests.get(f"{hub.url}/user/{name}/api/gpus", headers={"Authorization": f"token {hub.token}"},
+                     timeout=60)
+    assert r.ok, r.text
+    return [gpu["uuid"] for gpu in r.json()["gpus"]]
+
+
 def progress_until(hub: Hub, name: str, pattern: str, timeout: float = 60) -> str:
     """The progress messages of ``name``'s pending spawn, read until one matches ``pattern``."""
     seen = []
@@ -127,13 +165,17 @@ def progress_until(hub: Hub, name: str, pattern: str, timeout: float = 60) -> st
     raise AssertionError(f"no progress message matching {pattern!r}; seen: {seen}\n{hub.log()}")
 
 
-def test_two_users_get_disjoint_gpus_third_waits_in_slurm_and_starts_when_one_stops(hub, cluster):
+def test_two_users_get_disjoint_gpus_third_waits_in_slurm_and_starts_when_one_stops(hub, cluster, slurm_gpus):
+    uuids = slurm_gpus["uuids"]
     for name in ("alice", "bob", "carol", "dave"):
         add_user(hub, name)
-    alice = start(hub, "alice")
-    bob = start(hub, "bob")
-    assert alice and bob and alice != bob, (alice, bob)
-    assert {alice, bob} <= {"0", "1"}  # the a100 device files are nvidia0 and nvidia1
+    # Slurm confines each job to its GPUs, so it numbers them from 0 in the job
+    assert start(hub, "alice") == start(hub, "bob") == "0"
+    alice, bob = job_gpus(cluster, job_id(hub, "alice")), job_gpus(cluster, job_id(hub, "bob"))
+    assert sorted(alice + bob) == [0, 1], (alice, bob)  # the a100s, nvidia0 and nvidia1
+    # each server's GPU monitor lists exactly the GPU Slurm gave its job
+    assert monitor_uuids(hub, "alice") == [uuids[alice[0]]]
+    assert monitor_uuids(hub, "bob") == [uuids[bob[0]]]
 
     # the job carries the hub, user and server
     line = next(j for j in cluster.jobs() if j.startswith(job_id(hub, "alice") + " "))
@@ -169,7 +211,51 @@ def test_two_users_get_disjoint_gpus_third_waits_in_slurm_and_starts_when_one_st
     # alice stops: Slurm starts carol's job on the A100 alice had
     hub.stop_server("alice")
     hub.wait_ready("carol", timeout=120)
-    assert process_env(server_process(carol_job))["CUDA_VISIBLE_DEVICES"] == alice
+    assert job_gpus(cluster, carol_job) == alice
+    assert monitor_uuids(hub, "carol") == [uuids[alice[0]]]
+
+
+# From a notebook in the server: each GPU's device file opened read-write (the error's text, or
+# "opened"), and NVML's handle for each GPU by UUID (the UUID back, or the error's class).
+PROBE = """
+import json, os
+import pynvml
+opened = {{}}
+for node in {nodes!r}:
+    try:
+        os.close(os.open(node, os.O_RDWR))
+        opened[node] = "opened"
+    except OSError as e:
+        opened[node] = e.strerror
+
+def handle(uuid):
+    try:
+        return pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByUUID(uuid))
+    except pynvml.NVMLError as e:
+        return type(e).__name__
+
+pynvml.nvmlInit()
+print(json.dumps({{"opened": opened, "count": pynvml.nvmlDeviceGetCount(),
+                  "handles": {{u: handle(u) for u in {uuids!r}}}}}))
+"""
+
+
+def test_a_server_can_open_only_the_gpu_slurm_gave_its_job(hub, cluster, slurm_gpus):
+    uuids, nodes = slurm_gpus["uuids"], [str(n) for n in cluster.device_nodes()]
+    add_user(hub, "june")
+    assert start(hub, "june") == "0"
+    [mine] = job_gpus(cluster, job_id(hub, "june"))
+    server_url = f"{hub.url}/user/june/"
+    seen = json.loads(execute(server_url, hub.token, start_kernel(server_url, hub.token),
+                              PROBE.format(nodes=nodes, uuids=uuids)))
+    # its own A100's file opens as far as the kernel's device cgroup is concerned (ENXIO: no driver
+    # behind this mknod'ed file); the other three are refused by Slurm's cgroup
+    assert seen["opened"] == {node: ("No such device or address" if n == mine else "Operation not permitted")
+                              for n, node in enumerate(nodes)}, seen
+    # NVML counts every GPU of the node, as on a real host, and gives a handle for its own only
+    assert seen["count"] == 4
+    assert seen["handles"] == {u: (u if n == mine else "NVMLError_NoPermission") for n, u in enumerate(uuids)}, seen
+    assert monitor_uuids(hub, "june") == [uuids[mine]]
 
 
 def test_a_request_no_node_can_ever_run_is_refused_at_once(hub, cluster):
@@ -206,13 +292,7 @@ def test_the_form_shows_free_and_total_per_gpu_type_from_slurm(hub, cluster):
     add_user(hub, "gina")
     start(hub, "gina", {"profile": "gpu", "gpus": 1, "gpu_model": "t4"})
     add_user(hub, "hank")
-    session = requests.Session()
-    login = session.get(hub.url + "/hub/login", timeout=30).text
-    xsrf = re.search(r'name="_xsrf" value="([^"]+)"', login).group(1)
-    r = session.post(hub.url + "/hub/login", timeout=30,
-                     data={"_xsrf": xsrf, "username": "hank", "password": "test-password"})
-    assert r.ok and "/hub/login" not in r.url, r.text
-    page = session.get(hub.url + "/hub/spawn", timeout=30).text
+    page = login(hub, "hank").get(hub.url + "/hub/spawn", timeout=30).text
     assert "A100 (gpu:a100) - 2 of 2 free" in page, page
     assert "T4 (gpu:t4) - 1 of 2 free" in page, page
 
@@ -234,3 +314,84 @@ def test_hub_start_cancels_jobs_of_this_hub_that_no_server_names(hub, cluster):
     assert f"cancelling Slurm job {orphan} of ghost/" in hub.log_path.read_text()
     cluster.run("scancel", other)
     assert pid_alive(hub.proc.pid)
+
+
+def start_named(hub: Hub, name: str, server: str, options: dict) -> requests.Response:
+    """POST ``name``'s named server; wait until it is ready when the hub took the request."""
+    r = hub.api("POST", f"/users/{name}/servers/{server}", json=options)
+    if r.status_code in (201, 202):
+        deadline = time.monotonic() + 120
+        while not hub.user(name)["servers"].get(server, {}).get("ready"):
+            assert server in hub.user(name)["servers"] and time.monotonic() < deadline, hub.log()
+            time.sleep(0.3)
+    return r
+
+
+def test_a_job_that_ended_while_the_hub_was_down_is_noticed(hub, cluster):
+    add_user(hub, "lena")
+    two_t4 = {"profile": "gpu", "gpus": 2, "gpu_model": "t4"}
+    try:
+        assert start_named(hub, "lena", "keep", {"profile": "gpu", "gpus": 2, "gpu_model": "a100"}).ok
+        start(hub, "lena", two_t4)
+        gone = job_id(hub, "lena")
+        hub.stop(signal.SIGKILL)
+        # while the hub is down, an admin (or Slurm: time limit, node failure) ends the job
+        cluster.run("scancel", gone)
+        deadline = time.monotonic() + 30
+        while any(j.startswith(gone + " ") and " RUNNING " in f"{j} " for j in cluster.jobs()):
+            assert time.monotonic() < deadline, cluster.jobs()
+            time.sleep(0.3)
+        hub.start()
+        # the hub shows that server stopped, and the other one still running
+        deadline = time.monotonic() + 30
+        while "" in hub.user("lena")["servers"] and time.monotonic() < deadline:
+            time.sleep(0.3)
+        assert list(hub.user("lena")["servers"]) == ["keep"], hub.user("lena")["servers"]
+        # its 2 GPUs no longer count against lena's quota of 4: keep's 2 and 2 more fit
+        r = start_named(hub, "lena", "more", two_t4)
+        assert r.status_code in (201, 202), r.text
+        assert sorted(hub.user("lena")["servers"]) == ["keep", "more"]
+        # and a third would not (the quota counts the adopted job's GPUs)
+        r = hub.api("POST", "/users/lena/servers/third", json={"profile": "gpu", "gpus": 1, "gpu_model": "any"})
+        assert r.status_code == 409 and "Your quota is 4 GPUs" in r.json()["message"], r.text
+        # and lena's default server starts again
+        assert hub.spawn("lena", {"profile": "cpu"}).status_code in (201, 202)
+        hub.wait_ready("lena", timeout=120)
+    finally:
+        for server in ("keep", "more"):
+            hub.api("DELETE", f"/users/lena/servers/{server}")
+
+
+def test_when_slurm_does_not_answer_the_form_says_availability_unknown_and_spawns_go_to_slurm(
+        cluster, slurm_gpus, tmp_path):
+    # a second hub whose Slurm commands reach a controller that is down (the shared cluster runs on)
+    down = cluster.unreachable_conf(tmp_path)
+    config = tmp_path / "jupyterhub_config.py"
+    config.write_text(SLURM_HUB_CONFIG + 'c.GPUSpawnerMixin.gpu_hub_id = "downhub"\n')
+    other = Hub(tmp_path / "hub", {**slurm_gpus["env"], "SLURM_CONF": str(down)}, PROFILES, config_file=config)
+    other.start()
+    try:
+        add_user(other, "kim")
+        page = login(other, "kim").get(other.url + "/hub/spawn", timeout=60).text
+        assert ("GPU availability unknown right now (Slurm does not answer: sinfo --json answered with an "
+                "error instead of a listing (Unspecified error): is slurmctld up?). You can still start a server"
+                ) in " ".join(page.split()), page
+        # neither counts nor "this cluster has no GPUs" are made up
+        assert "of 2 free" not in page and "gs-no-gpus" not in page, page
+
+        # the request is not refused by the hub (which cannot know that no node has 4 GPUs of one type):
+        # it goes to Slurm, and sbatch's failure is what kim reads. (Models only Slurm names, like a100
+        # here, are not offered while it does not answer: 400 naming the profiles' models.)
+        r = other.spawn("kim", {"profile": "gpu", "gpus": 4, "gpu_model": "any"})
+        assert r.status_code in (202, 500), r.text
+        message = progress_until(other, "kim", r"Unable to contact slurm controller")
+        assert "Unable to contact slurm controller" in message, message
+        log = other.log_path.read_text()
+        assert "GPU availability unknown (Slurm does not answer: sinfo --json answered with an error" in log, log
+        deadline = time.monotonic() + 30
+        while other.user("kim")["servers"] and time.monotonic() < deadline:
+            time.sleep(0.3)
+        assert other.user("kim")["servers"] == {}
+        assert cluster.jobs() == []
+    finally:
+        other.close()

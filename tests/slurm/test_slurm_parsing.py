@@ -91,6 +91,14 @@ def test_not_sinfo_output_is_an_error():
         read_jobs("[]")
 
 
+def test_json_output_with_errors_is_not_an_empty_cluster():
+    # what sinfo/squeue --json (22.05) print, with exit status 0, when slurmctld does not answer
+    for read, key, command in ((read_nodes, "nodes", "sinfo"), (read_jobs, "jobs", "squeue")):
+        with pytest.raises(ValueError, match=rf"^{command} --json answered with an error instead of a listing "
+                                             r"\(Unspecified error\): is slurmctld up\?$"):
+            read({"errors": [{"error": "Unspecified error", "errno": -1}], key: []})
+
+
 def test_pending_job_in_words_with_its_place_and_slurms_estimate():
     jobs = read_jobs(recorded("squeue-one-pending.json"))
     assert [(j.id, j.state, j.reason, j.gpus) for j in jobs] == [

@@ -49,6 +49,16 @@ def test_indexes():
     assert shown({"CUDA_VISIBLE_DEVICES": "2,0"}, NO_MIG) == [(0, None, 1), (2, None, 0)]
 
 
+def test_cuda_indexes_count_the_gpus_this_process_may_open():
+    # Under a device cgroup (Slurm's ConstrainDevices) the job may open only host GPUs 1 and 3, and
+    # Slurm sets CUDA_VISIBLE_DEVICES=0,1 relative to them, as CUDA enumerates only those.
+    openable = [Device(1, G[1], ordinal=0), Device(3, G[3], ordinal=1)]
+    assert shown({"CUDA_VISIBLE_DEVICES": "1"}, openable) == [(3, None, 0)]
+    assert shown({"CUDA_VISIBLE_DEVICES": "0,1"}, openable) == [(1, None, 0), (3, None, 1)]
+    # NVIDIA_VISIBLE_DEVICES indexes stay host indexes
+    assert shown({"NVIDIA_VISIBLE_DEVICES": "3"}, openable) == [(3, None, 0)]
+
+
 def test_indexes_with_a_gpu_in_mig_mode_leave_cuda_numbers_unknown():
     # CUDA lists GPUs in MIG mode after the others, so its indexes are not NVML's
     decisions = Visibility.from_env({"CUDA_VISIBLE_DEVICES": "2,0"}).decide(DEVICES)
