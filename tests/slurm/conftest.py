@@ -2,26 +2,22 @@
 
 from __future__ import annotations
 
-import os
-
 import pytest
 
 import fakenvml
 from gpuspawner.fence import DEVICES_MOUNT
+from gpuspawner.slurm.devcluster import SlurmCluster, cannot_start, devices_constrainable
 from needs import missing
-from slurmcluster import SlurmCluster, absent_programs
 
 
 @pytest.fixture(scope="session")
 def slurm_cluster(tmp_path_factory):
     """A one-node cluster with GPUs ``gpu:a100:2,gpu:t4:2`` on device files ``c 195 0..3``,
     each job confined to its GPUs' device files (``ConstrainDevices=yes``, cgroup v1)."""
-    absent = absent_programs()
-    if absent:
-        missing(f"needs Slurm and munge ({', '.join(absent)} absent; scripts/setup installs slurm-wlm and munge)")
-    if os.geteuid() != 0:
-        missing("the private Slurm cluster needs root (slurmd runs the jobs; device files are made with mknod)")
-    if not (DEVICES_MOUNT / "devices.deny").exists():
+    why = cannot_start()
+    if why:
+        missing(why)
+    if not devices_constrainable():
         missing(f"Slurm's ConstrainDevices needs the cgroup v1 devices controller at {DEVICES_MOUNT}")
     cluster = SlurmCluster(tmp_path_factory.mktemp("slurm"), {"a100": 2, "t4": 2}, constrain_devices=True)
     try:

@@ -1,10 +1,17 @@
-"""A private one-node Slurm cluster with typed GPUs, for the tests (and scripts that want one).
+"""A private one-node Slurm cluster with typed GPUs: for the runnable default and the tests.
 
 Everything lives under one directory: a munged with its own key and socket,
 slurm.conf and gres.conf, state, spool, logs, pid files, and the GPU device
-files (``mknod ... c 195 N``, as NVIDIA's driver makes them). Ports are free
-loopback ports. :meth:`SlurmCluster.stop` stops the daemons by the pids in
-their pid files. Needs root (slurmd runs jobs, mknod makes device files).
+files (``mknod ... c 195 N``, as NVIDIA's driver makes them), whose minor
+numbers are the stand-in NVML's simulated GPUs (``gpuspawner.simulation``).
+Ports are free loopback ports. :meth:`SlurmCluster.stop` stops the daemons by
+the pids in their pid files. Needs root (slurmd runs jobs, mknod makes device
+files).
+
+``jupyterhub_config.py`` with ``GPUSPAWNER_BACKEND=slurm`` starts one when no
+site cluster answers, and stops it when the hub exits; a watcher process
+(``python -m gpuspawner.slurm.devcluster watch HUB_PID DIR``) stops it when the
+hub dies without exiting (SIGKILL), so its daemons never outlive the hub.
 """
 
 from __future__ import annotations
@@ -15,15 +22,45 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 
+from ..fence import DEVICES_MOUNT
+
 #: The programs the cluster needs (Debian packages slurm-wlm and munge; scripts/setup installs them).
 PROGRAMS = ("munged", "slurmctld", "slurmd", "sbatch", "squeue", "sinfo", "scontrol", "scancel")
+#: The daemons, by the pid files :meth:`SlurmCluster.stop` reads (relative to the cluster's directory).
+DAEMONS = (("slurmd", "slurmd.pid"), ("slurmctld", "slurmctld.pid"), ("munged", "munge/munged.pid"))
 
 
 def absent_programs() -> list[str]:
     return [p for p in PROGRAMS if shutil.which(p) is None and not os.access(f"/usr/sbin/{p}", os.X_OK)]
+
+
+def cannot_start() -> str | None:
+    """Why a private cluster cannot run on this host (None: it can)."""
+    absent = absent_programs()
+    if absent:
+        return (f"Slurm and munge are not installed ({', '.join(absent)} absent; "
+                "scripts/setup installs slurm-wlm and munge)")
+    if os.geteuid() != 0:
+        return "the private Slurm cluster needs root (slurmd runs the jobs; device files are made with mknod)"
+    return None
+
+
+def devices_constrainable() -> bool:
+    """Whether Slurm's ConstrainDevices can work here: the cgroup v1 devices controller is mounted."""
+    return (DEVICES_MOUNT / "devices.deny").exists()
+
+
+def cluster_answers(env: dict[str, str] | None = None, timeout: float = 20) -> bool:
+    """Whether a Slurm controller answers ``sinfo`` (with ``SLURM_CONF`` from ``env``, or Slurm's default)."""
+    try:
+        out = subprocess.run(["sinfo", "-h", "-o", "%P"], env=env, capture_output=True, text=True, timeout=timeout)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return out.returncode == 0
 
 
 def _free_port() -> int:
@@ -37,7 +74,7 @@ def _program(name: str) -> str:
 
 
 SLURM_CONF = """\
-ClusterName=gpuspawner-test
+ClusterName=gpuspawner
 SlurmctldHost={host}(127.0.0.1)
 SlurmctldPort={ctld_port}
 SlurmdPort={slurmd_port}
@@ -112,6 +149,7 @@ class SlurmCluster:
 
     def _write(self) -> None:
         d = self.dir
+        shutil.rmtree(d / "state", ignore_errors=True)  # a private cluster starts with no jobs
         for sub in ("munge", "state", "spool", "dev"):
             (d / sub).mkdir(parents=True, exist_ok=True)
         (d / "munge").chmod(0o700)
@@ -132,6 +170,8 @@ class SlurmCluster:
         (d / "gres.conf").write_text("".join(gres_lines))
         if self.constrain_devices:
             (d / "cgroup.conf").write_text(CGROUP_CONF)
+        else:
+            (d / "cgroup.conf").unlink(missing_ok=True)
         self.conf.write_text(SLURM_CONF.format(
             host=self.host, dir=d, ctld_port=_free_port(), slurmd_port=_free_port(),
             cpus=self.cpus, gres=self.gres, partition=self.partition,
@@ -193,30 +233,40 @@ class SlurmCluster:
                 text += f"--- {name}\n" + path.read_text(errors="replace")[-3000:]
         return text
 
+    def daemon_pids(self) -> dict[str, int]:
+        """program -> pid of each of this cluster's daemons that is alive (by its pid file, and the
+        process at that pid is that program: a stale pid file names nobody)."""
+        alive = {}
+        for program, pid_file in DAEMONS:
+            try:
+                pid = int((self.dir / pid_file).read_text().strip())
+                command = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0]
+            except (OSError, ValueError):
+                continue
+            if os.path.basename(command.decode(errors="replace")) == program:
+                alive[program] = pid
+        return alive
+
     def stop(self) -> None:
         """Cancel the jobs left (so no slurmstepd outlives slurmd), then stop slurmd, slurmctld and
-        munged by the pids in their pid files."""
-        if (self.dir / "slurmctld.pid").exists():
+        munged by the pids in their pid files. Safe to call twice, and from another process that
+        knows only the directory."""
+        pids = self.daemon_pids()
+        if "slurmctld" in pids:
             try:
                 self.cancel_all()
                 deadline = time.monotonic() + 15
                 while self.jobs() and time.monotonic() < deadline:
                     time.sleep(0.3)
             except (OSError, subprocess.SubprocessError):
-                pass  # the controller is gone already: nothing to cancel through it
-        pids = []
-        for pid_file in (self.dir / "slurmd.pid", self.dir / "slurmctld.pid", self.dir / "munge" / "munged.pid"):
-            try:
-                pid = int(pid_file.read_text().strip())
-            except (OSError, ValueError):
-                continue
+                pass  # the controller does not answer: nothing to cancel through it
+        for pid in pids.values():
             try:
                 os.kill(pid, signal.SIGTERM)
-                pids.append(pid)
             except ProcessLookupError:
                 pass
         deadline = time.monotonic() + 15
-        for pid in pids:
+        for pid in pids.values():
             while time.monotonic() < deadline:
                 try:
                     os.kill(pid, 0)
@@ -228,7 +278,9 @@ class SlurmCluster:
                     os.kill(pid, signal.SIGKILL)
                 except ProcessLookupError:
                     pass
-        if self.constrain_devices:
+        for _, pid_file in DAEMONS:
+            (self.dir / pid_file).unlink(missing_ok=True)
+        if (self.dir / "cgroup.conf").exists():
             self._remove_empty_cgroups()
 
     def _remove_empty_cgroups(self) -> None:
@@ -240,3 +292,51 @@ class SlurmCluster:
                     folder.rmdir()
                 except OSError:
                     pass
+
+
+def watch(hub_pid: int, directory: Path, period: float = 0.5) -> None:
+    """Stop the cluster under ``directory`` once process ``hub_pid`` is gone (however it ended)."""
+    while True:
+        try:
+            os.kill(hub_pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(period)
+    SlurmCluster(directory).stop()
+
+
+def start_watcher(directory: Path) -> int:
+    """A process that stops the cluster under ``directory`` when this process ends; its pid."""
+    log = open(Path(directory) / "watcher.log", "ab")  # noqa: SIM115 (the child keeps it)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gpuspawner.slurm.devcluster", "watch", str(os.getpid()), str(directory)],
+        stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+        start_new_session=True,  # not stopped by the terminal's Ctrl-C before the hub has stopped
+    )
+    log.close()
+    return proc.pid
+
+
+def main(argv: list[str]) -> int:
+    usage = "usage: python -m gpuspawner.slurm.devcluster start DIR | stop DIR | watch PID DIR"
+    if argv[:1] == ["start"] and len(argv) == 2:
+        why = cannot_start()
+        if why:
+            print(why, file=sys.stderr)
+            return 1
+        cluster = SlurmCluster(Path(argv[1]), constrain_devices=devices_constrainable())
+        cluster.start()
+        print(f"export SLURM_CONF={cluster.conf}")
+        return 0
+    if argv[:1] == ["stop"] and len(argv) == 2:
+        SlurmCluster(Path(argv[1])).stop()
+        return 0
+    if argv[:1] == ["watch"] and len(argv) == 3:
+        watch(int(argv[1]), Path(argv[2]))
+        return 0
+    print(usage, file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
