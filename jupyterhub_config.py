@@ -6,7 +6,11 @@ the password in GPUSPAWNER_PASSWORD (default "gpu"); "admin" is an admin.
 Servers run in Docker containers (``gpu-docker``) when a Docker engine answers
 (DOCKER_HOST, or /var/run/docker.sock; ``scripts/hub`` builds the single-user
 image first), otherwise as local processes with CUDA_VISIBLE_DEVICES set to
-their GPUs. GPUSPAWNER_BACKEND=local or =docker forces one.
+their GPUs. GPUSPAWNER_BACKEND=local or =docker forces one. GPUSPAWNER_BACKEND=slurm
+makes every server a Slurm job (``gpu-slurm``): on the site's cluster when
+``sinfo`` answers (SLURM_CONF, or Slurm's default configuration), otherwise on
+a private one-node cluster with the simulated GPUs, started here and stopped
+when the hub exits.
 
 Start it with ``scripts/hub`` (which installs what is missing and builds the
 stand-in library), or ``jupyterhub -f jupyterhub_config.py`` once built.
@@ -18,7 +22,7 @@ from pathlib import Path
 
 from gpuspawner.hub.setup import configure
 from gpuspawner.hub.sqlite import sqlite_db_kwargs
-from gpuspawner.simulation import SIMULATION_ENV, real_or_simulated
+from gpuspawner.simulation import SIMULATION_ENV, place_on_device_files, real_or_simulated
 from gpuspawner.spawners.docker import reachable_engine
 
 c = get_config()  # noqa: F821 (provided by JupyterHub)
@@ -52,6 +56,8 @@ c.Authenticator.admin_users = {"admin"}
 c.Spawner.default_url = "/lab"
 c.GPUSpawnerMixin.simulated_gpus = simulated
 backend = os.environ.get("GPUSPAWNER_BACKEND", "auto")
+if backend not in ("auto", "local", "docker", "slurm"):
+    raise SystemExit(f"GPUSPAWNER_BACKEND={backend}: use auto, local, docker or slurm")
 engine = reachable_engine() if backend in ("auto", "docker") else None
 if backend == "docker" and engine is None:
     raise SystemExit("GPUSPAWNER_BACKEND=docker but no Docker engine answers (DOCKER_HOST or /var/run/docker.sock)")
@@ -83,6 +89,40 @@ if engine:
         }
         # Simulated GPUs do not exist for the engine's NVIDIA toolkit (if it has one at all).
         c.GPUDockerSpawner.use_device_requests = os.environ.get("GPUSPAWNER_DEVICE_REQUESTS") == "1"
+elif backend == "slurm":
+    # Servers: Slurm jobs, one node each, with --gres=gpu:TYPE:N; Slurm places and queues them.
+    from gpuspawner.slurm.devcluster import cluster_answers, start_for_this_process
+
+    private = None
+    if cluster_answers():  # the site's cluster (SLURM_CONF, or Slurm's default configuration)
+        print(f"[gpuspawner] Slurm: the cluster of {os.environ.get('SLURM_CONF', 'the default slurm.conf')}",
+              file=sys.stderr)
+    elif not simulated:
+        raise SystemExit("GPUSPAWNER_BACKEND=slurm: no Slurm cluster answers `sinfo` (set SLURM_CONF); "
+                         "the private cluster is only started for simulated GPUs")
+    else:
+        # a private one-node cluster (gpu:a100:2,gpu:t4:2 on device files of the simulated GPUs),
+        # stopped when the hub exits or dies; the servers load the stand-in NVML
+        private = start_for_this_process(state / "slurm")
+        place_on_device_files(state, private.device_nodes())
+        print(f"[gpuspawner] Slurm: started a private cluster, SLURM_CONF={private.conf}", file=sys.stderr)
+        if not private.constrain_devices:
+            print("[gpuspawner] Slurm: no cgroup v1 devices controller here: jobs are not confined "
+                  "to their GPUs (ConstrainDevices)", file=sys.stderr)
+    c.JupyterHub.spawner_class = "gpuspawner.spawners.slurm.GPUSlurmSpawner"  # (entry point gpu-slurm)
+    # jobs are submitted as the hub's user (this hub's users are not system accounts), and start in
+    # a folder per user under the state folder (on a site's cluster: one the nodes share)
+    c.GPUSlurmSpawner.exec_prefix = ""
+    c.GPUSlurmSpawner.home_dir_template = str(state / "users" / "{username}")
+    c.Spawner.pre_spawn_hook = lambda spawner: Path(spawner.req_homedir).mkdir(parents=True, exist_ok=True)
+    if os.geteuid() == 0:
+        c.Spawner.args = ["--allow-root"]
+    # the job runs batchspawner-singleuser and jupyterhub-singleuser from this environment
+    os.environ["PATH"] = f"{Path(sys.executable).parent}:{os.environ['PATH']}"
+    c.Spawner.cmd = [str(Path(sys.executable).parent / "jupyterhub-singleuser")]
+    c.Spawner.env_keep = ["PATH", "PYTHONPATH", "LANG", "SLURM_CONF",
+                          *(SIMULATION_ENV if private else ())]
+    c.Spawner.start_timeout = 300  # includes the wait in Slurm's queue
 else:
     # Servers: local processes in per-user folders, on exactly their GPUs (fenced by device
     # cgroups where this host allows it; the hub says at start when it cannot).
@@ -133,6 +173,8 @@ c.GPUSpawnerMixin.gpu_profiles = [
         "default_gpus": 1,
     },
 ]
+if backend == "slurm":  # no hub queue on Slurm: a GPU job that must wait waits in Slurm's queue
+    c.GPUSpawnerMixin.gpu_profiles = [p for p in c.GPUSpawnerMixin.gpu_profiles if not p.get("queue")]
 
 # Operating GPUs (README "Operating GPUs"): quotas, the queue's limit, the admin overview at
 # /hub/gpus and /hub/api/gpus (scope custom:gpus:read; admins have access), metrics at /hub/metrics,

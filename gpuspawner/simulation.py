@@ -111,3 +111,18 @@ def real_or_simulated(library_dir: Path, state_dir: Path, a100: int = 2, t4: int
         config_path.write_text(json.dumps(simulated_config(a100, t4), indent=2))
     activate(Path(library_dir), config_path)
     return True
+
+
+def place_on_device_files(state_dir: Path, nodes: list[Path]) -> None:
+    """Put the simulated GPUs on device files, in order (GPU N on ``nodes[N]``, minor number N).
+
+    The stand-in NVML then opens a GPU's file to give out its handle, as the real
+    one does, so a process whose device cgroup refuses the file (Slurm's
+    ConstrainDevices) cannot use that GPU, and counts only the others.
+    """
+    config_path = Path(state_dir) / "simulated-gpus.json"
+    config = json.loads(config_path.read_text())
+    for minor, (device, node) in enumerate(zip(config["devices"], nodes, strict=False)):
+        device["minor_number"] = minor
+        device["device_node"] = str(node)
+    config_path.write_text(json.dumps(config, indent=2))

@@ -16,6 +16,7 @@ hub dies without exiting (SIGKILL), so its daemons never outlive the hub.
 
 from __future__ import annotations
 
+import atexit
 import os
 import re
 import shutil
@@ -292,6 +293,27 @@ class SlurmCluster:
                     folder.rmdir()
                 except OSError:
                     pass
+
+
+def start_for_this_process(directory: Path) -> SlurmCluster:
+    """Start a private cluster under ``directory`` (a100:2,t4:2; ConstrainDevices where the host
+    allows it) for this process: its Slurm commands and children use it (``SLURM_CONF``), and it is
+    stopped when this process exits, or by a watcher when it dies without exiting."""
+    why = cannot_start()
+    if why:
+        raise RuntimeError(why)
+    cluster = SlurmCluster(directory, constrain_devices=devices_constrainable())
+    cluster.dir.mkdir(parents=True, exist_ok=True)
+    cluster.stop()  # one a previous process left running here (its watcher was stopped first)
+    start_watcher(cluster.dir)
+    atexit.register(cluster.stop)
+    try:
+        cluster.start()
+    except BaseException:
+        cluster.stop()
+        raise
+    os.environ["SLURM_CONF"] = str(cluster.conf)
+    return cluster
 
 
 def watch(hub_pid: int, directory: Path, period: float = 0.5) -> None:
