@@ -122,11 +122,6 @@ def test_hub_killed_while_submitting_leaves_no_shared_gpu_and_no_unowned_job(cra
     # every job left is its server's: the comment names the user whose server's state holds its id
     for job, j in now.items():
         assert f"user:{owned[job]} " in j["comment"] + " ", (job, j, owned)
-    # and the jobs submitted before the kill that no server owns were cancelled
-    assert not set(submitted) - set(owned) & set(now)
-    log = hub.log_path.read_text()
-    for job in set(submitted) - set(owned):
-        assert f"cancelling Slurm job {job} " in log or job not in now, log
 
     # the hub goes on placing: a new request gets a job, on GPUs no running job holds
     add_user(hub, "after")
