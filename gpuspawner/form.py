@@ -17,11 +17,14 @@ from .profiles import Profile, default_profile
 
 
 def _profile_context(
-    profile: Profile, models: list[ModelAvailability], chosen: Mapping[str, Any], unknown: bool = False
+    profile: Profile, models: list[ModelAvailability], chosen: Mapping[str, Any], unknown: bool = False,
+    waits: bool = False,
 ) -> dict:
     offered = [m for m in models if profile.allows_model(m.slug)]
-    largest = {"any": max((m.largest for m in offered), default=0)}
-    largest.update({m.slug: m.largest for m in offered})
+    # the most GPUs one request may ask for: free on one host now, or (waits) on one host ever
+    fits = (lambda m: m.most_on_one_host) if waits else (lambda m: m.largest)
+    largest = {"any": max((fits(m) for m in offered), default=0)}
+    largest.update({m.slug: fits(m) for m in offered})
     if unknown:  # nothing known: let every count through; the scheduler decides
         largest = {key: profile.max_gpus for key in largest}
     selected_model = chosen.get("gpu_model")
@@ -67,12 +70,15 @@ def form_context(
     *,
     availability: list[ModelAvailability] | None = None,
     unknown: str | None = None,
+    waits: bool = False,
 ) -> dict:
     """Everything form.html needs. ``previous`` pre-selects the user's last choice.
 
     Backends that do not place exact GPUs themselves (Kubernetes) pass
     ``availability`` (free/total per model, computed their way) instead of GPUs
     in ``reading``, and ``unknown`` (why) when availability could not be read.
+    ``waits``: a request that does not fit now waits in the backend's queue (Slurm),
+    so only counts no host could ever hold are disabled.
     """
     previous = previous or {}
     models = availability if availability is not None else model_availability(reading.gpus, held)
@@ -82,7 +88,8 @@ def form_context(
     selected = last if remembered else default_profile(profiles).slug
     return {
         "profiles": [
-            _profile_context(p, models, previous if remembered and p.slug == last else {}, unknown is not None)
+            _profile_context(p, models, previous if remembered and p.slug == last else {}, unknown is not None,
+                             waits)
             for p in profiles
         ],
         "selected_profile": selected,
@@ -90,4 +97,6 @@ def form_context(
         "problems": list(reading.problems),
         "no_gpus": not models and unknown is None if availability is not None else not reading.gpus,
         "availability_unknown": unknown,
+        # why a disabled GPU count is disabled, after its label
+        "disabled_note": "more than any node has" if waits else "not free now",
     }

@@ -185,8 +185,9 @@ class GPUSlurmSpawner(GPUSpawnerMixin, SlurmSpawner):
         availability = [] if reading.unknown else gpu_availability(reading.value, self.gres_types,
                                                                     self._form_partitions())
         unknown = f"Slurm does not answer: {reading.unknown}" if reading.unknown else None
+        # a request that does not fit now is submitted and waits in Slurm's queue
         return form_context(self.profiles, InventoryReading(), (), self.user_options or {},
-                            availability=availability, unknown=unknown)
+                            availability=availability, unknown=unknown, waits=True)
 
     # ------------------------------------------------------------ applying a choice
 
