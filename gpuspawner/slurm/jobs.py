@@ -18,7 +18,54 @@ from typing import Any
 
 from .sinfo import check_errors
 
-__all__ = ["SlurmJob", "job_comment", "parse_comment", "read_jobs", "reason_words", "wait_words"]
+__all__ = ["SlurmJob", "job_comment", "parse_comment", "read_jobs", "reason_words", "submit_refusal", "wait_words"]
+
+#: What sbatch says when Slurm refuses a job at submission (``sbatch: error: Batch job submission
+#: failed: ...``), in plain words; ``{partition}``, ``{time}``, ``{gres}``, ``{qos}``, ``{account}``,
+#: ``{cpus}``, ``{memory}`` and ``{constraint}`` are the job's (``-`` when not set).
+SUBMIT_REFUSALS: tuple[tuple[str, str], ...] = (
+    ("Invalid partition name", "Slurm has no partition {partition}. Ask an admin to fix the profile."),
+    ("Requested time limit is invalid", "The time limit {time} is longer than partition {partition} allows. "
+     "Ask an admin for a profile with a shorter time limit."),
+    ("violates accounting/QOS policy", "Your Slurm account or QOS limits (QOS {qos}, account {account}) "
+     "do not allow this job now: too many jobs, GPUs or too long a time limit. Stop another server, "
+     "ask for fewer GPUs, or ask an admin about your limits."),
+    ("Requested node configuration is not available", "No node of partition {partition} has what the job "
+     "asks for ({cpus} CPUs, {memory} memory, GPUs {gres}, features {constraint}). Pick another profile, "
+     "or ask an admin to fix this one."),
+    ("Invalid generic resource", "Slurm does not know the GPU resource {gres}. Ask an admin to check the "
+     "GPU types (slurm_gres_types)."),
+    ("Invalid feature specification", "No node of partition {partition} has the features {constraint}. "
+     "Ask an admin to fix the profile."),
+    ("Invalid qos specification", "Slurm does not know QOS {qos}, or your account may not use it. "
+     "Ask an admin to fix the profile or your account."),
+    ("Invalid account", "Slurm does not let you use account {account} in partition {partition}. "
+     "Ask an admin to add you to it or to fix the profile."),
+    ("Memory required by task is not available", "No node of partition {partition} has {memory} memory. "
+     "Pick another profile, or ask an admin to fix this one."),
+)
+
+
+def submit_refusal(said: str, job: Mapping[str, str]) -> str:
+    """The sentence a user reads when sbatch refused a job: what Slurm said, and what it means for them.
+
+    >>> print(submit_refusal("sbatch: error: Batch job submission failed: Invalid partition name specified",
+    ...                      {"partition": "x"}))
+    Slurm refused the job: Invalid partition name specified. Slurm has no partition x. Ask an admin to fix the profile.
+    """
+    lines = [line.strip() for line in said.strip().splitlines() if line.strip()]
+    last = lines[-1] if lines else "sbatch failed without saying why"
+    for line in reversed(lines):  # the line that says why; the others are warnings
+        if "submission failed" in line:
+            last = line
+            break
+    core = re.sub(r"^(sbatch: )?(error: )?(Batch job submission failed: )?", "", last).strip().rstrip(".")
+    fields = {key: "-" for key in ("partition", "time", "gres", "qos", "account", "cpus", "memory", "constraint")}
+    fields.update({k: v for k, v in job.items() if v})
+    for pattern, words in SUBMIT_REFUSALS:
+        if pattern.lower() in core.lower():
+            return f"Slurm refused the job: {core}. {words.format(**fields)}"
+    return f"Slurm refused the job: {core}. Ask an admin what it means for this profile."
 
 #: Slurm's pending reasons (``squeue -o %r``) in plain words; any other reads "Slurm's reason: X".
 REASONS: dict[str, str] = {
