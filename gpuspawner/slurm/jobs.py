@@ -21,8 +21,9 @@ from .sinfo import check_errors
 __all__ = ["SlurmJob", "job_comment", "parse_comment", "read_jobs", "reason_words", "submit_refusal", "wait_words"]
 
 #: What sbatch says when Slurm refuses a job at submission (``sbatch: error: Batch job submission
-#: failed: ...``), in plain words; ``{partition}``, ``{time}``, ``{gres}``, ``{qos}``, ``{account}``,
-#: ``{cpus}``, ``{memory}`` and ``{constraint}`` are the job's (``-`` when not set).
+#: failed: ...``), in plain words; ``{partition}``, ``{time}``, ``{gres}``, ``{qos}``, ``{account}``
+#: and ``{constraint}`` are the job's (``-`` when not set; the partition: Slurm's default), ``{asks}``
+#: what it asks of one node (CPUs, memory, GPUs, features).
 SUBMIT_REFUSALS: tuple[tuple[str, str], ...] = (
     ("Invalid partition name", "Slurm has no partition {partition}. Ask an admin to fix the profile."),
     ("Requested time limit is invalid", "The time limit {time} is longer than partition {partition} allows. "
@@ -31,8 +32,7 @@ SUBMIT_REFUSALS: tuple[tuple[str, str], ...] = (
      "do not allow this job now: too many jobs, GPUs or too long a time limit. Stop another server, "
      "ask for fewer GPUs, or ask an admin about your limits."),
     ("Requested node configuration is not available", "No node of partition {partition} has what the job "
-     "asks for ({cpus} CPUs, {memory} memory, GPUs {gres}, features {constraint}). Pick another profile, "
-     "or ask an admin to fix this one."),
+     "asks for ({asks}). Pick another profile, or ask an admin to fix this one."),
     ("Invalid generic resource", "Slurm does not know the GPU resource {gres}. Ask an admin to check the "
      "GPU types (slurm_gres_types)."),
     ("Invalid feature specification", "No node of partition {partition} has the features {constraint}. "
@@ -60,8 +60,11 @@ def submit_refusal(said: str, job: Mapping[str, str]) -> str:
             last = line
             break
     core = re.sub(r"^(sbatch: )?(error: )?(Batch job submission failed: )?", "", last).strip().rstrip(".")
-    fields = {key: "-" for key in ("partition", "time", "gres", "qos", "account", "cpus", "memory", "constraint")}
+    fields = {key: "-" for key in ("time", "gres", "qos", "account", "constraint")}
+    fields["partition"] = "(Slurm's default)"
     fields.update({k: v for k, v in job.items() if v})
+    asks = (("cpus", "{} CPUs"), ("memory", "{} memory"), ("gres", "GPUs {}"), ("constraint", "features {}"))
+    fields["asks"] = ", ".join(words.format(job[key]) for key, words in asks if job.get(key)) or "nothing special"
     for pattern, words in SUBMIT_REFUSALS:
         if pattern.lower() in core.lower():
             return f"Slurm refused the job: {core}. {words.format(**fields)}"
@@ -79,6 +82,8 @@ REASONS: dict[str, str] = {
     "PartitionDown": "its partition is down",
     "PartitionInactive": "its partition is inactive",
     "PartitionNodeLimit": "it asks for more nodes than its partition allows",
+    "PartitionConfig": "it asks for more than its partition's nodes have (CPUs, memory or nodes), so it "
+                       "cannot start until an admin changes the partition: stop it and pick another profile",
     "PartitionTimeLimit": "its time limit is longer than its partition allows",
     "ReqNodeNotAvail": "the nodes it could run on are down, drained or reserved",
     "NodeDown": "a node it needs is down",

@@ -238,9 +238,10 @@ def choose_type(
         raise NeverFits(f"No node {where} has {count} {what} GPUs; the most on one node: {sizes}. "
                         "Ask for fewer GPUs.", "exceeds_host_size")
     if cuda is not None:
+        known = [newest[t] for _, t in fitting if t in newest]
         fitting = [(rank, t) for rank, t in fitting if usable.get(t, 0) >= count]
         if not fitting:
-            ceiling = cuda_version_text(max(newest.values())) if newest else "unknown"
+            ceiling = cuda_version_text(max(known)) if known else "unknown"
             what = " or ".join(models) + " " if models else ""
             raise NeverFits(
                 f"{cuda.subject} needs CUDA {cuda_version_text(cuda.version)} but the drivers of the nodes {where} "

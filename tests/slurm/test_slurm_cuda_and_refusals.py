@@ -60,6 +60,9 @@ def test_an_environment_needing_a_newer_cuda_than_every_fitting_node_is_refused(
     assert e.value.code == "cuda_too_old"
     with pytest.raises(NeverFits, match="with 2 GPUs support CUDA 12.4 at most"):
         choose_type(nodes, GresTypes(), (), 2, (), TORCH, drivers)
+    # the newest driver said is that of the nodes with the GPUs asked for, not the cluster's newest
+    with pytest.raises(NeverFits, match="with 1 t4 GPUs support CUDA 12.2 at most"):
+        choose_type(nodes, GresTypes(), ("t4",), 1, (), TORCH, drivers)
 
 
 def test_any_model_goes_to_a_type_whose_driver_is_new_enough():
@@ -94,7 +97,7 @@ JOB = {"partition": "gpu", "time": "8:00:00", "gres": "gpu:a100:2", "qos": "norm
      "Ask an admin to fix the profile."),
     ("sbatch: error: Batch job submission failed: Requested node configuration is not available",
      "Slurm refused the job: Requested node configuration is not available. No node of partition gpu has what "
-     "the job asks for (64 CPUs, 8G memory, GPUs gpu:a100:2, features -). Pick another profile, or ask an admin "
+     "the job asks for (64 CPUs, 8G memory, GPUs gpu:a100:2). Pick another profile, or ask an admin "
      "to fix this one."),
     ("sbatch: warning: something\nsbatch: error: QOSMaxSubmitJobPerUserLimit\n"
      "sbatch: error: Batch job submission failed: Job violates accounting/QOS policy (job submit limit, user's "
@@ -112,3 +115,11 @@ JOB = {"partition": "gpu", "time": "8:00:00", "gres": "gpu:a100:2", "qos": "norm
 ])
 def test_sbatch_refusals_in_plain_words(said, sentence):
     assert submit_refusal(said, JOB) == sentence
+
+
+def test_a_job_without_a_partition_names_slurms_default():
+    said = "sbatch: error: Batch job submission failed: Requested node configuration is not available"
+    assert submit_refusal(said, {"memory": "100G", "gres": "gpu:2"}) == (
+        "Slurm refused the job: Requested node configuration is not available. No node of partition (Slurm's "
+        "default) has what the job asks for (100G memory, GPUs gpu:2). Pick another profile, or ask an admin to "
+        "fix this one.")
