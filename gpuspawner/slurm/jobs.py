@@ -46,20 +46,32 @@ SUBMIT_REFUSALS: tuple[tuple[str, str], ...] = (
 )
 
 
-def submit_refusal(said: str, job: Mapping[str, str]) -> str:
-    """The sentence a user reads when sbatch refused a job: what Slurm said, and what it means for them.
+#: what sbatch says when it did not reach slurmctld, or slurmctld did not answer in time
+_UNREACHABLE = ("unable to contact slurm controller", "socket timed out", "zero bytes were transmitted",
+                "temporarily unable", "communication connection failure")
 
-    >>> print(submit_refusal("sbatch: error: Batch job submission failed: Invalid partition name specified",
-    ...                      {"partition": "x"}))
-    Slurm refused the job: Invalid partition name specified. Slurm has no partition x. Ask an admin to fix the profile.
+
+def submit_refusal(said: str, job: Mapping[str, str]) -> tuple[int, str]:
+    """The HTTP status and sentence a user gets when sbatch failed: what Slurm said and what it means.
+
+    Slurm refusing the job (``Batch job submission failed: ...``) is 409; sbatch not reaching
+    Slurm (``... failed: Unable to contact slurm controller (connect failure)``, a timeout) is 503,
+    to try again later.
+
+    >>> status, words = submit_refusal(
+    ...     "sbatch: error: Batch job submission failed: Invalid partition name specified", {"partition": "x"})
+    >>> status
+    409
+    >>> words  # doctest: +ELLIPSIS
+    'Slurm refused the job: Invalid partition name specified. Slurm has no partition x. Ask an admin to ...'
     """
     lines = [line.strip() for line in said.strip().splitlines() if line.strip()]
-    last = lines[-1] if lines else "sbatch failed without saying why"
-    for line in reversed(lines):  # the line that says why; the others are warnings
-        if "submission failed" in line:
-            last = line
-            break
+    refused = next((line for line in reversed(lines) if "submission failed" in line), None)
+    last = refused or (lines[-1] if lines else "sbatch failed without saying why")
     core = re.sub(r"^(sbatch: )?(error: )?(Batch job submission failed: )?", "", last).strip().rstrip(".")
+    if any(words in last.lower() for words in _UNREACHABLE):
+        return 503, (f"Slurm did not take the job: {core}. Try again in a while; if this goes on, ask an admin "
+                     "whether Slurm's controller is up.")
     fields = {key: "-" for key in ("time", "gres", "qos", "account", "constraint")}
     fields["partition"] = "(Slurm's default)"
     fields.update({k: v for k, v in job.items() if v})
@@ -67,8 +79,8 @@ def submit_refusal(said: str, job: Mapping[str, str]) -> str:
     fields["asks"] = ", ".join(words.format(job[key]) for key, words in asks if job.get(key)) or "nothing special"
     for pattern, words in SUBMIT_REFUSALS:
         if pattern.lower() in core.lower():
-            return f"Slurm refused the job: {core}. {words.format(**fields)}"
-    return f"Slurm refused the job: {core}. Ask an admin what it means for this profile."
+            return 409, f"Slurm refused the job: {core}. {words.format(**fields)}"
+    return 409, f"Slurm refused the job: {core}. Ask an admin what it means for this profile."
 
 #: Slurm's pending reasons (``squeue -o %r``) in plain words; any other reads "Slurm's reason: X".
 REASONS: dict[str, str] = {

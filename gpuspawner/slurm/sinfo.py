@@ -23,10 +23,10 @@ from typing import Any
 from ..availability import ModelAvailability, Tally
 from ..compat import cuda_version_text
 from ..gpu import model_rank, model_slug
-from .cuda import CudaNeed, DriverCuda
+from .cuda import CudaNeed, DriverCuda, feature_cuda
 
-__all__ = ["GresTypes", "NeverFits", "SlurmNode", "check_errors", "choose_type", "gpu_availability", "parse_gres",
-           "read_nodes"]
+__all__ = ["GresTypes", "NeverFits", "SlurmNode", "check_errors", "choose_type", "cuda_constraint", "gpu_availability",
+           "parse_gres", "read_nodes"]
 
 #: GRES of no type (``gpu:4``); such GPUs answer only requests for any model.
 UNTYPED = ""
@@ -249,3 +249,30 @@ def choose_type(
                 f"CUDA {ceiling} or older, or ask an admin to update the driver.", "cuda_too_old")
     fitting.sort(key=lambda rt: (free.get(rt[1], 0) < count, rt[0], -free.get(rt[1], 0), rt[1]))
     return fitting[0][1]
+
+
+def cuda_constraint(
+    nodes: Iterable[SlurmNode], types: GresTypes, gres_type: str, count: int, partitions: Iterable[str],
+    cuda: CudaNeed, drivers: DriverCuda,
+) -> str:
+    """The ``--constraint`` that keeps a job of ``count`` GPUs of ``gres_type`` off nodes whose driver is
+    too old for ``cuda``: the CUDA features of the nodes new enough (``"cuda12.4|cuda12.6"``), or ``""``
+    when no node it could run on is too old, or when some such node declares no CUDA feature (a
+    constraint would keep the job off it too)."""
+    partitions = tuple(partitions)
+    wanted: set[str] = set()
+    too_old = False
+    for node in nodes:
+        if not _in(node, partitions) or node.gpus.get(gres_type, 0) < count:
+            continue
+        declared = [f for f in node.features if feature_cuda((f,))]
+        if not declared:
+            have = drivers.version((), types.slug(gres_type))
+            if have is not None and have < cuda.version:
+                continue  # the map says too old; whether a constraint can exclude it depends on the others
+            return ""
+        if feature_cuda(tuple(declared)) < cuda.version:
+            too_old = True
+        else:
+            wanted.update(f for f in declared if feature_cuda((f,)) >= cuda.version)
+    return "|".join(sorted(wanted)) if too_old and wanted else ""

@@ -40,7 +40,7 @@ from ..profiles import Choice, load_profiles
 from ..slurm.commands import SlurmReader, run_slurm
 from ..slurm.cuda import CudaNeed, DriverCuda
 from ..slurm.jobs import job_comment, parse_comment, submit_refusal, wait_words
-from ..slurm.sinfo import UNTYPED, GresTypes, NeverFits, choose_type, gpu_availability, parse_gres
+from ..slurm.sinfo import UNTYPED, GresTypes, NeverFits, choose_type, cuda_constraint, gpu_availability, parse_gres
 from .base import GPUSpawnerMixin, user_error
 
 _GRES_TYPE = re.compile(r"[A-Za-z0-9_.-]{1,64}")
@@ -277,12 +277,16 @@ class GPUSlurmSpawner(GPUSpawnerMixin, SlurmSpawner):
         refusal = None
         types = self.gres_types
         if reading.unknown is None:
+            need, drivers = self.cuda_need(choice), DriverCuda(dict(self.slurm_driver_cuda))
             try:
-                gres_type = choose_type(reading.value, types, choice.models, choice.gpus, partitions,
-                                        self.cuda_need(choice), DriverCuda(dict(self.slurm_driver_cuda)))
+                gres_type = choose_type(reading.value, types, choice.models, choice.gpus, partitions, need, drivers)
             except NeverFits as e:
                 refusal = PlacementError(str(e), code=e.code, requested=choice.gpus, models=choice.models)
                 gres_type = UNTYPED
+            else:
+                if need is not None:
+                    self._constrain(cuda_constraint(reading.value, types, gres_type, choice.gpus, partitions,
+                                                    need, drivers))
         else:
             gres_type = types.gres_type(choice.models[0]) if choice.models else UNTYPED
             self.gpu_event(f"GPU availability unknown (Slurm does not answer: {reading.unknown}); "
@@ -299,10 +303,22 @@ class GPUSlurmSpawner(GPUSpawnerMixin, SlurmSpawner):
                        f"(--gres={self.req_gres}){where}", 30)
         return ()
 
+    def _constrain(self, features: str) -> None:
+        """Add ``features`` (``"cuda12.4|cuda12.6"``) to the job's ``--constraint``, with the profile's own."""
+        if not features:
+            return
+        found = re.search(r"--constraint=(\S+)", self.req_options or "")
+        if found is None:
+            self.req_options = f"{self.req_options} --constraint={features}".strip()
+        elif "[" not in found.group(1):  # Slurm's brackets do not group: leave the profile's as it is
+            combined = f"--constraint=({features})&({found.group(1)})"
+            self.req_options = self.req_options.replace(found.group(0), combined)
+
     # ------------------------------------------------------------ the job
 
     async def submit_batch_script(self):
-        """batchspawner's submission; when sbatch refuses the job, HTTP 409 saying what Slurm said.
+        """batchspawner's submission; when sbatch fails, HTTP 409 (Slurm refused the job) or 503 (sbatch
+        could not reach Slurm) saying what Slurm said.
 
         Nothing stays held: the failed start releases this server's count of GPUs.
         """
@@ -310,14 +326,14 @@ class GPUSlurmSpawner(GPUSpawnerMixin, SlurmSpawner):
             job_id = await super().submit_batch_script()
         except RuntimeError as e:  # batchspawner's run_command: sbatch's stderr
             constraint = re.search(r"--constraint=(\S+)", self.req_options or "")
-            message = submit_refusal(str(e), {
+            status, message = submit_refusal(str(e), {
                 "partition": self.req_partition, "time": self.req_runtime, "gres": self.req_gres,
                 "qos": self.req_qos, "account": self.req_account, "cpus": self.req_nprocs,
                 "memory": self.req_memory, "constraint": constraint.group(1) if constraint else "",
             })
-            self.log.warning("%s: sbatch refused the job: %s", self._log_name, str(e).strip())
-            self.gpu_event(f"Refused: {message}", 100)
-            raise user_error(409, message) from e
+            self.log.warning("%s: sbatch failed: %s", self._log_name, str(e).strip())
+            self.gpu_event(f"Refused: {message}" if status == 409 else f"Failed: {message}", 100)
+            raise user_error(status, message) from e
         if job_id:
             self._submitted_job = job_id
             self.gpu_event(f"Submitted Slurm job {job_id}", 35)

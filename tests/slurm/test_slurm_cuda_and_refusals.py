@@ -10,7 +10,7 @@ from traitlets import TraitError
 
 from gpuspawner.slurm.cuda import CudaNeed, DriverCuda, feature_cuda
 from gpuspawner.slurm.jobs import submit_refusal
-from gpuspawner.slurm.sinfo import GresTypes, NeverFits, choose_type, read_nodes
+from gpuspawner.slurm.sinfo import GresTypes, NeverFits, SlurmNode, choose_type, cuda_constraint, read_nodes
 from gpuspawner.spawners.slurm import GPUSlurmSpawner
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -80,6 +80,33 @@ def test_an_unknown_driver_never_refuses():
                        DriverCuda({"a100": "11.0"})) == "a100"
 
 
+def gpu_node(name: str, *features: str) -> SlurmNode:
+    return SlurmNode(name, ("gpu",), "idle", gpus={"a100": 2}, features=("ib", *features))
+
+
+def test_nodes_of_one_type_with_older_drivers_are_kept_off_by_their_cuda_features():
+    cu124 = CudaNeed((12, 4), "Profile 'x'", "a profile")
+    nodes = [gpu_node("n1", "cuda12.2"), gpu_node("n2", "cuda12.4"), gpu_node("n3", "cuda_12.6")]
+    assert cuda_constraint(nodes, GresTypes(), "a100", 1, ["gpu"], cu124, DriverCuda()) == "cuda12.4|cuda_12.6"
+    # every node new enough: no constraint
+    assert cuda_constraint(nodes[1:], GresTypes(), "a100", 1, ["gpu"], cu124, DriverCuda()) == ""
+    # a node with no CUDA feature and no known driver: a constraint would keep the job off it too
+    unknown = [*nodes, gpu_node("n4")]
+    assert cuda_constraint(unknown, GresTypes(), "a100", 1, ["gpu"], cu124, DriverCuda()) == ""
+    # ... unless the map says its driver is too old
+    assert cuda_constraint(unknown, GresTypes(), "a100", 1, ["gpu"], cu124,
+                           DriverCuda({"a100": "12.0"})) == "cuda12.4|cuda_12.6"
+
+
+def test_the_cuda_constraint_joins_the_profiles_own():
+    spawner = GPUSlurmSpawner(req_options="--exclusive")
+    spawner._constrain("cuda12.4|cuda12.6")
+    assert spawner.req_options == "--exclusive --constraint=cuda12.4|cuda12.6"
+    spawner = GPUSlurmSpawner(req_options="--constraint=ib|opa")
+    spawner._constrain("cuda12.4")
+    assert spawner.req_options == "--constraint=(cuda12.4)&(ib|opa)"
+
+
 def test_cuda_maps_are_checked_when_configured():
     with pytest.raises(TraitError, match=r"slurm_driver_cuda\['a100'\]: 'new' is not a CUDA requirement"):
         GPUSlurmSpawner(slurm_driver_cuda={"a100": "new"})
@@ -114,12 +141,19 @@ JOB = {"partition": "gpu", "time": "8:00:00", "gres": "gpu:a100:2", "qos": "norm
     ("", "Slurm refused the job: sbatch failed without saying why. Ask an admin what it means for this profile."),
 ])
 def test_sbatch_refusals_in_plain_words(said, sentence):
-    assert submit_refusal(said, JOB) == sentence
+    assert submit_refusal(said, JOB) == (409, sentence)
+
+
+def test_sbatch_not_reaching_slurm_is_not_a_refusal():
+    said = "sbatch: error: Batch job submission failed: Unable to contact slurm controller (connect failure)"
+    assert submit_refusal(said, JOB) == (503, "Slurm did not take the job: Unable to contact slurm controller "
+                                              "(connect failure). Try again in a while; if this goes on, ask an "
+                                              "admin whether Slurm's controller is up.")
 
 
 def test_a_job_without_a_partition_names_slurms_default():
     said = "sbatch: error: Batch job submission failed: Requested node configuration is not available"
-    assert submit_refusal(said, {"memory": "100G", "gres": "gpu:2"}) == (
+    assert submit_refusal(said, {"memory": "100G", "gres": "gpu:2"})[1] == (
         "Slurm refused the job: Requested node configuration is not available. No node of partition (Slurm's "
         "default) has what the job asks for (100G memory, GPUs gpu:2). Pick another profile, or ask an admin to "
         "fix this one.")
