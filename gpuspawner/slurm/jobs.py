@@ -18,7 +18,69 @@ from typing import Any
 
 from .sinfo import check_errors
 
-__all__ = ["SlurmJob", "job_comment", "parse_comment", "read_jobs", "reason_words", "wait_words"]
+__all__ = ["SlurmJob", "job_comment", "parse_comment", "read_jobs", "reason_words", "submit_refusal", "wait_words"]
+
+#: What sbatch says when Slurm refuses a job at submission (``sbatch: error: Batch job submission
+#: failed: ...``), in plain words; ``{partition}``, ``{time}``, ``{gres}``, ``{qos}``, ``{account}``
+#: and ``{constraint}`` are the job's (``-`` when not set; the partition: Slurm's default), ``{asks}``
+#: what it asks of one node (CPUs, memory, GPUs, features).
+SUBMIT_REFUSALS: tuple[tuple[str, str], ...] = (
+    ("Invalid partition name", "Slurm has no partition {partition}. Ask an admin to fix the profile."),
+    ("Requested time limit is invalid", "The time limit {time} is longer than partition {partition} allows. "
+     "Ask an admin for a profile with a shorter time limit."),
+    ("violates accounting/QOS policy", "Your Slurm account or QOS limits (QOS {qos}, account {account}) "
+     "do not allow this job now: too many jobs, GPUs or too long a time limit. Stop another server, "
+     "ask for fewer GPUs, or ask an admin about your limits."),
+    ("Requested node configuration is not available", "No node of partition {partition} has what the job "
+     "asks for ({asks}). Pick another profile, or ask an admin to fix this one."),
+    ("Invalid generic resource", "Slurm does not know the GPU resource {gres}. Ask an admin to check the "
+     "GPU types (slurm_gres_types)."),
+    ("Invalid feature specification", "No node of partition {partition} has the features {constraint}. "
+     "Ask an admin to fix the profile."),
+    ("Invalid qos specification", "Slurm does not know QOS {qos}, or your account may not use it. "
+     "Ask an admin to fix the profile or your account."),
+    ("Invalid account", "Slurm does not let you use account {account} in partition {partition}. "
+     "Ask an admin to add you to it or to fix the profile."),
+    ("Memory required by task is not available", "No node of partition {partition} has {memory} memory. "
+     "Pick another profile, or ask an admin to fix this one."),
+)
+
+
+#: what sbatch says when it did not reach slurmctld, or slurmctld did not answer in time
+_UNREACHABLE = ("unable to contact slurm controller", "socket timed out", "zero bytes were transmitted",
+                "temporarily unable", "communication connection failure")
+
+
+def submit_refusal(said: str, job: Mapping[str, str]) -> tuple[int, str]:
+    """The HTTP status and sentence a user gets when sbatch failed: what Slurm said and what it means.
+
+    Slurm refusing the job (``Batch job submission failed: ...``) is 409; sbatch not reaching
+    Slurm (``... failed: Unable to contact slurm controller (connect failure)``, a timeout) is 503,
+    to try again later.
+
+    >>> status, words = submit_refusal(
+    ...     "sbatch: error: Batch job submission failed: Invalid partition name specified", {"partition": "x"})
+    >>> status
+    409
+    >>> words  # doctest: +ELLIPSIS
+    'Slurm refused the job: Invalid partition name specified. Slurm has no partition x. Ask an admin to ...'
+    """
+    lines = [line.strip() for line in said.strip().splitlines() if line.strip()]
+    refused = next((line for line in reversed(lines) if "submission failed" in line), None)
+    last = refused or (lines[-1] if lines else "sbatch failed without saying why")
+    core = re.sub(r"^(sbatch: )?(error: )?(Batch job submission failed: )?", "", last).strip().rstrip(".")
+    if any(words in last.lower() for words in _UNREACHABLE):
+        return 503, (f"Slurm did not take the job: {core}. Try again in a while; if this goes on, ask an admin "
+                     "whether Slurm's controller is up.")
+    fields = {key: "-" for key in ("time", "gres", "qos", "account", "constraint")}
+    fields["partition"] = "(Slurm's default)"
+    fields.update({k: v for k, v in job.items() if v})
+    asks = (("cpus", "{} CPUs"), ("memory", "{} memory"), ("gres", "GPUs {}"), ("constraint", "features {}"))
+    fields["asks"] = ", ".join(words.format(job[key]) for key, words in asks if job.get(key)) or "nothing special"
+    for pattern, words in SUBMIT_REFUSALS:
+        if pattern.lower() in core.lower():
+            return 409, f"Slurm refused the job: {core}. {words.format(**fields)}"
+    return 409, f"Slurm refused the job: {core}. Ask an admin what it means for this profile."
 
 #: Slurm's pending reasons (``squeue -o %r``) in plain words; any other reads "Slurm's reason: X".
 REASONS: dict[str, str] = {
@@ -32,6 +94,8 @@ REASONS: dict[str, str] = {
     "PartitionDown": "its partition is down",
     "PartitionInactive": "its partition is inactive",
     "PartitionNodeLimit": "it asks for more nodes than its partition allows",
+    "PartitionConfig": "it asks for more than its partition's nodes have (CPUs, memory or nodes), so it "
+                       "cannot start until an admin changes the partition: stop it and pick another profile",
     "PartitionTimeLimit": "its time limit is longer than its partition allows",
     "ReqNodeNotAvail": "the nodes it could run on are down, drained or reserved",
     "NodeDown": "a node it needs is down",

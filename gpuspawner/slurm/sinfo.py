@@ -21,10 +21,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..availability import ModelAvailability, Tally
+from ..compat import cuda_version_text
 from ..gpu import model_rank, model_slug
+from .cuda import CudaNeed, DriverCuda, feature_cuda
 
-__all__ = ["GresTypes", "NeverFits", "SlurmNode", "check_errors", "choose_type", "gpu_availability", "parse_gres",
-           "read_nodes"]
+__all__ = ["GresTypes", "NeverFits", "SlurmNode", "check_errors", "choose_type", "cuda_constraint", "gpu_availability",
+           "parse_gres", "read_nodes"]
 
 #: GRES of no type (``gpu:4``); such GPUs answer only requests for any model.
 UNTYPED = ""
@@ -69,6 +71,7 @@ class SlurmNode:
     gpus: Mapping[str, int] = field(default_factory=dict)
     used: Mapping[str, int] = field(default_factory=dict)
     reason: str = ""
+    features: tuple[str, ...] = ()  # active features (``Feature=`` in slurm.conf): ``cuda12.4`` names its driver
 
     @property
     def in_service(self) -> bool:
@@ -115,8 +118,22 @@ def read_nodes(sinfo: str | bytes | Mapping[str, Any]) -> tuple[SlurmNode, ...]:
             gpus=parse_gres(raw.get("gres")),
             used=parse_gres(raw.get("gres_used")),
             reason=str(raw.get("reason") or ""),
+            features=_features(raw),
         )
     return tuple(nodes[n] for n in sorted(nodes))
+
+
+def _features(raw: Mapping[str, Any]) -> tuple[str, ...]:
+    """A node's active features: ``"active_features": "a,b"`` (22.05) or ``"features": {"active": "a,b"}`` (23.02+)."""
+    text = raw.get("active_features")
+    features = raw.get("features")
+    if isinstance(features, Mapping):
+        text = features.get("active") or features.get("total")
+    elif not text:
+        text = features
+    if isinstance(text, list):
+        return tuple(str(f) for f in text if f)
+    return tuple(f for f in str(text or "").split(",") if f)
 
 
 @dataclass(frozen=True)
@@ -175,7 +192,7 @@ def _where(partitions: tuple[str, ...]) -> str:
 
 def choose_type(
     nodes: Iterable[SlurmNode], types: GresTypes, models: tuple[str, ...], count: int,
-    partitions: Iterable[str] = (),
+    partitions: Iterable[str] = (), cuda: CudaNeed | None = None, drivers: DriverCuda | None = None,
 ) -> str:
     """The GRES type to ask Slurm for: ``count`` GPUs of one of ``models`` (patterns; ``()``: any) on one node.
 
@@ -183,16 +200,28 @@ def choose_type(
     free on one node now wins, so Slurm can start it at once; then the model listed
     first, the most free on one node, the type name. Untyped GRES is
     :data:`UNTYPED` (``gres=gpu:N``). Nodes out of service still count for "could ever fit".
-    Raises :class:`NeverFits` naming the GPU types and the most of each on one node.
+    With ``cuda``, only nodes whose driver supports that CUDA version (or is not
+    known, see :class:`~gpuspawner.slurm.cuda.DriverCuda`) count for fitting.
+    Raises :class:`NeverFits` naming the GPU types and the most of each on one node,
+    or the newest CUDA version of the fitting nodes' drivers.
     """
     partitions = tuple(partitions)
-    most: dict[str, int] = {}
+    drivers = drivers or DriverCuda()
+    most: dict[str, int] = {}  # the most GPUs of each type on one node
+    usable: dict[str, int] = {}  # ... on one node whose driver is new enough (or not known)
+    newest: dict[str, tuple[int, int]] = {}  # the newest known driver's CUDA of each type's nodes
     free: dict[str, int] = {}
     for node in nodes:
         if not _in(node, partitions):
             continue
         for gres_type, n in node.gpus.items():
             most[gres_type] = max(most.get(gres_type, 0), n)
+            have = drivers.version(node.features, types.slug(gres_type)) if cuda else None
+            if have is not None and n >= count:
+                newest[gres_type] = max(newest.get(gres_type, have), have)
+            if have is not None and have < cuda.version:
+                continue
+            usable[gres_type] = max(usable.get(gres_type, 0), n)
             free[gres_type] = max(free.get(gres_type, 0), node.free(gres_type))
     sizes = ", ".join(f"{types.slug(t)} (up to {n} per node)" for t, n in sorted(most.items()) if n)
     where = _where(partitions)
@@ -208,5 +237,42 @@ def choose_type(
         what = " or ".join(models) if models else "GPUs of one type"
         raise NeverFits(f"No node {where} has {count} {what} GPUs; the most on one node: {sizes}. "
                         "Ask for fewer GPUs.", "exceeds_host_size")
-    fitting.sort(key=lambda rt: (free[rt[1]] < count, rt[0], -free[rt[1]], rt[1]))
+    if cuda is not None:
+        known = [newest[t] for _, t in fitting if t in newest]
+        fitting = [(rank, t) for rank, t in fitting if usable.get(t, 0) >= count]
+        if not fitting:
+            ceiling = cuda_version_text(max(known)) if known else "unknown"
+            what = " or ".join(models) + " " if models else ""
+            raise NeverFits(
+                f"{cuda.subject} needs CUDA {cuda_version_text(cuda.version)} but the drivers of the nodes {where} "
+                f"with {count} {what}GPUs support CUDA {ceiling} at most. Pick {cuda.instead} built for "
+                f"CUDA {ceiling} or older, or ask an admin to update the driver.", "cuda_too_old")
+    fitting.sort(key=lambda rt: (free.get(rt[1], 0) < count, rt[0], -free.get(rt[1], 0), rt[1]))
     return fitting[0][1]
+
+
+def cuda_constraint(
+    nodes: Iterable[SlurmNode], types: GresTypes, gres_type: str, count: int, partitions: Iterable[str],
+    cuda: CudaNeed, drivers: DriverCuda,
+) -> str:
+    """The ``--constraint`` that keeps a job of ``count`` GPUs of ``gres_type`` off nodes whose driver is
+    too old for ``cuda``: the CUDA features of the nodes new enough (``"cuda12.4|cuda12.6"``), or ``""``
+    when no node it could run on is too old, or when some such node declares no CUDA feature (a
+    constraint would keep the job off it too)."""
+    partitions = tuple(partitions)
+    wanted: set[str] = set()
+    too_old = False
+    for node in nodes:
+        if not _in(node, partitions) or node.gpus.get(gres_type, 0) < count:
+            continue
+        declared = [f for f in node.features if feature_cuda((f,))]
+        if not declared:
+            have = drivers.version((), types.slug(gres_type))
+            if have is not None and have < cuda.version:
+                continue  # the map says too old; whether a constraint can exclude it depends on the others
+            return ""
+        if feature_cuda(tuple(declared)) < cuda.version:
+            too_old = True
+        else:
+            wanted.update(f for f in declared if feature_cuda((f,)) >= cuda.version)
+    return "|".join(sorted(wanted)) if too_old and wanted else ""

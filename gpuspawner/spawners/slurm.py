@@ -30,6 +30,7 @@ import time
 from batchspawner import JobStatus, SlurmSpawner
 from traitlets import Bool, Dict, TraitError, Unicode, default, validate
 
+from ..compat import min_cuda
 from ..form import form_context
 from ..gpu import GPU
 from ..inventory import InventoryReading
@@ -37,8 +38,9 @@ from ..ledger import cluster_tokens
 from ..placement import GPURequest, PlacementError
 from ..profiles import Choice, load_profiles
 from ..slurm.commands import SlurmReader, run_slurm
-from ..slurm.jobs import job_comment, parse_comment, wait_words
-from ..slurm.sinfo import UNTYPED, GresTypes, NeverFits, choose_type, gpu_availability, parse_gres
+from ..slurm.cuda import CudaNeed, DriverCuda
+from ..slurm.jobs import job_comment, parse_comment, submit_refusal, wait_words
+from ..slurm.sinfo import UNTYPED, GresTypes, NeverFits, choose_type, cuda_constraint, gpu_availability, parse_gres
 from .base import GPUSpawnerMixin, user_error
 
 _GRES_TYPE = re.compile(r"[A-Za-z0-9_.-]{1,64}")
@@ -83,6 +85,40 @@ class GPUSlurmSpawner(GPUSpawnerMixin, SlurmSpawner):
         for slug, gres_type in proposal["value"].items():
             if not _GRES_TYPE.fullmatch(gres_type):
                 raise TraitError(f"slurm_gres_types[{slug!r}]: {gres_type!r} is not a GRES type name")
+        return proposal["value"]
+
+    slurm_driver_cuda = Dict(
+        Unicode(),
+        help="""
+        The newest CUDA version the NVIDIA driver of the GPU nodes supports, per GPU model
+        (the GRES type's slug, as in ``slurm_gres_types``), with ``"*"`` for nodes of any
+        other model: ``{"a100": "12.4", "*": "12.2"}`` (what ``nvidia-smi`` prints as
+        "CUDA Version" on those nodes). A node feature says it per node and wins over this
+        map: ``Feature=cuda12.4`` in ``slurm.conf`` (also ``cuda_12.4``, ``cuda-12.4``).
+        A node known by neither is never the reason for a refusal. See ``environment_cuda``.
+        """,
+    ).tag(config=True)
+
+    environment_cuda = Dict(
+        Unicode(),
+        help="""
+        The CUDA version the software a job runs needs, per profile slug or image name
+        (a site's ``batch_script`` may run the chosen ``{image}`` in a container):
+        ``{"torch-cu126": "12.6", "ghcr.io/x/torch:2.5": "cuda>=12.4"}``. Values are versions
+        or an image's ``NVIDIA_REQUIRE_CUDA`` value. The chosen image's entry counts, else the
+        profile's. A GPU request whose every fitting node has a driver older than that
+        (``slurm_driver_cuda``, node features) is refused with HTTP 409 before anything is
+        submitted; when other GPU types would do, one whose nodes' driver is new enough is asked for.
+        """,
+    ).tag(config=True)
+
+    @validate("slurm_driver_cuda", "environment_cuda")
+    def _check_cuda_maps(self, proposal):
+        for key, text in proposal["value"].items():
+            try:
+                min_cuda(text)
+            except ValueError as e:
+                raise TraitError(f"{proposal['trait'].name}[{key!r}]: {e}") from e
         return proposal["value"]
 
     home_dir_template = Unicode(
@@ -159,6 +195,15 @@ class GPUSlurmSpawner(GPUSpawnerMixin, SlurmSpawner):
     def gres_types(self) -> GresTypes:
         return GresTypes(dict(self.slurm_gres_types))
 
+    def cuda_need(self, choice: Choice) -> CudaNeed | None:
+        """The CUDA version ``choice`` needs (``environment_cuda``: its image's entry, else its profile's)."""
+        if choice.image and choice.image in self.environment_cuda:
+            return CudaNeed(min_cuda(self.environment_cuda[choice.image]), f"Image {choice.image}", "an image")
+        if choice.profile.slug in self.environment_cuda:
+            return CudaNeed(min_cuda(self.environment_cuda[choice.profile.slug]),
+                            f"Profile '{choice.profile.slug}'", "a profile")
+        return None
+
     def partitions(self, choice: Choice | None = None) -> tuple[str, ...]:
         """The partitions a request of ``choice`` goes to (none named: Slurm's default, all nodes counted)."""
         if choice is not None:
@@ -233,11 +278,16 @@ class GPUSlurmSpawner(GPUSpawnerMixin, SlurmSpawner):
         refusal = None
         types = self.gres_types
         if reading.unknown is None:
+            need, drivers = self.cuda_need(choice), DriverCuda(dict(self.slurm_driver_cuda))
             try:
-                gres_type = choose_type(reading.value, types, choice.models, choice.gpus, partitions)
+                gres_type = choose_type(reading.value, types, choice.models, choice.gpus, partitions, need, drivers)
             except NeverFits as e:
                 refusal = PlacementError(str(e), code=e.code, requested=choice.gpus, models=choice.models)
                 gres_type = UNTYPED
+            else:
+                if need is not None:
+                    self._constrain(cuda_constraint(reading.value, types, gres_type, choice.gpus, partitions,
+                                                    need, drivers))
         else:
             gres_type = types.gres_type(choice.models[0]) if choice.models else UNTYPED
             self.gpu_event(f"GPU availability unknown (Slurm does not answer: {reading.unknown}); "
@@ -254,10 +304,37 @@ class GPUSlurmSpawner(GPUSpawnerMixin, SlurmSpawner):
                        f"(--gres={self.req_gres}){where}", 30)
         return ()
 
+    def _constrain(self, features: str) -> None:
+        """Add ``features`` (``"cuda12.4|cuda12.6"``) to the job's ``--constraint``, with the profile's own."""
+        if not features:
+            return
+        found = re.search(r"--constraint=(\S+)", self.req_options or "")
+        if found is None:
+            self.req_options = f"{self.req_options} --constraint={features}".strip()
+        elif "[" not in found.group(1):  # Slurm's brackets do not group: leave the profile's as it is
+            combined = f"--constraint=({features})&({found.group(1)})"
+            self.req_options = self.req_options.replace(found.group(0), combined)
+
     # ------------------------------------------------------------ the job
 
     async def submit_batch_script(self):
-        job_id = await super().submit_batch_script()
+        """batchspawner's submission; when sbatch fails, HTTP 409 (Slurm refused the job) or 503 (sbatch
+        could not reach Slurm) saying what Slurm said.
+
+        Nothing stays held: the failed start releases this server's count of GPUs.
+        """
+        try:
+            job_id = await super().submit_batch_script()
+        except RuntimeError as e:  # batchspawner's run_command: sbatch's stderr
+            constraint = re.search(r"--constraint=(\S+)", self.req_options or "")
+            status, message = submit_refusal(str(e), {
+                "partition": self.req_partition, "time": self.req_runtime, "gres": self.req_gres,
+                "qos": self.req_qos, "account": self.req_account, "cpus": self.req_nprocs,
+                "memory": self.req_memory, "constraint": constraint.group(1) if constraint else "",
+            })
+            self.log.warning("%s: sbatch failed: %s", self._log_name, str(e).strip())
+            self.gpu_event(f"Refused: {message}" if status == 409 else f"Failed: {message}", 100)
+            raise user_error(status, message) from e
         if job_id:
             self._submitted_job = job_id
             self.gpu_event(f"Submitted Slurm job {job_id}", 35)
