@@ -121,7 +121,7 @@ def spawn_benchmark(rounds: int) -> None:
     import fakenvml
     from gpuspawner.slurm.devcluster import SlurmCluster, absent_programs
     from hub import BASE_HUB_CONFIG, Hub
-    from test_slurm_hub import SLURM_HUB_CONFIG
+    from slurmhub import SLURM_HUB_CONFIG
 
     absent = absent_programs()
     if absent:

@@ -9,8 +9,7 @@ from __future__ import annotations
 import pytest
 
 from chromium import ARTIFACTS, NEEDS_BROWSER, playwright_sync_api
-from hub import Hub
-from test_slurm_hub import PROFILES, SLURM_HUB_CONFIG, add_user, job_gpus, job_id, monitor_uuids
+from slurmhub import add_user, job_gpus, job_id, monitor_uuids, running_hub
 
 sync_api = playwright_sync_api()
 
@@ -19,17 +18,11 @@ pytestmark = [pytest.mark.integration, pytest.mark.slurm, *NEEDS_BROWSER]
 
 @pytest.fixture
 def lab_hub(slurm_cluster, slurm_gpus, tmp_path):
-    config = tmp_path / "jupyterhub_config.py"
-    config.write_text(SLURM_HUB_CONFIG + 'c.GPUSpawnerMixin.gpu_hub_id = settings["hub_id"]\n'
-                      'c.Spawner.default_url = "/lab"\n')
-    hub = Hub(tmp_path / "hub", {**slurm_gpus["env"], "SLURM_CONF": str(slurm_cluster.conf)}, PROFILES,
-              config_file=config)
-    hub.start()
-    try:
+    # its own hub id: the jobs it owns, adopts or cancels are its own
+    with running_hub(tmp_path / "hub", slurm_cluster, slurm_gpus,
+                     'c.GPUSpawnerMixin.gpu_hub_id = settings["hub_id"]\n'
+                     'c.Spawner.default_url = "/lab"\n') as hub:
         yield hub
-    finally:
-        hub.close()
-        slurm_cluster.cancel_all()
 
 
 def test_pick_one_t4_follow_slurm_progress_and_land_in_jupyterlab_with_that_gpu(

@@ -20,7 +20,7 @@ import pytest
 import requests
 
 from hub import Hub
-from test_slurm_hub import PROFILES, SLURM_HUB_CONFIG, add_user
+from slurmhub import add_user, running_hub
 
 pytestmark = [pytest.mark.integration, pytest.mark.slurm]
 
@@ -37,17 +37,10 @@ USERS = [f"storm{i}" for i in range(len(REQUESTS))]
 
 @pytest.fixture
 def crash_hub(slurm_cluster, slurm_gpus, tmp_path):
-    config = tmp_path / "jupyterhub_config.py"
     # its own hub id: the jobs it owns, adopts or cancels are its own
-    config.write_text(SLURM_HUB_CONFIG + 'c.GPUSpawnerMixin.gpu_hub_id = settings["hub_id"]\n')
-    hub = Hub(tmp_path / "hub", {**slurm_gpus["env"], "SLURM_CONF": str(slurm_cluster.conf)}, PROFILES,
-              config_file=config)
-    hub.start()
-    try:
+    with running_hub(tmp_path / "hub", slurm_cluster, slurm_gpus,
+                     'c.GPUSpawnerMixin.gpu_hub_id = settings["hub_id"]\n') as hub:
         yield hub
-    finally:
-        hub.close()
-        slurm_cluster.cancel_all()
 
 
 def jobs(cluster) -> dict[str, dict]:

@@ -19,8 +19,8 @@ import pytest
 from gpuspawner.slurm.devcluster import SlurmCluster, cannot_start
 from hub import Hub, pid_alive, process_env
 from needs import missing
+from slurmhub import job_gpus
 from test_local_hub import login, xsrf_token
-from test_slurm_hub import job_gpus
 
 pytestmark = [pytest.mark.integration, pytest.mark.slurm]
 

@@ -18,50 +18,18 @@ from pathlib import Path
 import pytest
 import requests
 
-from hub import BASE_HUB_CONFIG, Hub, pid_alive, process_env
+from hub import Hub, pid_alive, process_env
 from kernels import execute, start_kernel
+from slurmhub import ONE_A100, PROFILES, SLURM_HUB_CONFIG, add_user, job_gpus, job_id, monitor_uuids, running_hub
 
 pytestmark = [pytest.mark.integration, pytest.mark.slurm]
 
-PROFILES = [
-    {"slug": "cpu", "display_name": "CPU only", "gpu_counts": [0]},
-    {"slug": "gpu", "display_name": "GPU notebook", "gpu_models": ["any"], "gpu_counts": [1, 2, 4],
-     "default_gpus": 1, "default": True, "slurm": {"time": "30"}},
-    {"slug": "h100", "display_name": "H100", "gpu_models": ["h100"], "gpu_counts": [1]},
-]
-ONE_A100 = {"profile": "gpu", "gpus": 1, "gpu_model": "a100"}
-
-SLURM_HUB_CONFIG = BASE_HUB_CONFIG + """
-c.JupyterHub.spawner_class = "gpuspawner.spawners.slurm.GPUSlurmSpawner"
-c.GPUSlurmSpawner.exec_prefix = ""  # the hub runs as root here; jobs run as root too
-c.GPUSlurmSpawner.home_dir_template = settings["dir"] + "/users/{username}"
-c.GPUSlurmSpawner.startup_poll_interval = 0.5
-c.Spawner.cmd = ["jupyterhub-singleuser"]
-c.Spawner.args = ["--allow-root"]
-c.Spawner.start_timeout = 180
-c.Spawner.http_timeout = 60
-# sbatch, squeue and scancel run with the server's environment: the private cluster's SLURM_CONF goes with it
-# (and the stand-in NVML's library and device file, for the servers' GPU monitor)
-c.Spawner.env_keep = ["PATH", "PYTHONPATH", "LANG", "SLURM_CONF", "LD_LIBRARY_PATH", "FAKENVML_CONFIG"]
-c.GPUSpawnerMixin.gpu_inventory_ttl = 0.5
-c.GPUSpawnerMixin.gpu_profiles = settings["profiles"]
-c.GPUSpawnerMixin.gpu_quota_per_user = 4
-c.JupyterHub.allow_named_servers = True
-"""
 
 
 @pytest.fixture(scope="module")
 def hub(slurm_cluster, slurm_gpus, tmp_path_factory):
-    directory = tmp_path_factory.mktemp("slurm-hub")
-    config = directory / "jupyterhub_config.py"
-    config.write_text(SLURM_HUB_CONFIG)
-    hub = Hub(directory, {**slurm_gpus["env"], "SLURM_CONF": str(slurm_cluster.conf)}, PROFILES, config_file=config)
-    hub.start()
-    try:
+    with running_hub(tmp_path_factory.mktemp("slurm-hub"), slurm_cluster, slurm_gpus) as hub:
         yield hub
-    finally:
-        hub.close()
-        slurm_cluster.cancel_all()
 
 
 @pytest.fixture
@@ -85,15 +53,6 @@ def login(hub: Hub, name: str) -> requests.Session:
                      data={"_xsrf": xsrf, "username": name, "password": "test-password"})
     assert r.ok and "/hub/login" not in r.url, r.text
     return session
-
-
-def add_user(hub: Hub, name: str) -> None:
-    hub.add_users(name)
-    (hub.dir / "users" / name).mkdir(parents=True, exist_ok=True)
-
-
-def job_id(hub: Hub, name: str) -> str:
-    return str(hub.user(name)["servers"][""]["state"]["job_id"])
 
 
 def server_process(job: str, timeout: float = 30) -> int:
@@ -122,26 +81,6 @@ def start(hub: Hub, name: str, options=ONE_A100) -> str:
     hub.wait_ready(name, timeout=120)
     pid = server_process(job_id(hub, name))
     return process_env(pid)["CUDA_VISIBLE_DEVICES"]
-
-
-def job_gpus(cluster, job: str) -> list[int]:
-    """The node's GPUs (gres.conf order) Slurm allocated to ``job``: ``GRES=gpu:a100:1(IDX:1)``."""
-    detail = cluster.run("scontrol", "show", "job", "-d", job).stdout
-    found = re.search(r"GRES=\S*\(IDX:([0-9,-]+)\)", detail)
-    assert found, detail
-    indexes = []
-    for part in found.group(1).split(","):
-        first, _, last = part.partition("-")
-        indexes += range(int(first), int(last or first) + 1)
-    return indexes
-
-
-def monitor_uuids(hub: Hub, name: str) -> list[str]:
-    """The GPUs the GPU monitor of ``name``'s server lists (its ``api/gpus``)."""
-    r = requests.get(f"{hub.url}/user/{name}/api/gpus", headers={"Authorization": f"token {hub.token}"},
-                     timeout=60)
-    assert r.ok, r.text
-    return [gpu["uuid"] for gpu in r.json()["gpus"]]
 
 
 def progress_until(hub: Hub, name: str, pattern: str, timeout: float = 60) -> str:

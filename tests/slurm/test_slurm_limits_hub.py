@@ -9,7 +9,7 @@ import time
 import pytest
 
 from hub import Hub
-from test_slurm_hub import SLURM_HUB_CONFIG, add_user
+from slurmhub import add_user, running_hub
 
 pytestmark = [pytest.mark.integration, pytest.mark.slurm]
 
@@ -22,7 +22,7 @@ PROFILES = [
     {"slug": "big", "display_name": "100G memory", "gpu_models": ["any"], "gpu_counts": [2], "mem_limit": "100G"},
 ]
 # the node's drivers, as a site without node features declares them: its T4s' driver is newer
-LIMITS_CONFIG = SLURM_HUB_CONFIG + """
+LIMITS_CONFIG = """
 c.GPUSlurmSpawner.slurm_driver_cuda = {"a100": "12.2", "t4": "12.4"}
 c.GPUSlurmSpawner.environment_cuda = {"cu126": "12.6", "cu124": "cuda>=12.4"}
 c.GPUSpawnerMixin.gpu_quota_per_user = 2
@@ -31,16 +31,9 @@ c.GPUSpawnerMixin.gpu_quota_per_user = 2
 
 @pytest.fixture(scope="module")
 def hub(slurm_cluster, slurm_gpus, tmp_path_factory):
-    directory = tmp_path_factory.mktemp("slurm-limits-hub")
-    config = directory / "jupyterhub_config.py"
-    config.write_text(LIMITS_CONFIG)
-    hub = Hub(directory, {**slurm_gpus["env"], "SLURM_CONF": str(slurm_cluster.conf)}, PROFILES, config_file=config)
-    hub.start()
-    try:
+    with running_hub(tmp_path_factory.mktemp("slurm-limits-hub"), slurm_cluster, slurm_gpus, LIMITS_CONFIG,
+                     PROFILES) as hub:
         yield hub
-    finally:
-        hub.close()
-        slurm_cluster.cancel_all()
 
 
 @pytest.fixture
