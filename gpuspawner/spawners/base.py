@@ -17,6 +17,7 @@ from jinja2 import Environment, PackageLoader, select_autoescape
 from tornado import web
 from traitlets import Dict, List, TraitError, default, validate
 
+from ..compat import min_cuda
 from ..form import form_context
 from ..gpu import GPU
 from ..inventory import CachedInventory
@@ -342,3 +343,13 @@ def _gpu_from_state(record: dict) -> GPU:
     if values.get("compute_capability") is not None:
         values["compute_capability"] = tuple(values["compute_capability"])
     return GPU(**values)
+
+
+def checked_cuda_map(proposal) -> dict:
+    """A traitlets validator's body for ``{key: CUDA requirement}`` traits: every value parses."""
+    for key, text in proposal["value"].items():
+        try:
+            min_cuda(text)
+        except ValueError as e:
+            raise TraitError(f"{proposal['trait'].name}[{key!r}]: {e}") from e
+    return proposal["value"]

@@ -50,7 +50,7 @@ from ..kube.profiles import GPU_OPTIONS, UNLISTED, check_entries, combined_entri
 from ..ledger import cluster_tokens
 from ..placement import GPURequest, PlacementError
 from ..profiles import Choice, OptionsError, Profile, gpu_resource_choice, load_profiles, parse_options
-from .base import GPUSpawnerMixin, user_error
+from .base import GPUSpawnerMixin, checked_cuda_map, user_error
 
 # KubeSpawner settings gpu-kube cannot honour (it draws its own form): refused, never ignored.
 _FORM_TRAITS = ("profile_form_template", "additional_profile_form_template_paths")
@@ -103,12 +103,7 @@ class GPUKubeSpawner(GPUSpawnerMixin, KubeSpawner):
 
     @validate("image_cuda")
     def _check_image_cuda(self, proposal):
-        for image, text in proposal["value"].items():
-            try:
-                min_cuda(text)
-            except ValueError as e:
-                raise TraitError(f"image_cuda[{image!r}]: {e}") from e
-        return proposal["value"]
+        return checked_cuda_map(proposal)
 
     @validate("gpu_profiles")
     def _check_profiles(self, proposal):

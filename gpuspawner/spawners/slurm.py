@@ -41,7 +41,7 @@ from ..slurm.commands import SlurmReader, run_slurm
 from ..slurm.cuda import CudaNeed, DriverCuda
 from ..slurm.jobs import job_comment, parse_comment, submit_refusal, wait_words
 from ..slurm.sinfo import UNTYPED, GresTypes, NeverFits, choose_type, cuda_constraint, gpu_availability, parse_gres
-from .base import GPUSpawnerMixin, user_error
+from .base import GPUSpawnerMixin, checked_cuda_map, user_error
 
 _GRES_TYPE = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 #: batchspawner traits a profile's ``slurm`` settings set
@@ -114,12 +114,7 @@ class GPUSlurmSpawner(GPUSpawnerMixin, SlurmSpawner):
 
     @validate("slurm_driver_cuda", "environment_cuda")
     def _check_cuda_maps(self, proposal):
-        for key, text in proposal["value"].items():
-            try:
-                min_cuda(text)
-            except ValueError as e:
-                raise TraitError(f"{proposal['trait'].name}[{key!r}]: {e}") from e
-        return proposal["value"]
+        return checked_cuda_map(proposal)
 
     home_dir_template = Unicode(
         "",
