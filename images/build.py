@@ -113,6 +113,17 @@ def base_tarball(cache: Path, packages: tuple[str, ...] = BASE_PACKAGES, name: s
     return path
 
 
+def save_image(client: docker.DockerClient, tag: str, saved: Path, older: str) -> None:
+    """``docker save`` image ``tag`` to ``saved`` (written whole, then renamed), replacing the older saves."""
+    for old in saved.parent.glob(older):
+        old.unlink()
+    tmp = saved.with_suffix(f".tmp{os.getpid()}")
+    with open(tmp, "wb") as f:
+        for chunk in client.images.get(tag).save(named=True):
+            f.write(chunk)
+    os.replace(tmp, saved)
+
+
 def download_wheels(cache: Path, prefix: str, reqs: list[str], what: str) -> Path:
     """``pip download`` of ``reqs`` for the images' Python into ``cache/<prefix>-<key>`` (cached by the list)."""
     path = cache / f"{prefix}-{_key(reqs, PIP_TARGET)}"
@@ -189,13 +200,7 @@ def build(tag: str, cache: Path, client: docker.DockerClient | None = None, imag
                 lines = "".join(str(item.get("stream") or item.get("error") or "") for item in e.build_log)
                 raise RuntimeError(f"docker build failed: {e}\n{lines[-4000:]}") from e
         _log(f"saving {saved.name}")
-        for old in cache.glob(f"{image}-*.tar"):
-            old.unlink()
-        tmp = saved.with_suffix(f".tmp{os.getpid()}")
-        with open(tmp, "wb") as f:
-            for chunk in client.images.get(keyed).save(named=True):
-                f.write(chunk)
-        os.replace(tmp, saved)
+        save_image(client, keyed, saved, f"{image}-*.tar")
     built = client.images.get(keyed)
     repo, _, name_tag = tag.rpartition(":") if ":" in tag.split("/")[-1] else (tag, "", "latest")
     built.tag(repo, name_tag)
@@ -247,13 +252,7 @@ def z2jh_standin(cache: Path, client: docker.DockerClient) -> str:
         (ctx / "requirements.txt").write_text("\n".join(reqs) + "\n")
         _log(f"building {keyed}")
         _docker_build(client, path=str(ctx), tag=keyed, buildargs={"BASE_IMAGE": base_tag})
-    for old in cache.glob("z2jh-hub-standin-*.tar"):
-        old.unlink()
-    tmp = saved.with_suffix(f".tmp{os.getpid()}")
-    with open(tmp, "wb") as f:
-        for chunk in client.images.get(keyed).save(named=True):
-            f.write(chunk)
-    os.replace(tmp, saved)
+    save_image(client, keyed, saved, "z2jh-hub-standin-*.tar")
     return keyed
 
 
