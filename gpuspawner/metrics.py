@@ -17,7 +17,9 @@ created (nothing is registered on import).
   refusal's code (``none_free``, ``quota_user``, ``queue_timeout``, ...);
 - ``gpuspawner_queue_length``: spawns waiting for a GPU;
 - ``gpuspawner_placement_seconds{outcome}``: from asking for GPUs to getting
-  them (queue wait included) or being refused.
+  them (queue wait included) or being refused;
+- ``gpuspawner_jobs{state}``: notebook GPU jobs per state (``queued``, ``starting``,
+  ``running``, ``completed``, ``failed``, ``cancelled``, ``timed_out``).
 
 Collecting never does I/O: it uses the newest inventory reading the hub has.
 """
@@ -42,8 +44,10 @@ BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 15, 60, 300, 900, 3600)
 class HubMetrics(Collector):
     """The hub's GPU metrics: live gauges from the ledger, inventory and queue, plus counters."""
 
-    def __init__(self, inventory: CachedInventory, ledger: Ledger, queue_length: Callable[[], int]) -> None:
+    def __init__(self, inventory: CachedInventory, ledger: Ledger, queue_length: Callable[[], int],
+                 jobs: Callable[[], dict[str, int]] = dict) -> None:
         self._inventory = inventory
+        self._jobs = jobs
         self._ledger = ledger
         self._queue_length = queue_length
         # unregistered metric objects: this collector yields them
@@ -95,6 +99,10 @@ class HubMetrics(Collector):
         queue = GaugeMetricFamily("gpuspawner_queue_length", "Spawns waiting in the hub's queue for a free GPU")
         queue.add_metric([], self._queue_length())
         yield queue
+        jobs = GaugeMetricFamily("gpuspawner_jobs", "Notebook GPU jobs per state", labels=["state"])
+        for state, value in self._jobs().items():
+            jobs.add_metric([state], value)
+        yield jobs
         yield from self.refusals.collect()
         yield from self.placement_seconds.collect()
 

@@ -9,6 +9,7 @@ found again by :func:`hub_state`:
 - reconciliation with the runtime (containers, processes), run once per hub
   before anything is placed, and what it learnt;
 - the Prometheus metrics, registered in JupyterHub's registry;
+- the notebook GPU jobs' manager (made by the job API's first use);
 - the admin overview's live readings and per-client caches (cluster capacity).
 
 Spawners and hub handlers both reach it through :func:`hub_state` with the
@@ -86,6 +87,15 @@ class GPUHubSettings(Configurable):
         """,
     ).tag(config=True)
 
+    gpu_job_time_limit = Float(
+        24 * 3600.0,
+        help="""
+        The longest a notebook GPU job may run, in seconds (default 24 hours): a job past
+        its time limit is stopped, marked ``timed_out`` and its GPUs freed. A job may ask
+        for less (``time_limit`` in its request), never more.
+        """,
+    ).tag(config=True)
+
     @validate("gpu_inventory")
     def _check_inventory(self, proposal):
         if proposal["value"] not in ("nvml", "static"):
@@ -98,6 +108,12 @@ class GPUHubSettings(Configurable):
             gpus_from_config(proposal["value"])
         except ValueError as e:
             raise TraitError(f"static_gpus: {e}") from e
+        return proposal["value"]
+
+    @validate("gpu_job_time_limit")
+    def _check_job_time_limit(self, proposal):
+        if proposal["value"] <= 0:
+            raise TraitError(f"gpu_job_time_limit must be > 0 seconds, not {proposal['value']}")
         return proposal["value"]
 
     @validate("gpu_inventory_ttl")
@@ -149,7 +165,10 @@ class HubState:
         self.inventory = CachedInventory(source, ttl=settings.gpu_inventory_ttl)
         self.ledger = Ledger()
         self.queue = GPUQueue()
-        self.metrics = HubMetrics(self.inventory, self.ledger, self.queue.__len__)
+        #: the notebook GPU jobs' manager (gpuspawner.jobs.manager), made by the hub's job API on first use
+        self.jobs: Any = None
+        self.metrics = HubMetrics(self.inventory, self.ledger, self.queue.__len__,
+                                  lambda: self.jobs.counts() if self.jobs is not None else {})
         #: owner -> GPU records the runtime reported (container labels, process environments)
         self.found: dict[str, tuple[GPU, ...]] = {}
         #: per-purpose caches a backend or handler keeps for this hub (e.g. cluster capacity)

@@ -176,6 +176,8 @@ class Culler:
         found: dict[str, dict] = {}
         for gpu in data["gpus"]:
             holder = gpu.get("holder")
+            if holder and holder.get("kind") == "job":
+                continue  # a notebook job ends by itself (or at its time limit): never culled
             if holder and holder.get("state") == "running" and holder.get("url"):
                 entry = found.setdefault(holder["owner"], {**holder, "uuids": []})
                 entry["uuids"].append(gpu["uuid"])

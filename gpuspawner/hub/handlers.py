@@ -16,6 +16,7 @@ from jupyterhub.apihandlers import APIHandler
 from jupyterhub.handlers import BaseHandler
 from tornado import web
 
+from ..jobs.spec import job_of_owner
 from ..state import HubState, hub_state
 from .live import LiveStats
 from .overview import Holder, build
@@ -35,8 +36,15 @@ class _Overview:
 
     def _holders(self, allocations: dict, ledger) -> tuple[dict, dict]:
         holders, targets = {}, {}
+        jobs = self.hub_state.jobs
         for owner in allocations:
             user_name, server_name = owner.split("/", 1)
+            job_id = job_of_owner(owner)
+            if job_id is not None:
+                record = jobs.get(job_id) if jobs is not None else None
+                state = record.state if record is not None else "running"
+                holders[owner] = Holder(owner, user_name, server_name, ledger.since(owner), state, None, "job")
+                continue
             user = self.find_user(user_name)
             state, url = "not running", None
             if user is not None and server_name in user.orm_spawners:

@@ -28,6 +28,7 @@ class Holder:
     since: float | None  # time.time() when it got the GPUs
     state: str  # "running", "starting", "stopping" or "not running"
     url: str | None = None  # the server's public path, when running
+    kind: str = "server"  # or "job": a notebook GPU job (server is "job/<id>")
 
 
 def _numbers(n: GPUNumbers | None, now: float) -> dict:
@@ -47,6 +48,7 @@ def _holder(owner: str, holder: Holder | None, problems: Mapping[str, str]) -> d
         "since": holder.since if holder else None,
         "state": holder.state if holder else "unknown",
         "url": holder.url if holder else None,
+        "kind": holder.kind if holder else "server",
         "problem": problems.get(owner),
     }
 

@@ -8,7 +8,11 @@ configure(c, culler={"url": "http://127.0.0.1:8000", "idle_timeout": 3600})
 It registers the admin page ``/hub/gpus`` and API ``/hub/api/gpus``, defines
 the custom scope ``custom:gpus:read`` (grant it in a role to let a service or
 user read the overview; admins read it through their ``admin-ui`` scope,
-since JupyterHub's admin role cannot be changed), creates the hub-internal
+since JupyterHub's admin role cannot be changed), the notebook GPU job API
+``/hub/api/users/NAME/gpu-jobs`` with its scope ``custom:gpu-jobs`` (given to
+every user for themselves, and to their servers' tokens, by adding
+``custom:gpu-jobs!user`` to the ``user`` and ``server`` roles), recovers the
+jobs a previous run of the hub left once the hub is up, creates the hub-internal
 service ``gpuspawner-overview`` (scope ``access:servers``) whose token reads
 the servers' monitors, and, with ``culler``, starts the GPU idle culler as a
 managed service with the role it needs. The culler is told the pid of the
@@ -19,12 +23,14 @@ directory) keeps a restarted hub from having two cullers (see ``culler.py``).
 
 from __future__ import annotations
 
+import asyncio
 import os
 import secrets
 import sys
 from pathlib import Path
 from typing import Any
 
+from . import jobs
 from .handlers import SCOPE, SETTINGS_KEY, handlers
 
 TEMPLATES = str(Path(__file__).resolve().parent / "templates")
@@ -42,14 +48,18 @@ CULLER_OPTIONS = {
 def configure(c: Any, *, culler: dict | None = None, python: str = sys.executable) -> None:
     """Add the GPU overview, its scope, and optionally the GPU idle culler, to config ``c``."""
     c.JupyterHub.extra_handlers.extend(handlers())
+    c.JupyterHub.extra_handlers.extend(jobs.handlers())
     c.JupyterHub.template_paths.append(TEMPLATES)
     c.JupyterHub.custom_scopes.update({
         SCOPE: {"description": "Read the GPU overview: every GPU, who holds it and live utilisation."},
+        jobs.JOB_SCOPE: {"description": "Run, list and cancel notebook GPU jobs."},
     })
     token = secrets.token_hex(32)  # new at each start; JupyterHub replaces the old one in its database
     c.JupyterHub.tornado_settings.update({SETTINGS_KEY: {"token": token}})
     c.JupyterHub.services.append({"name": OVERVIEW_SERVICE, "api_token": token})
     roles = c.JupyterHub.load_roles
+    _grant_own_jobs(roles)
+    _recover_jobs_at_start()
     roles.append({"name": OVERVIEW_SERVICE, "description": "Read the servers' GPU monitors",
                   "scopes": ["access:servers"], "services": [OVERVIEW_SERVICE]})
     if culler is not None:
@@ -64,3 +74,52 @@ def configure(c: Any, *, culler: dict | None = None, python: str = sys.executabl
         c.JupyterHub.services.append({"name": CULLER_SERVICE, "command": command})
         roles.append({"name": CULLER_SERVICE, "description": "Stop servers whose GPUs stay idle",
                       "scopes": CULLER_SCOPES, "services": [CULLER_SERVICE]})
+
+
+#: JupyterHub's default scopes of the roles gpuspawner adds the job scope to
+_DEFAULT_ROLE_SCOPES = {"user": ["self"], "server": ["users:activity!user", "access:servers!server"]}
+
+
+def _grant_own_jobs(roles: list) -> None:
+    """Let every user, and their servers' tokens, use the job API for themselves."""
+    for name, defaults in _DEFAULT_ROLE_SCOPES.items():
+        role = next((r for r in roles if r.get("name") == name), None)
+        if role is None:
+            role = {"name": name, "scopes": list(defaults)}
+            roles.append(role)
+        scopes = role.setdefault("scopes", list(defaults))
+        if f"{jobs.JOB_SCOPE}!user" not in scopes:
+            scopes.append(f"{jobs.JOB_SCOPE}!user")
+
+
+def _recover_jobs_at_start() -> None:
+    """Once the hub that loads this configuration is up, watch (or record the end of) its jobs.
+
+    JupyterHub loads its configuration inside its running event loop; the hub
+    application is the JupyterHub singleton. Outside a hub (a script importing
+    the configuration) nothing is scheduled.
+    """
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        return
+
+    async def recover() -> None:
+        from jupyterhub.app import JupyterHub
+
+        if not JupyterHub.initialized():
+            return
+        app = JupyterHub.instance()
+        while getattr(app, "tornado_application", None) is None or "users" not in app.tornado_settings:
+            await asyncio.sleep(0.2)
+        try:
+            await jobs.job_manager(app.tornado_settings).recovered()
+        except Exception:
+            app.log.exception("gpuspawner: recovering notebook GPU jobs failed")
+
+    task = loop.create_task(recover())
+    _pending.add(task)
+    task.add_done_callback(_pending.discard)
+
+
+_pending: set = set()

@@ -142,10 +142,16 @@ class GPUSpawnerMixin(GPUPolicyMixin, GPUHubSettings):
         """Every configured profile, whoever may see it; gpu-kube adds KubeSpawner's profile_list."""
         return load_profiles(self.gpu_profiles, honour_all=self.honours_kubespawner_override)
 
+    #: set on the spawner object a notebook GPU job runs through: its ledger key ``user/job/<id>``
+    gpu_owner_override: str | None = None
+
+    #: the backend's job runner class (see :mod:`gpuspawner.jobs.runners`); None: no GPU jobs
+    gpu_job_runner: type | None = None
+
     @property
     def gpu_owner(self) -> str:
-        """The ledger key of this server: one per user server."""
-        return f"{self.user.name}/{self.name}"
+        """The ledger key of this server (one per user server), or of the job it runs."""
+        return self.gpu_owner_override or f"{self.user.name}/{self.name}"
 
     # ------------------------------------------------------------ runtime state
 

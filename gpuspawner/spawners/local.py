@@ -37,6 +37,8 @@ from traitlets import TraitError, Unicode, validate
 from ..fence import DeviceFence, Isolation, detect
 from ..fence_systemd import scope_command
 from ..gpu import nvidia_visible_devices
+from ..jobs.runners import LocalJobs
+from ..jobs.spec import job_of_owner
 from .base import GPUSpawnerMixin, user_error
 from .processes import HUB_VAR, SERVER_VAR, SPAWN_VAR, ServerProcesses, end_processes, find_servers
 
@@ -100,6 +102,7 @@ class _LocalGPUs(GPUSpawnerMixin):
             raise TraitError(f"gpu_isolation must be 'auto', 'required' or 'off', not {proposal['value']!r}")
         return proposal["value"]
 
+    gpu_job_runner = LocalJobs
     gpu_spawn_id: str = ""
     _fence_path = None
     _scope_prefix: list[str] | None = None  # systemd-run words before the server's command
@@ -168,7 +171,11 @@ class _LocalGPUs(GPUSpawnerMixin):
         for owner in before:
             ledger.release(owner)
         for group in groups:
-            if recorded.get(group.owner) == group.spawn:
+            if job_of_owner(group.owner) == group.spawn:  # a notebook job: the job manager watches it
+                conflict = ledger.adopt(group.owner, group.uuids)
+                self.log.info("gpu-local: job %s of %s runs (pid %d) on GPUs %s", group.spawn,
+                              group.owner.split("/", 1)[0], group.leader, ", ".join(group.uuids) or "none")
+            elif recorded.get(group.owner) == group.spawn:
                 conflict = ledger.adopt(group.owner, group.uuids)
                 found_pids[group.owner] = group.leader
                 self.log.info("gpu-local: adopted %s's server (pid %d) on GPUs %s",

@@ -1,0 +1,267 @@
+"""The hub's notebook GPU jobs: :class:`JobManager` (one per hub, on its :class:`~gpuspawner.state.HubState`).
+
+A job goes through the same door as a server: an object of the hub's spawner
+class is made for it (owner ``user/job/<id>`` in the ledger), its GPU choice is
+checked by the same profile rules (groups, counts, models), placed by the same
+placement under the same quotas, and waits in the same queue when its profile
+queues. Then the backend's runner (:mod:`.runners`) starts it, and the manager
+watches it until it ends (completed, failed, cancelled, or past its time
+limit), when its GPUs are given back at once.
+
+Restart safety: the job's record is in the hub's database before anything
+runs, with where it runs once it does; the job's process or container carries
+the hub's marks. A restarted hub re-reads every active record: a job still
+running is watched again (never started twice), one that ended while the hub
+was down is recorded with its outcome and its GPUs freed, a queued one waits
+again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid as uuidlib
+from collections import Counter
+from typing import Any
+
+from tornado import web
+
+from ..gpu import GPU
+from ..profiles import OptionsError
+from .runners import outcome_of
+from .spec import JobSpec, job_owner, parse_job
+from .store import ACTIVE, STATES, JobRecord, JobStore
+
+log = logging.getLogger("gpuspawner.jobs")
+POLL = 0.25  # seconds between looks at a running job
+
+
+def _error(status: int, message: str) -> web.HTTPError:
+    error = web.HTTPError(status, "%s", message)
+    error.jupyterhub_message = message
+    return error
+
+
+def _gpu(record: dict) -> GPU:
+    values = {k: v for k, v in record.items() if k in GPU.__dataclass_fields__}
+    if values.get("compute_capability") is not None:
+        values["compute_capability"] = tuple(values["compute_capability"])
+    return GPU(**values)
+
+
+class JobManager:
+    """Submit, watch, cancel and recover one hub's jobs."""
+
+    def __init__(self, state: Any, store: JobStore, settings: dict, time_limit: float) -> None:
+        self.state = state
+        self.store = store
+        self.settings = settings
+        self.time_limit = time_limit
+        self.spawner_class = settings["spawner_class"]
+        runner_factory = getattr(self.spawner_class, "gpu_job_runner", None)
+        self.runner = runner_factory() if runner_factory else None
+        self._tasks: dict[str, asyncio.Task] = {}
+        self._cancel: dict[str, str] = {}  # job id -> "cancelled" | "timed_out"
+        self._states: dict[str, str] = {r.id: r.state for r in store.list(limit=100_000)}
+        self._recovered: asyncio.Future | None = None
+        self._closing = False
+
+    # ------------------------------------------------------------ reading
+
+    def counts(self) -> dict[str, int]:
+        counts = Counter(self._states.values())
+        return {state: counts.get(state, 0) for state in STATES}
+
+    def get(self, job_id: str) -> JobRecord | None:
+        return self.store.get(job_id)
+
+    def list(self, user: str | None = None) -> list[JobRecord]:
+        return self.store.list(user)
+
+    def _save(self, record: JobRecord) -> JobRecord:
+        self.store.save(record)
+        self._states[record.id] = record.state
+        return record
+
+    # ------------------------------------------------------------ the job's spawner
+
+    def _spawner(self, user: Any, owner: str) -> Any:
+        spawner = self.spawner_class(
+            user=user, hub=self.settings.get("hub"), config=self.settings["config"],
+            orm_spawner=None, _deprecated_db_session=self.settings.get("db"),
+        )
+        spawner.hub_state = self.state
+        spawner.gpu_owner_override = owner
+        return spawner
+
+    def _user(self, name: str) -> Any | None:
+        try:
+            return self.settings["users"][name]
+        except KeyError:
+            return None
+
+    # ------------------------------------------------------------ submitting
+
+    async def submit(self, user: Any, body: Any) -> JobRecord:
+        """Check and start (or queue) a job; HTTP 400/403/409/501 with a sentence, and nothing started."""
+        await self.recovered()
+        if self.runner is None:
+            raise _error(501, f"This hub's backend ({self.spawner_class.__name__}) does not run GPU jobs.")
+        try:
+            spec = parse_job(body, self.time_limit)
+        except OptionsError as e:
+            raise _error(400, str(e)) from e
+        job_id = uuidlib.uuid4().hex
+        owner = job_owner(user.name, job_id)
+        spawner = self._spawner(user, owner)
+        await spawner._apply_gpu_options(spec.options)  # 400/403 as for a server
+        problem = await self.runner.check_files(spawner, spec)
+        if problem:
+            raise _error(400, problem)
+        choice = spawner.gpu_choice
+        record = JobRecord(
+            id=job_id, user=user.name, name=spec.name, state="queued", created=time.time(),
+            spec={**spec.to_dict(), "profile": choice.profile.slug, "gpu_count": choice.gpus,
+                  "gpu_model": choice.gpu_model, "image": choice.image},
+        )
+        if not (choice.profile.queue and choice.gpus):
+            await spawner.reserve_gpus()  # a refusal is the 409 a server gets; nothing is saved
+            record = record.changed(state="starting", gpus=tuple(g.to_dict() for g in spawner.gpu_allocation))
+            try:
+                self._save(record)
+            except BaseException:
+                spawner.release_gpus()
+                raise
+        else:
+            self._save(record)
+        self._start(record, spawner)
+        return record
+
+    def _start(self, record: JobRecord, spawner: Any, resume: bool = False) -> None:
+        task = asyncio.ensure_future(self._run(record, spawner, resume))
+        self._tasks[record.id] = task
+        task.add_done_callback(lambda _t, job_id=record.id: self._tasks.pop(job_id, None))
+
+    async def _run(self, record: JobRecord, spawner: Any, resume: bool) -> None:
+        spec = JobSpec.from_dict(record.spec)
+        try:
+            if record.state == "queued":
+                try:
+                    await spawner.reserve_gpus()
+                except web.HTTPError as e:
+                    message = getattr(e, "jupyterhub_message", None) or e.log_message or str(e)
+                    self._finish(record, spawner, "failed", message, None)
+                    return
+                except asyncio.CancelledError:
+                    if self._closing:
+                        raise
+                    self._finish(record, spawner, "cancelled", "cancelled while queued", None)
+                    return
+                record = self._save(record.changed(
+                    state="starting", gpus=tuple(g.to_dict() for g in spawner.gpu_allocation)))
+            if not resume:
+                handle = await self.runner.launch(spawner, record.id, spawner.gpu_owner, spec)
+                record = self._save(record.changed(state="running", started=time.time(), handle=handle))
+                log.info("job %s of %s started on GPUs %s", record.id, record.user,
+                         ", ".join(spawner.gpu_uuids) or "none")
+            await self._watch(record, spawner, spec)
+        except Exception as e:
+            log.exception("job %s of %s", record.id, record.user)
+            if record.handle:
+                try:
+                    await self.runner.stop(spawner, record.id, record.handle)
+                except Exception:
+                    log.exception("job %s: could not stop it", record.id)
+            self._finish(record, spawner, "failed", f"the hub could not run it: {e}", None)
+
+    async def _watch(self, record: JobRecord, spawner: Any, spec: JobSpec) -> None:
+        limit = spec.time_limit or self.time_limit
+        started = record.started or time.time()
+        while True:
+            reason = self._cancel.get(record.id)
+            if reason is None and time.time() - started > limit:
+                reason = self._cancel[record.id] = "timed_out"
+            if reason is not None:
+                await self.runner.stop(spawner, record.id, record.handle)
+            elif await self.runner.running(spawner, record.id, record.handle):
+                await asyncio.sleep(POLL)
+                continue
+            ended = await self.runner.ended(spawner, record.id, record.handle, spec)
+            if reason == "timed_out":
+                state, text = "timed_out", f"stopped at its time limit ({limit:g} s)"
+            elif reason is not None:
+                state, text = "cancelled", "cancelled"
+            else:
+                state, text = outcome_of(ended)
+            self._finish(record, spawner, state, text, ended.exit_code)
+            return
+
+    def _finish(self, record: JobRecord, spawner: Any, state: str, reason: str, exit_code: int | None) -> None:
+        spawner.release_gpus()
+        self._cancel.pop(record.id, None)
+        self._save(record.changed(state=state, reason=reason, ended=time.time(), exit_code=exit_code))
+        log.info("job %s of %s %s: %s; its GPUs are free", record.id, record.user, state, reason)
+
+    # ------------------------------------------------------------ cancelling
+
+    async def cancel(self, record: JobRecord, wait: float = 10.0) -> JobRecord:
+        """Stop an active job (its GPUs are freed when it has ended); a finished one is left as it is."""
+        if not record.active:
+            return record
+        self._cancel.setdefault(record.id, "cancelled")
+        task = self._tasks.get(record.id)
+        if task is not None and record.state == "queued":
+            task.cancel()
+        if task is not None:
+            await asyncio.wait([task], timeout=wait)
+        return self.store.get(record.id) or record
+
+    # ------------------------------------------------------------ after a hub restart
+
+    def recovered(self) -> asyncio.Future:
+        """Recover the active jobs once (every caller waits for it)."""
+        if self._recovered is None:
+            self._recovered = asyncio.ensure_future(self._recover())
+        return asyncio.shield(self._recovered)
+
+    async def _recover(self) -> None:
+        active = [r for r in self.store.list(limit=100_000) if r.state in ACTIVE]
+        if not active:
+            return
+        first = self._user(active[0].user)
+        if first is not None:  # rebuild the ledger from what really runs, once, before anything else
+            await self._spawner(first, job_owner(first.name, active[0].id)).ensure_reconciled()
+        for record in sorted(active, key=lambda r: r.created):
+            user = self._user(record.user)
+            if user is None:
+                self._save(record.changed(state="failed", reason="its user no longer exists", ended=time.time()))
+                continue
+            spawner = self._spawner(user, job_owner(record.user, record.id))
+            spawner.gpu_allocation = tuple(_gpu(g) for g in record.gpus)
+            if record.gpus:
+                self.state.ledger.adopt(spawner.gpu_owner, [g["uuid"] for g in record.gpus])
+            if record.state == "queued" or (record.state == "starting" and not record.handle):
+                try:
+                    await spawner._apply_gpu_options(record.spec.get("options", {}))
+                except web.HTTPError as e:
+                    self._finish(record, spawner, "failed", getattr(e, "jupyterhub_message", str(e)), None)
+                    continue
+                spawner.release_gpus()
+                record = self._save(record.changed(state="queued", gpus=()))
+                log.info("job %s of %s: waiting for GPUs again after the hub's restart", record.id, record.user)
+                self._start(record, spawner)
+            elif await self.runner.running(spawner, record.id, record.handle):
+                log.info("job %s of %s still runs: watching it again", record.id, record.user)
+                self._start(record.changed(state="running"), spawner, resume=True)
+            else:
+                spec = JobSpec.from_dict(record.spec)
+                ended = await self.runner.ended(spawner, record.id, record.handle, spec)
+                state, text = outcome_of(ended)
+                self._finish(record, spawner, state, text + " (ended while the hub was down)", ended.exit_code)
+
+    async def close(self) -> None:
+        """Stop watching (the jobs go on running; a restarted hub watches them again)."""
+        self._closing = True
+        for task in list(self._tasks.values()):
+            task.cancel()

@@ -1,0 +1,251 @@
+"""Running a job on the hub's backend: start it, see whether it still runs, end it.
+
+A runner works through the job's own spawner object (an instance of the hub's
+spawner class, made for the job by the :class:`~.manager.JobManager`), so a
+job gets what a server of that user would: on gpu-local the user's account,
+home and device fence; on gpu-docker the user's image, volumes and a device
+request by UUID. What marks a job as the hub's, for finding it after a hub
+restart, is the same as for servers: ``GPUSPAWNER_HUB``/``SERVER``/``SPAWN``
+in the process environment (the ledger owner ``user/job/<id>`` and the job id),
+or the container labels.
+
+A runner's ``handle`` (saved in the job's record) says where the job runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import pwd
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..spawners.processes import HUB_VAR, SERVER_VAR, SPAWN_VAR, alive, end_processes, find_servers
+from .execute import STOPPED_EXIT
+from .spec import JobSpec
+
+EXECUTOR = ["-m", "gpuspawner.jobs.execute"]
+_KEEP_ENV = ("PATH", "LANG", "LC_ALL", "TZ", "PYTHONPATH", "JUPYTER_PATH", "LD_LIBRARY_PATH", "GPUSPAWNER_FAKE_NVML")
+
+
+@dataclass(frozen=True)
+class Ended:
+    """How a job's run ended: its exit code where known, and the executor's status file."""
+
+    exit_code: int | None
+    outcome: str | None  # "completed" | "failed" | "stopped" | None (no status written)
+    error: str | None
+
+
+def status_path(spec: JobSpec, job_id: str) -> str:
+    """Where the executor writes the job's outcome: a hidden file beside its log."""
+    log = Path(spec.log)
+    return str(log.with_name(f".{log.name}.{job_id[:12]}.status.json"))
+
+
+def executor_args(spec: JobSpec, job_id: str) -> list[str]:
+    args = [*EXECUTOR, "--notebook", spec.notebook, "--parameters", json.dumps(spec.parameters),
+            "--status", status_path(spec, job_id), "--log", spec.log]
+    for fmt, path in spec.outputs.items():
+        args += ["--output", f"{fmt}={path}"]
+    if spec.kernel:
+        args += ["--kernel", spec.kernel]
+    return args
+
+
+def _read_status(path: Path) -> tuple[str | None, str | None]:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None, None
+    return data.get("outcome"), data.get("error")
+
+
+class LocalJobs:
+    """gpu-local: a job is a process of the user (in their device fence), like their server."""
+
+    kind = "process"
+
+    def __init__(self) -> None:
+        self._procs: dict[str, subprocess.Popen] = {}
+
+    @staticmethod
+    def root_dir(spawner: Any) -> str:
+        """The user's files: the folder their server starts in."""
+        if getattr(spawner, "_switches_user", True):
+            home = pwd.getpwnam(spawner.user.name).pw_dir
+        else:
+            home = spawner.home_dir
+        notebook_dir = spawner.notebook_dir
+        if notebook_dir:
+            return os.path.join(home, spawner.format_string(notebook_dir).replace("~", home, 1))
+        return home
+
+    async def check_files(self, spawner: Any, spec: JobSpec) -> str | None:
+        """A sentence when the notebook is not there (the hub can look on this host)."""
+        root = Path(self.root_dir(spawner))
+        target = (root / spec.notebook).resolve()
+        if not str(target).startswith(str(root.resolve()) + os.sep):
+            return f"notebook: '{spec.notebook}' is outside your files"
+        if not target.is_file():
+            return f"notebook: '{spec.notebook}' does not exist in your files"
+        return None
+
+    def _env(self, spawner: Any, job_id: str, owner: str, home: str) -> dict[str, str]:
+        from ..spawners.local import visible_devices
+
+        env = {k: os.environ[k] for k in _KEEP_ENV if k in os.environ}
+        env.update({k: v for k, v in (spawner.environment or {}).items() if isinstance(v, str)})
+        user = spawner.user.name
+        env.update({"HOME": home, "USER": user, "LOGNAME": user, "SHELL": "/bin/sh"})
+        env.update(visible_devices(spawner.gpu_uuids))
+        env.update({HUB_VAR: spawner.gpu_hub_id, SERVER_VAR: owner, SPAWN_VAR: job_id})
+        return env
+
+    async def launch(self, spawner: Any, job_id: str, owner: str, spec: JobSpec) -> dict:
+        spawner.gpu_spawn_id = job_id
+        spawner._create_fence()
+        root = self.root_dir(spawner)
+        switches = getattr(spawner, "_switches_user", True)
+        home = pwd.getpwnam(spawner.user.name).pw_dir if switches else spawner.home_dir
+        if not switches:
+            os.makedirs(root, 0o755, exist_ok=True)
+        cmd = [*(spawner._scope_prefix or []), sys.executable, *executor_args(spec, job_id)]
+        preexec = spawner.make_preexec_fn(spawner.user.name) if (switches or spawner._fence_path) else None
+        env = self._env(spawner, job_id, owner, home)
+        proc = await asyncio.to_thread(
+            subprocess.Popen, cmd, env=env, cwd=root, preexec_fn=preexec, start_new_session=True,
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )
+        self._procs[job_id] = proc
+        return {"pid": proc.pid, "root": root}
+
+    def _pids(self, spawner: Any, job_id: str) -> list[int]:
+        return [pid for group in find_servers(spawner.gpu_hub_id, "/proc", job_id) for pid in group.pids]
+
+    async def running(self, spawner: Any, job_id: str, handle: dict) -> bool:
+        proc = self._procs.get(job_id)
+        if proc is not None:
+            return proc.poll() is None
+        pid = handle.get("pid")
+        if pid and alive([pid]):
+            return True
+        return bool(await asyncio.to_thread(self._pids, spawner, job_id))
+
+    async def ended(self, spawner: Any, job_id: str, handle: dict, spec: JobSpec) -> Ended:
+        """How it ended; ends what it left behind (kernels) and removes its device fence."""
+        proc = self._procs.pop(job_id, None)
+        code = proc.returncode if proc is not None else None
+        left = await asyncio.to_thread(self._pids, spawner, job_id)
+        if left:
+            await end_processes(left)
+        spawner._remove_fence(job_id)
+        where = Path(handle.get("root", "/")) / status_path(spec, job_id)
+        outcome, error = await asyncio.to_thread(_read_status, where)
+        return Ended(code, outcome, error)
+
+    async def stop(self, spawner: Any, job_id: str, handle: dict) -> None:
+        pids = await asyncio.to_thread(self._pids, spawner, job_id)
+        proc = self._procs.get(job_id)
+        if proc is not None and proc.poll() is None and proc.pid not in pids:
+            pids.append(proc.pid)
+        await end_processes(pids, grace=3.0)
+        if proc is not None:
+            await asyncio.to_thread(proc.wait, 5)
+
+
+class DockerJobs:
+    """gpu-docker: a job is a container of the user's image, with their volumes and its GPUs by UUID."""
+
+    kind = "container"
+
+    async def check_files(self, spawner: Any, spec: JobSpec) -> str | None:
+        return None  # the files are inside the user's volume: the job's container reports a missing notebook
+
+    async def launch(self, spawner: Any, job_id: str, owner: str, spec: JobSpec) -> dict:
+        from ..spawners.docker_objects import visible_devices_env
+
+        image = spawner.image
+        await spawner.pull_image(image)
+        env = {k: v for k, v in (spawner.environment or {}).items() if isinstance(v, str)}
+        env.update(visible_devices_env(spawner.gpu_uuids))
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(spawner.gpu_uuids)
+        env.update({HUB_VAR: spawner.gpu_hub_id, SERVER_VAR: owner, SPAWN_VAR: job_id})
+        host_config = dict(binds=spawner.volume_binds)
+        if spawner.network_name and spawner.network_name != "bridge":
+            host_config["network_mode"] = spawner.network_name
+        if spawner.mem_limit:
+            host_config["mem_limit"] = spawner.mem_limit
+        if spawner.cpu_limit:
+            host_config["cpu_quota"] = int(spawner.cpu_limit * 100_000)
+        host_config = await spawner.docker("create_host_config", **host_config)
+        name = f"{spawner.object_name}-job-{job_id[:12]}"
+        kwargs = dict(image=image, command=["python3", *executor_args(spec, job_id)], environment=env,
+                      name=name, host_config=host_config, labels={"org.gpuspawner.job": job_id})
+        notebook_dir = spawner.notebook_dir
+        if notebook_dir:
+            kwargs["working_dir"] = spawner.format_string(notebook_dir)
+        created = await spawner.docker("create_container", **kwargs)
+        await spawner.docker("start", created["Id"])
+        return {"container": created["Id"], "name": name}
+
+    async def _inspect(self, spawner: Any, handle: dict) -> dict | None:
+        import docker.errors
+
+        try:
+            return await spawner.docker("inspect_container", handle["container"])
+        except docker.errors.NotFound:
+            return None
+
+    async def running(self, spawner: Any, job_id: str, handle: dict) -> bool:
+        info = await self._inspect(spawner, handle)
+        return bool(info and info["State"].get("Running"))
+
+    async def ended(self, spawner: Any, job_id: str, handle: dict, spec: JobSpec) -> Ended:
+        """How it ended (exit code; the status file read back from the container); removes the container."""
+        import io
+        import tarfile
+
+        info = await self._inspect(spawner, handle)
+        if info is None:
+            return Ended(None, None, "the job's container is gone")
+        code = info["State"].get("ExitCode")
+        outcome = error = None
+        workdir = info["Config"].get("WorkingDir") or "/"
+        try:
+            stream, _stat = await spawner.docker("get_archive", handle["container"],
+                                                 os.path.join(workdir, status_path(spec, job_id)))
+            data = b"".join(stream)
+            with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+                member = tar.getmembers()[0]
+                status = json.loads(tar.extractfile(member).read())
+            outcome, error = status.get("outcome"), status.get("error")
+        except Exception:  # no status written (killed before it could)
+            pass
+        await spawner.docker("remove_container", handle["container"], force=True)
+        return Ended(code, outcome, error)
+
+    async def stop(self, spawner: Any, job_id: str, handle: dict) -> None:
+        import docker.errors
+
+        try:
+            await spawner.docker("stop", handle["container"], timeout=3)
+        except docker.errors.NotFound:
+            pass
+
+
+def outcome_of(ended: Ended) -> tuple[str, str]:
+    """A finished job's state and its reason in words, from how its run ended."""
+    if ended.outcome == "completed" or (ended.outcome is None and ended.exit_code == 0):
+        return "completed", "completed"
+    if ended.outcome == "stopped" or ended.exit_code in (STOPPED_EXIT, -15, 137, -9):
+        return "cancelled", "stopped"
+    if ended.outcome == "failed" or ended.error:
+        return "failed", ended.error or "the notebook failed"
+    if ended.exit_code is None:
+        return "failed", "the job ended while the hub was down and left no outcome"
+    return "failed", f"the job's process exited with status {ended.exit_code}"

@@ -1,0 +1,142 @@
+"""Pure: what a job request says, checked, and how a job is named in the ledger.
+
+A job's body (``POST /hub/api/users/NAME/gpu-jobs``) holds the same GPU choice
+as a server's user_options (``profile``, ``gpus``, ``gpu_model``, ``image``)
+plus what to run:
+
+==================  ==========================================================
+``notebook``        the notebook to run, a path relative to the user's files
+``outputs``         ``{format: path}``: where the executed notebook goes
+                    (``ipynb``; ``html`` too if asked), relative paths
+``log``             optional: where the job's log goes (default: beside the
+                    first output, ``<name>.log``)
+``parameters``      optional ``{name: value}`` (strings, numbers, booleans):
+                    set in a cell after the notebook's ``parameters`` cell
+``kernel``          optional kernel name (default: the notebook's own)
+``time_limit``      optional seconds (at most the hub's ``gpu_job_time_limit``)
+``name``            optional display name
+==================  ==========================================================
+
+Paths never leave the user's files: absolute paths and ``..``
+are refused (as is anything else unexpected), with a message naming the field.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import PurePosixPath
+from typing import Any
+
+from ..profiles import OPTION_KEYS, OptionsError
+
+JOB_KEYS = ("notebook", "outputs", "log", "parameters", "kernel", "time_limit", "name")
+OUTPUT_FORMATS = ("ipynb", "html")
+JOB_PART = "job/"  # a job's ledger owner is "user/job/<id>"; server names never hold a slash
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
+_KERNEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+_MAX_TEXT = 4096
+
+
+def job_owner(user: str, job_id: str) -> str:
+    """The ledger owner of job ``job_id`` of ``user``."""
+    return f"{user}/{JOB_PART}{job_id}"
+
+
+def job_of_owner(owner: str) -> str | None:
+    """The job id of a ledger owner, or ``None`` for a server."""
+    _user, _, rest = owner.partition("/")
+    return rest[len(JOB_PART):] if rest.startswith(JOB_PART) else None
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """A checked job request (its GPU choice is checked by the profiles, as a server's)."""
+
+    options: dict  # the user_options part: profile, gpus, gpu_model, image
+    notebook: str
+    outputs: dict  # format -> relative path
+    log: str
+    parameters: dict = field(default_factory=dict)
+    kernel: str | None = None
+    time_limit: float | None = None
+    name: str = ""
+
+    def to_dict(self) -> dict:
+        return {"options": self.options, "notebook": self.notebook, "outputs": self.outputs, "log": self.log,
+                "parameters": self.parameters, "kernel": self.kernel, "time_limit": self.time_limit,
+                "name": self.name}
+
+    @classmethod
+    def from_dict(cls, data: Mapping) -> JobSpec:
+        return cls(**{k: data[k] for k in cls.__dataclass_fields__ if k in data})
+
+
+def user_path(value: Any, key: str, suffix: str | None = None) -> str:
+    """A path inside the user's files, as a clean relative POSIX path; else :class:`OptionsError`."""
+    if not isinstance(value, str) or not value.strip():
+        raise OptionsError(key, "must be a path (a non-empty string) relative to your files")
+    if len(value) > _MAX_TEXT or "\0" in value or "\\" in value:
+        raise OptionsError(key, "is not a usable path")
+    path = PurePosixPath(value)
+    if path.is_absolute():
+        raise OptionsError(key, f"'{value}' is outside your files: give a path relative to your home folder")
+    if ".." in path.parts:
+        raise OptionsError(key, f"'{value}' is outside your files: '..' is not allowed")
+    if suffix and path.suffix != suffix:
+        raise OptionsError(key, f"'{value}' is not a {suffix} file")
+    return str(path)
+
+
+def parse_job(body: Any, max_time_limit: float) -> JobSpec:
+    """Check a job request; :class:`OptionsError` names the first bad field.
+
+    The GPU choice (``profile``, ``gpus``, ...) is returned unchecked in
+    ``options``: the spawner's profile rules check it, exactly as for a server.
+    """
+    if not isinstance(body, Mapping):
+        raise OptionsError("body", "must be a JSON object")
+    unknown = sorted(set(body) - set(JOB_KEYS) - set(OPTION_KEYS))
+    if unknown:
+        raise OptionsError(unknown[0], f"unknown key; allowed: {', '.join(OPTION_KEYS + JOB_KEYS)}")
+    if "notebook" not in body:
+        raise OptionsError("notebook", "is required: the notebook to run")
+    notebook = user_path(body["notebook"], "notebook", ".ipynb")
+    outputs_in = body.get("outputs")
+    if outputs_in is None:
+        outputs_in = {"ipynb": str(PurePosixPath(notebook).with_name(PurePosixPath(notebook).stem + "-output.ipynb"))}
+    if not isinstance(outputs_in, Mapping) or not outputs_in:
+        raise OptionsError("outputs", "must be an object {format: path}, e.g. {\"ipynb\": \"out.ipynb\"}")
+    outputs = {}
+    for fmt, path in outputs_in.items():
+        if fmt not in OUTPUT_FORMATS:
+            raise OptionsError("outputs", f"format {fmt!r} is not offered; allowed: {', '.join(OUTPUT_FORMATS)}")
+        outputs[fmt] = user_path(path, f"outputs.{fmt}")
+    first = PurePosixPath(next(iter(outputs.values())))
+    log = user_path(body["log"], "log") if body.get("log") is not None else str(first.with_suffix(".log"))
+    parameters = body.get("parameters") or {}
+    if not isinstance(parameters, Mapping):
+        raise OptionsError("parameters", "must be an object {name: value}")
+    for name, value in parameters.items():
+        if not isinstance(name, str) or not _NAME.fullmatch(name):
+            raise OptionsError("parameters", f"{name!r} is not a Python variable name")
+        if isinstance(value, bool) or isinstance(value, (int, float)):
+            continue
+        if not isinstance(value, str) or len(value) > _MAX_TEXT:
+            raise OptionsError("parameters", f"{name}: values are strings, numbers or booleans")
+    kernel = body.get("kernel")
+    if kernel is not None and (not isinstance(kernel, str) or not _KERNEL.fullmatch(kernel)):
+        raise OptionsError("kernel", "must be a kernel name such as 'python3'")
+    time_limit = body.get("time_limit")
+    if time_limit is not None:
+        if isinstance(time_limit, bool) or not isinstance(time_limit, (int, float)) or time_limit <= 0:
+            raise OptionsError("time_limit", "must be a number of seconds > 0")
+        if time_limit > max_time_limit:
+            raise OptionsError("time_limit", f"{time_limit:g} s is more than this hub allows ({max_time_limit:g} s)")
+    name = body.get("name") or PurePosixPath(notebook).stem
+    if not isinstance(name, str) or len(name) > 256:
+        raise OptionsError("name", "must be a string of at most 256 characters")
+    options = {k: body[k] for k in OPTION_KEYS if k in body}
+    return JobSpec(options, notebook, outputs, log, dict(parameters), kernel,
+                   float(time_limit) if time_limit is not None else None, name)

@@ -1,0 +1,208 @@
+"""Notebook GPU jobs on a real JupyterHub with gpu-local, through the hub's job API.
+
+The jobs run the real executor (nbclient, a real ipykernel) as processes of the
+hub; each test reads what the job's process held from its own environment
+(``/proc/PID/environ``) and what the user would see: the job's state and
+reason, the executed notebook in their files, and ``/hub/api/gpus``.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+import fakenvml
+from gpuspawner.simulation import simulated_config
+from hub import Hub, pid_alive, process_env
+from jobnotebooks import GPU_REPORT, outputs_text, write
+
+pytestmark = pytest.mark.integration
+
+PROFILES = [
+    {"slug": "cpu", "display_name": "CPU only", "gpu_counts": [0]},
+    {"slug": "gpu", "display_name": "GPU notebook", "gpu_models": ["any"], "gpu_counts": [0, 1, 2], "default": True,
+     "default_gpus": 1},
+    {"slug": "queued", "display_name": "Queued T4", "gpu_models": ["t4"], "gpu_counts": [1], "default_gpus": 1,
+     "queue": True},
+]
+JOBS_CONFIG = """
+from gpuspawner.hub.setup import configure
+c.GPUSpawnerMixin.gpu_quota_per_user = 2
+c.GPUSpawnerMixin.gpu_job_time_limit = 600
+c.JupyterHub.load_roles[0]["scopes"] += ["tokens", "custom:gpus:read"]
+configure(c)
+"""
+T4 = {"profile": "gpu", "gpus": 1, "gpu_model": "t4"}
+
+
+@pytest.fixture(scope="module")
+def hub(tmp_path_factory, fakenvml_libdir):
+    tmp = tmp_path_factory.mktemp("jobs-local")
+    config_path = tmp / "gpus.json"
+    fakenvml.write_config(config_path, simulated_config(a100=2, t4=2))
+    hub = Hub(tmp / "hub", fakenvml.env(fakenvml_libdir, config_path), PROFILES, extra_config=JOBS_CONFIG)
+    hub.start()
+    hub.add_users("alice", "bob", "carol")
+    try:
+        yield hub
+    finally:
+        for name in ("alice", "bob", "carol"):
+            for job in hub.api("GET", f"/users/{name}/gpu-jobs").json().get("jobs", []):
+                hub.api("DELETE", f"/users/{name}/gpu-jobs/{job['id']}")
+        hub.close()
+
+
+def home(hub: Hub, user: str):
+    return hub.dir / "users" / user
+
+
+def submit(hub: Hub, user: str, body: dict):
+    return hub.api("POST", f"/users/{user}/gpu-jobs", json=body)
+
+
+def job(hub: Hub, user: str, job_id: str) -> dict:
+    r = hub.api("GET", f"/users/{user}/gpu-jobs/{job_id}")
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def wait_state(hub: Hub, user: str, job_id: str, states: tuple[str, ...], timeout: float = 90) -> dict:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = job(hub, user, job_id)
+        if found["state"] in states:
+            return found
+        time.sleep(0.2)
+    raise TimeoutError(f"job {job_id} is {found['state']}, not {states}:\n{hub.log()}")
+
+
+def holders(hub: Hub) -> dict[str, dict]:
+    """GPU uuid -> its holder, from /hub/api/gpus."""
+    r = hub.api("GET", "/gpus")
+    assert r.status_code == 200, r.text
+    return {g["uuid"]: g["holder"] for g in r.json()["gpus"] if g.get("holder")}
+
+
+def job_pid(text: str) -> int:
+    return int(next(line for line in text.splitlines() if line.startswith("PID=")).split("=", 1)[1])
+
+
+def test_job_runs_on_its_gpu_and_frees_it(hub):
+    write(home(hub, "alice") / "work" / "report.ipynb", GPU_REPORT, parameters="seconds = 0")
+    r = submit(hub, "alice", {**T4, "notebook": "work/report.ipynb", "parameters": {"seconds": 3},
+                              "outputs": {"ipynb": "work/out/report-run.ipynb", "html": "work/out/report-run.html"}})
+    assert r.status_code == 201, r.text
+    created = r.json()
+    assert created["state"] in ("starting", "running")
+    assert len(created["gpus"]) == 1 and created["gpus"][0]["name"] == "Tesla T4"
+    uuid = created["gpus"][0]["uuid"]
+    running = wait_state(hub, "alice", created["id"], ("running",))
+    # while it runs: /hub/api/gpus shows the GPU held by alice's job
+    holder = holders(hub)[uuid]
+    assert holder["user"] == "alice" and holder["kind"] == "job" and holder["server"] == f"job/{created['id']}"
+    # ... and the job's process environment holds exactly that GPU
+    pids = [p for p in hub.marked_pids() if process_env(p).get("GPUSPAWNER_SPAWN") == created["id"]]
+    assert pids, "the job's process carries the hub's marks"
+    for pid in pids:
+        env = process_env(pid)
+        assert env["CUDA_VISIBLE_DEVICES"] == uuid and env["NVIDIA_VISIBLE_DEVICES"] == uuid
+    done = wait_state(hub, "alice", created["id"], ("completed", "failed"))
+    assert done["state"] == "completed", done
+    assert done["started"] and done["ended"] and done["exit_code"] == 0 and running["started"] == done["started"]
+    text = outputs_text(home(hub, "alice") / "work" / "out" / "report-run.ipynb")
+    assert f"GPUS={uuid}" in text and "slept 3" in text
+    assert "slept 3" in (home(hub, "alice") / "work" / "out" / "report-run.html").read_text()
+    assert "cell" in (home(hub, "alice") / "work" / "out" / "report-run.log").read_text()
+    assert uuid not in holders(hub), "the GPU is free again"
+    assert not pid_alive(job_pid(text))
+
+
+def test_failing_notebook_is_marked_failed_and_frees_gpus(hub):
+    write(home(hub, "bob") / "fail.ipynb", "print('before')", "raise RuntimeError('no convergence')")
+    r = submit(hub, "bob", {"profile": "gpu", "gpus": 2, "gpu_model": "a100-sxm4-80gb", "notebook": "fail.ipynb"})
+    assert r.status_code == 201, r.text
+    uuids = {g["uuid"] for g in r.json()["gpus"]}
+    assert len(uuids) == 2
+    done = wait_state(hub, "bob", r.json()["id"], ("completed", "failed"))
+    assert done["state"] == "failed" and "RuntimeError: no convergence" in done["reason"]
+    assert done["exit_code"] == 1
+    assert "before" in outputs_text(home(hub, "bob") / "fail-output.ipynb"), "the output keeps what ran"
+    assert not uuids & set(holders(hub))
+
+
+def test_cancel_frees_gpus_within_seconds(hub):
+    write(home(hub, "carol") / "long.ipynb", GPU_REPORT, parameters="seconds = 600")
+    r = submit(hub, "carol", {**T4, "notebook": "long.ipynb"})
+    assert r.status_code == 201, r.text
+    job_id, uuid = r.json()["id"], r.json()["gpus"][0]["uuid"]
+    wait_state(hub, "carol", job_id, ("running",))
+    time.sleep(2)  # the kernel is in its sleep
+    asked = time.monotonic()
+    r = hub.api("DELETE", f"/users/carol/gpu-jobs/{job_id}")
+    assert r.status_code == 200, r.text
+    cancelled = wait_state(hub, "carol", job_id, ("cancelled",), timeout=5)
+    assert time.monotonic() - asked < 5
+    assert cancelled["reason"] == "cancelled"
+    assert uuid not in holders(hub)
+    assert not [p for p in hub.marked_pids() if process_env(p).get("GPUSPAWNER_SPAWN") == job_id]
+
+
+def test_time_limit_stops_and_marks_the_job(hub):
+    write(home(hub, "carol") / "slow.ipynb", GPU_REPORT, parameters="seconds = 600")
+    r = submit(hub, "carol", {**T4, "notebook": "slow.ipynb", "time_limit": 6})
+    assert r.status_code == 201, r.text
+    done = wait_state(hub, "carol", r.json()["id"], ("timed_out", "completed", "failed", "cancelled"), timeout=60)
+    assert done["state"] == "timed_out" and "time limit (6 s)" in done["reason"]
+    assert r.json()["gpus"][0]["uuid"] not in holders(hub)
+
+
+def test_quota_refuses_a_job_like_a_server(hub):
+    write(home(hub, "alice") / "q.ipynb", GPU_REPORT, parameters="seconds = 30")
+    first = submit(hub, "alice", {"profile": "gpu", "gpus": 2, "gpu_model": "any", "notebook": "q.ipynb"})
+    assert first.status_code == 201, first.text
+    try:
+        r = submit(hub, "alice", {**T4, "notebook": "q.ipynb"})
+        assert r.status_code == 409, r.text
+        assert "quota" in r.json()["message"].lower()
+        server = hub.spawn("alice", T4)
+        assert server.status_code == 409 and r.json()["message"] == server.json()["message"]
+    finally:
+        hub.api("DELETE", f"/users/alice/gpu-jobs/{first.json()['id']}")
+    assert len(hub.api("GET", "/users/alice/gpu-jobs").json()["jobs"]) >= 1
+
+
+@pytest.mark.parametrize("body, status, field", [
+    ({"profile": "nope", "notebook": "a.ipynb"}, 400, "profile"),
+    ({"profile": "gpu", "gpus": 64, "notebook": "a.ipynb"}, 400, "gpus"),
+    ({"profile": "gpu", "gpus": 1, "notebook": "/etc/passwd.ipynb"}, 400, "notebook"),
+    ({"profile": "gpu", "gpus": 1, "notebook": "../bob/fail.ipynb"}, 400, "notebook"),
+    ({"profile": "gpu", "gpus": 1, "notebook": "missing.ipynb"}, 400, "notebook"),
+    ({"profile": "gpu", "gpus": 1, "notebook": "q.ipynb", "outputs": {"ipynb": "../../x.ipynb"}}, 400, "outputs"),
+    ({"profile": "gpu", "gpus": 1, "notebook": "q.ipynb", "partition": "x"}, 400, "partition"),
+    ({"profile": "gpu", "gpus": 1, "notebook": "q.ipynb", "time_limit": 10**9}, 400, "time_limit"),
+])
+def test_bad_input_is_refused_and_starts_nothing(hub, body, status, field):
+    before = holders(hub)
+    count = len(hub.api("GET", "/users/alice/gpu-jobs").json()["jobs"])
+    r = submit(hub, "alice", body)
+    assert r.status_code == status, r.text
+    assert r.json()["message"].startswith(field), r.json()
+    assert holders(hub) == before
+    assert len(hub.api("GET", "/users/alice/gpu-jobs").json()["jobs"]) == count
+
+
+def test_jobs_of_others_are_not_visible_to_a_user(hub):
+    r = hub.api("POST", "/users/bob/tokens", json={"note": "jobs test"})
+    assert r.status_code in (200, 201), r.text
+    token = r.json()["token"]
+    import requests
+
+    own = requests.get(f"{hub.url}/hub/api/users/bob/gpu-jobs", headers={"Authorization": f"token {token}"})
+    assert own.status_code == 200 and all(j["user"] == "bob" for j in own.json()["jobs"])
+    other = requests.get(f"{hub.url}/hub/api/users/alice/gpu-jobs", headers={"Authorization": f"token {token}"})
+    assert other.status_code == 404
+    options = requests.get(f"{hub.url}/hub/api/users/bob/gpu-job-options", headers={"Authorization": f"token {token}"})
+    assert options.status_code == 200
+    labels = [t["label"] for t in options.json()["compute_types"]]
+    assert "CPU only" in labels and "1 x Tesla T4" in labels and "2 x NVIDIA A100-SXM4-80GB" in labels
