@@ -206,3 +206,57 @@ def test_jobs_of_others_are_not_visible_to_a_user(hub):
     assert options.status_code == 200
     labels = [t["label"] for t in options.json()["compute_types"]]
     assert "CPU only" in labels and "1 x Tesla T4" in labels and "2 x NVIDIA A100-SXM4-80GB" in labels
+
+
+def test_queued_job_waits_then_runs_when_a_gpu_frees(hub):
+    write(home(hub, "alice") / "hold.ipynb", GPU_REPORT, parameters="seconds = 600")
+    write(home(hub, "carol") / "quick.ipynb", GPU_REPORT, parameters="seconds = 0")
+    holding = [submit(hub, user, {**T4, "notebook": "hold.ipynb"}) for user in ("alice", "alice")]
+    assert [r.status_code for r in holding] == [201, 201], [r.text for r in holding]
+    try:
+        queued = submit(hub, "carol", {"profile": "queued", "gpus": 1, "gpu_model": "t4", "notebook": "quick.ipynb"})
+        assert queued.status_code == 201, queued.text
+        assert queued.json()["state"] == "queued" and queued.json()["gpus"] == []
+        time.sleep(1)
+        assert job(hub, "carol", queued.json()["id"])["state"] == "queued"
+        freed = holding[0].json()["gpus"][0]["uuid"]
+        hub.api("DELETE", f"/users/alice/gpu-jobs/{holding[0].json()['id']}")
+        done = wait_state(hub, "carol", queued.json()["id"], ("completed", "failed"), timeout=60)
+        assert done["state"] == "completed" and [g["uuid"] for g in done["gpus"]] == [freed]
+    finally:
+        for r in holding:
+            hub.api("DELETE", f"/users/alice/gpu-jobs/{r.json()['id']}")
+
+
+def test_hub_crash_neither_loses_nor_reruns_jobs(hub):
+    """SIGKILL the hub: a running job goes on and is watched again; one that ended meanwhile is recorded."""
+    import signal
+
+    write(home(hub, "alice") / "long.ipynb", GPU_REPORT, parameters="seconds = 12")
+    write(home(hub, "bob") / "short.ipynb", GPU_REPORT, parameters="seconds = 1")
+    long = submit(hub, "alice", {**T4, "notebook": "long.ipynb"}).json()
+    short = submit(hub, "bob", {**T4, "notebook": "short.ipynb"}).json()
+    for user, j in (("alice", long), ("bob", short)):
+        wait_state(hub, user, j["id"], ("running",))
+    pids_before = {p for p in hub.marked_pids() if process_env(p).get("GPUSPAWNER_SPAWN") == long["id"]}
+    hub.stop(signal.SIGKILL)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not (home(hub, "bob") / "short-output.ipynb").exists():
+        time.sleep(0.2)
+    time.sleep(1)
+    hub.start()
+    # the short job ended while the hub was down: recorded with its outcome, its GPU free
+    done = wait_state(hub, "bob", short["id"], ("completed", "failed"), timeout=30)
+    assert done["state"] == "completed" and "while the hub was down" in done["reason"]
+    # the long one still runs, in the same process, its GPU held by it
+    still = job(hub, "alice", long["id"])
+    assert still["state"] == "running" and still["started"] == job(hub, "alice", long["id"])["started"]
+    held = holders(hub)
+    assert held[long["gpus"][0]["uuid"]]["server"] == f"job/{long['id']}"
+    assert short["gpus"][0]["uuid"] not in held
+    pids_after = {p for p in hub.marked_pids() if process_env(p).get("GPUSPAWNER_SPAWN") == long["id"]}
+    assert min(pids_before) in pids_after, "the same executor process runs on (not started a second time)"
+    finished = wait_state(hub, "alice", long["id"], ("completed", "failed"), timeout=60)
+    assert finished["state"] == "completed"
+    assert outputs_text(home(hub, "alice") / "long-output.ipynb").count("slept 12") == 1
+    assert long["gpus"][0]["uuid"] not in holders(hub)
