@@ -151,7 +151,8 @@ class GPUScheduler(Scheduler):
         if not model.job_definition_id and not self.file_exists(model.input_uri):
             raise SchedulerError(f"{model.input_uri} does not exist.")
         with self.db_session() as session:
-            model.output_formats = [f for f in (model.output_formats or ["ipynb"]) if f in ("ipynb", "html")] or ["ipynb"]
+            offered = [f for f in (model.output_formats or ["ipynb"]) if f in ("ipynb", "html")]
+            model.output_formats = offered or ["ipynb"]
             job = Job(**model.dict(exclude_none=True, exclude={"input_uri"}))
             job.compute_type = chosen["label"]
             session.add(job)

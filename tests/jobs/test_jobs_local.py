@@ -11,11 +11,11 @@ from __future__ import annotations
 import time
 
 import pytest
+from jobnotebooks import GPU_REPORT, outputs_text, write
 
 import fakenvml
 from gpuspawner.simulation import simulated_config
 from hub import Hub, pid_alive, process_env
-from jobnotebooks import GPU_REPORT, outputs_text, write
 
 pytestmark = pytest.mark.integration
 

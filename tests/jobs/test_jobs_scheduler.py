@@ -11,12 +11,12 @@ import time
 
 import pytest
 import requests
+from jobnotebooks import GPU_REPORT, outputs_text, write
+from test_jobs_local import JOBS_CONFIG, PROFILES, holders
 
 import fakenvml
 from gpuspawner.simulation import simulated_config
 from hub import Hub, process_env
-from jobnotebooks import GPU_REPORT, outputs_text, write
-from test_jobs_local import JOBS_CONFIG, PROFILES, holders
 
 pytestmark = pytest.mark.integration
 
@@ -82,7 +82,8 @@ def test_create_job_runs_on_its_own_gpu_and_outlives_the_server(hub):
     output = next(f for f in done["job_files"] if f["file_format"] == "ipynb")
     staged = scheduler(hub, "GET", f"jobs/{job_id}").json()
     assert staged["status"] == "COMPLETED"
-    text = outputs_text(next((hub.dir / "users" / "dana" / ".jupyter" / "scheduler_staging_area").rglob("bench-*.ipynb")))
+    staging = hub.dir / "users" / "dana" / ".jupyter" / "scheduler_staging_area"
+    text = outputs_text(next(staging.rglob("bench-*.ipynb")))
     assert f"GPUS={uuid}" in text and "slept 4" in text
     assert output["display_name"]
 
