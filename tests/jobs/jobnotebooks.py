@@ -1,4 +1,4 @@
-"""Notebooks the job tests run, written into a user's files."""
+"""What the job tests share: their hub's profiles and configuration, the notebooks they run, readers."""
 
 from __future__ import annotations
 
@@ -35,3 +35,27 @@ def outputs_text(path: Path) -> str:
     """Every stream output of an executed notebook, joined."""
     nb = nbformat.read(str(path), as_version=4)
     return "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []))
+
+
+PROFILES = [
+    {"slug": "cpu", "display_name": "CPU only", "gpu_counts": [0]},
+    {"slug": "gpu", "display_name": "GPU notebook", "gpu_models": ["any"], "gpu_counts": [0, 1, 2], "default": True,
+     "default_gpus": 1},
+    {"slug": "queued", "display_name": "Queued T4", "gpu_models": ["t4"], "gpu_counts": [1], "default_gpus": 1,
+     "queue": True},
+]
+# appended to the test hub's configuration: quotas, a job time limit, the GPU overview and job API
+JOBS_CONFIG = """
+from gpuspawner.hub.setup import configure
+c.GPUSpawnerMixin.gpu_quota_per_user = 2
+c.GPUSpawnerMixin.gpu_job_time_limit = 600
+c.JupyterHub.load_roles[0]["scopes"] += ["tokens", "custom:gpus:read"]
+configure(c)
+"""
+
+
+def holders(hub) -> dict[str, dict]:
+    """GPU uuid -> its holder, from /hub/api/gpus."""
+    r = hub.api("GET", "/gpus")
+    assert r.status_code == 200, r.text
+    return {g["uuid"]: g["holder"] for g in r.json()["gpus"] if g.get("holder")}

@@ -11,28 +11,14 @@ from __future__ import annotations
 import time
 
 import pytest
-from jobnotebooks import GPU_REPORT, outputs_text, write
 
 import fakenvml
 from gpuspawner.simulation import simulated_config
 from hub import Hub, pid_alive, process_env
+from jobnotebooks import GPU_REPORT, JOBS_CONFIG, PROFILES, holders, outputs_text, write
 
 pytestmark = pytest.mark.integration
 
-PROFILES = [
-    {"slug": "cpu", "display_name": "CPU only", "gpu_counts": [0]},
-    {"slug": "gpu", "display_name": "GPU notebook", "gpu_models": ["any"], "gpu_counts": [0, 1, 2], "default": True,
-     "default_gpus": 1},
-    {"slug": "queued", "display_name": "Queued T4", "gpu_models": ["t4"], "gpu_counts": [1], "default_gpus": 1,
-     "queue": True},
-]
-JOBS_CONFIG = """
-from gpuspawner.hub.setup import configure
-c.GPUSpawnerMixin.gpu_quota_per_user = 2
-c.GPUSpawnerMixin.gpu_job_time_limit = 600
-c.JupyterHub.load_roles[0]["scopes"] += ["tokens", "custom:gpus:read"]
-configure(c)
-"""
 T4 = {"profile": "gpu", "gpus": 1, "gpu_model": "t4"}
 
 
@@ -75,13 +61,6 @@ def wait_state(hub: Hub, user: str, job_id: str, states: tuple[str, ...], timeou
             return found
         time.sleep(0.2)
     raise TimeoutError(f"job {job_id} is {found['state']}, not {states}:\n{hub.log()}")
-
-
-def holders(hub: Hub) -> dict[str, dict]:
-    """GPU uuid -> its holder, from /hub/api/gpus."""
-    r = hub.api("GET", "/gpus")
-    assert r.status_code == 200, r.text
-    return {g["uuid"]: g["holder"] for g in r.json()["gpus"] if g.get("holder")}
 
 
 def job_pid(text: str) -> int:

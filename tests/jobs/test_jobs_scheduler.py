@@ -11,12 +11,11 @@ import time
 
 import pytest
 import requests
-from jobnotebooks import GPU_REPORT, outputs_text, write
-from test_jobs_local import JOBS_CONFIG, PROFILES, holders
 
 import fakenvml
 from gpuspawner.simulation import simulated_config
 from hub import Hub, process_env
+from jobnotebooks import GPU_REPORT, JOBS_CONFIG, PROFILES, holders, outputs_text, write
 
 pytestmark = pytest.mark.integration
 
