@@ -10,9 +10,10 @@ Set as jupyter-scheduler's classes by the ``gpuspawner.labjobs`` server extensio
 - :class:`GPUScheduler` (``SchedulerApp.scheduler_class``): a job created in
   the dialog is handed to the hub (``POST /hub/api/users/NAME/gpu-jobs``), which
   places it on its own GPUs and runs it on the hub's backend, independently of
-  this server (stopping the server does not stop the job). Its state, start and
-  end times, GPUs and outcome come back from the hub into jupyter-scheduler's
-  job list; the executed notebook lands in jupyter-scheduler's staging area in
+  this server (stopping the server does not stop the job). Its state and start
+  and end times come back from the hub into jupyter-scheduler's job list, the
+  GPUs it ran on and why it ended into the job's tags, the error of a job that
+  did not complete into its status message; the executed notebook lands in jupyter-scheduler's staging area in
   the user's files, where the job list links to it. Stop and delete in the job
   list cancel the hub's job.
 
@@ -196,13 +197,17 @@ class GPUScheduler(Scheduler):
         job.status = _STATUS.get(answer["state"], Status.FAILED)
         job.start_time = ms(answer.get("started"))
         job.end_time = ms(answer.get("ended"))
-        gpus = ", ".join(f"{g['name']} {g['uuid']}" for g in answer.get("gpus") or []) or "no GPU"
-        if answer["state"] in ("queued",):
+        gpus = [f"{g['name']} {g['uuid']}" for g in answer.get("gpus") or []]
+        # tags (shown in the job's detail view): the GPUs it got and, once ended, why it ended
+        job.tags = [f"GPU: {g}" for g in gpus] or ["GPU: none"]
+        if answer["state"] == "queued":
             job.status_message = "waiting for GPUs in the hub's queue"
         elif answer["state"] in ("starting", "running"):
-            job.status_message = f"running on {gpus}"
+            job.status_message = None
         else:
-            job.status_message = f"{answer['reason']} (GPUs used: {gpus})"
+            job.tags = [*job.tags, f"ended: {answer['reason']}"]
+            # jupyter-scheduler shows a status message as an alert: only for jobs that did not complete
+            job.status_message = None if answer["state"] == "completed" else answer["reason"]
 
     def _sync(self) -> None:
         hub = self.hub

@@ -77,7 +77,8 @@ def test_create_job_runs_on_its_own_gpu_and_outlives_the_server(hub):
     listed = scheduler(hub, "GET", "jobs").json()["jobs"]
     done = next(j for j in listed if j["job_id"] == job_id)
     assert done["status"] == "COMPLETED", done
-    assert uuid in done["status_message"] and done["start_time"] and done["end_time"]
+    assert f"GPU: Tesla T4 {uuid}" in done["tags"] and "ended: completed" in done["tags"]
+    assert done["start_time"] and done["end_time"] and not done.get("status_message")
     output = next(f for f in done["job_files"] if f["file_format"] == "ipynb")
     staged = scheduler(hub, "GET", f"jobs/{job_id}").json()
     assert staged["status"] == "COMPLETED"
