@@ -275,3 +275,35 @@ def test_quota_counts_job_pods(hub, kube):
     finally:
         hub.api("DELETE", f"/users/yann/gpu-jobs/{job_id}")
     assert f"yann/job/{job_id}" not in counted(hub)
+
+
+def test_compute_types_come_from_the_cluster(hub):
+    r = hub.api("GET", "/users/zoe/gpu-job-options")
+    assert r.status_code == 200, r.text
+    by_label = {t["label"]: t for t in r.json()["compute_types"]}
+    assert "CPU only" in by_label
+    a100 = by_label["1 x NVIDIA-A100-SXM4-80GB"]  # the GPU Feature Discovery product label
+    assert (a100["profile"], a100["gpus"], a100["free"], a100["total"]) == ("gpu", 1, 16, 16)
+
+
+def test_a_restarted_hub_counts_a_running_job_pod_and_records_one_that_ended(hub, kube):
+    running_id, ending_id = (submit(hub, "zoe", {**GPU1, "notebook": n}).json()["id"] for n in ("a.ipynb", "b.ipynb"))
+    for job_id in (running_id, ending_id):
+        wait_state(hub, "zoe", job_id, ("running",))
+    running_pod, ending_pod = (job_pod(kube, j)["metadata"]["name"] for j in (running_id, ending_id))
+    hub.stop()
+    kube.finish(ending_pod, "Failed", 1, "ValueError: bad batch")
+    hub.start()
+    ended = wait_state(hub, "zoe", ending_id, ("completed", "failed"))
+    assert ended["state"] == "failed"
+    assert ended["reason"] == "ValueError: bad batch (ended while the hub was down)"
+    assert ending_pod not in kube.pods()
+    # the running one is counted again under its job (read from its pod), never started twice
+    assert counted(hub) == {f"zoe/job/{running_id}": 1}
+    assert wait_state(hub, "zoe", running_id, ("running",))["state"] == "running"
+    assert len([p for p in kube.created() if p["metadata"]["name"] == running_pod]) == 1
+    r = submit(hub, "zoe", {"profile": "gpu", "gpus": 2, "gpu_model": A100, "notebook": "c.ipynb"})
+    assert r.status_code == 409 and f"job/{running_id}" in r.json()["message"], r.text
+    kube.finish(running_pod, "Succeeded", 0)
+    assert wait_state(hub, "zoe", running_id, ("completed", "failed"))["state"] == "completed"
+    assert counted(hub) == {}
