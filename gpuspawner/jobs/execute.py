@@ -8,7 +8,10 @@ directory), on the GPUs its environment names, and writes:
 - one line per cell to standard output (the hub sends it to the job's log);
 - ``--status PATH``: ``{"outcome": "completed" | "failed" | "stopped", "error": ...}``,
   which the hub reads when the job's process (or container) has ended, even
-  after a hub restart.
+  after a hub restart;
+- ``--termination-log PATH`` (a Kubernetes container's ``/dev/termination-log``,
+  written only where it exists): the error in one line, or ``completed``, which
+  the pod's status shows the hub (it cannot read the user's volume).
 
 Parameters (``--parameters JSON``) go in a new cell after the cell tagged
 ``parameters`` (as papermill does), or first if there is none. Exit status:
@@ -28,6 +31,7 @@ from pathlib import Path
 import nbformat
 
 STOPPED_EXIT = 143
+TERMINATION_MAX = 4096  # Kubernetes keeps at most this many bytes of a termination message
 
 
 class Stopped(Exception):
@@ -67,7 +71,17 @@ def _write_status(path: str | None, outcome: str, error: str | None) -> None:
     os.replace(tmp, target)
 
 
-def run(notebook: str, outputs: dict[str, str], parameters: dict, kernel: str | None, status: str | None) -> int:
+def _write_termination_log(path: str | None, outcome: str, error: str | None) -> None:
+    if not path or not os.path.exists(path):
+        return
+    try:
+        Path(path).write_text((error or outcome)[:TERMINATION_MAX])
+    except OSError:
+        pass  # the exit status still tells the outcome
+
+
+def run(notebook: str, outputs: dict[str, str], parameters: dict, kernel: str | None, status: str | None,
+        termination_log: str | None = None) -> int:
     from nbclient import NotebookClient
     from nbclient.exceptions import CellExecutionError
 
@@ -77,11 +91,13 @@ def run(notebook: str, outputs: dict[str, str], parameters: dict, kernel: str | 
         message = f"notebook not found: {notebook}"
         print(message, flush=True)
         _write_status(status, "failed", message)
+        _write_termination_log(termination_log, "failed", message)
         return 2
     except Exception as e:  # not JSON, not a notebook
         message = f"{notebook} is not a readable notebook: {e}"
         print(message, flush=True)
         _write_status(status, "failed", message)
+        _write_termination_log(termination_log, "failed", message)
         return 2
     inject_parameters(nb, parameters)
     kernel_name = kernel or nb.metadata.get("kernelspec", {}).get("name") or "python3"
@@ -122,6 +138,7 @@ def run(notebook: str, outputs: dict[str, str], parameters: dict, kernel: str | 
             print(f"could not write the output: {e}", flush=True)
     print(f"{outcome}" + (f": {error}" if error else ""), flush=True)
     _write_status(status, outcome, error)
+    _write_termination_log(termination_log, outcome, error)
     return code
 
 
@@ -133,6 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kernel")
     parser.add_argument("--status")
     parser.add_argument("--log", help="append standard output and error to this file")
+    parser.add_argument("--termination-log", help="write the error (or 'completed') here if this file exists")
     args = parser.parse_args(argv)
     if args.log:
         Path(args.log).parent.mkdir(parents=True, exist_ok=True)
@@ -143,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout = os.fdopen(1, "w", buffering=1)
         sys.stderr = os.fdopen(2, "w", buffering=1)
     outputs = dict(item.split("=", 1) for item in args.output)
-    return run(args.notebook, outputs, json.loads(args.parameters), args.kernel, args.status)
+    return run(args.notebook, outputs, json.loads(args.parameters), args.kernel, args.status, args.termination_log)
 
 
 if __name__ == "__main__":

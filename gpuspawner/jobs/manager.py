@@ -115,6 +115,7 @@ class JobManager:
         job_id = uuidlib.uuid4().hex
         owner = job_owner(user.name, job_id)
         spawner = self._spawner(user, owner)
+        spawner.user_options = dict(spec.options)  # as JupyterHub sets them before apply_user_options
         await spawner._apply_gpu_options(spec.options)  # 400/403 as for a server
         problem = await self.runner.check_files(spawner, spec)
         if problem:
@@ -242,8 +243,9 @@ class JobManager:
             if record.gpus:
                 self.state.ledger.adopt(spawner.gpu_owner, [g["uuid"] for g in record.gpus])
             if record.state == "queued" or (record.state == "starting" and not record.handle):
+                spawner.user_options = dict(record.spec.get("options", {}))
                 try:
-                    await spawner._apply_gpu_options(record.spec.get("options", {}))
+                    await spawner._apply_gpu_options(spawner.user_options)
                 except web.HTTPError as e:
                     self._finish(record, spawner, "failed", getattr(e, "jupyterhub_message", str(e)), None)
                     continue

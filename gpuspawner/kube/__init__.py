@@ -11,5 +11,7 @@ small dataclasses); the only I/O is in :mod:`gpuspawner.kube.api`.
   requirement is read by :func:`gpuspawner.compat.min_cuda`).
 - :mod:`.events`: scheduling events in plain words.
 - :mod:`.holdings`: which GPUs the hub's single-user pods hold (quotas after a restart).
-- :mod:`.api`: reading nodes and pods through kubernetes_asyncio, cached.
+- :mod:`.jobpod`: a notebook GPU job as a run-to-completion pod, and how its pod ended.
+- :mod:`.api`: reading nodes and pods through kubernetes_asyncio, cached; creating, reading
+  and deleting job pods.
 """

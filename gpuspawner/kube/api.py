@@ -109,3 +109,32 @@ class ClusterCapacity:
             self._failure = None
             self._reading = ClusterReading(nodes, None, time.monotonic())
             return self._reading
+
+
+async def create_pod(api, namespace: str, body: dict[str, Any], timeout: float = 10.0) -> dict[str, Any]:
+    """Create a pod from its JSON; raises :class:`KubeAPIError` (409: one of that name exists) and the like."""
+    return await asyncio.wait_for(_json(api.create_namespaced_pod, namespace=namespace, body=body), timeout)
+
+
+async def read_pod(api, namespace: str, name: str, timeout: float = 10.0) -> dict[str, Any] | None:
+    """The pod as JSON, or ``None`` when there is none of that name."""
+    try:
+        return await asyncio.wait_for(_json(api.read_namespaced_pod, name=name, namespace=namespace), timeout)
+    except KubeAPIError as e:
+        if e.status == 404:
+            return None
+        raise
+
+
+async def delete_pod(api, namespace: str, name: str, grace_seconds: int | None = None, timeout: float = 10.0) -> bool:
+    """Delete a pod (its containers get SIGTERM, then SIGKILL after ``grace_seconds``); False if it was gone."""
+    kwargs: dict[str, Any] = {"name": name, "namespace": namespace}
+    if grace_seconds is not None:
+        kwargs["grace_period_seconds"] = grace_seconds
+    try:
+        await asyncio.wait_for(_json(api.delete_namespaced_pod, **kwargs), timeout)
+    except KubeAPIError as e:
+        if e.status == 404:
+            return False
+        raise
+    return True

@@ -16,6 +16,10 @@ is given back on stop and on every failed start, and after a hub restart it is
 rebuilt from the hub's live single-user pods. The hub's queue is not used: the
 cluster's scheduler (or Kueue) is the queue, so ``queue: true`` profiles are
 refused at configuration.
+
+Notebook GPU jobs (:class:`~gpuspawner.jobs.runners.KubeJobs`) go through the
+same :meth:`~GPUKubeSpawner.reserve_gpus` (capacity check and quota claim,
+owner ``user/job/<id>``) and run as pods with ``restartPolicy: Never``.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from ..compat import CudaVersion, cuda_version_text, min_cuda
 from ..form import form_context
 from ..gpu import GPU
 from ..inventory import InventoryReading
+from ..jobs.runners import KubeJobs
 from ..kube.api import ClusterCapacity, ClusterReading, list_server_pods, why_failed
 from ..kube.capacity import GPU_RESOURCE, PRODUCT_LABEL, CapacityError, place, pools
 from ..kube.events import EventContext, explain_event
@@ -116,6 +121,8 @@ class GPUKubeSpawner(GPUSpawnerMixin, KubeSpawner):
         return value
 
     honours_kubespawner_override = True  # KubeSpawner applies every key
+
+    gpu_job_runner = KubeJobs  # a notebook GPU job is a pod with restartPolicy Never
 
     @validate("profile_list")
     def _check_profile_list(self, proposal):

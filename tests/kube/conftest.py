@@ -12,23 +12,14 @@ import asyncio
 import contextlib
 import copy
 import json
-from pathlib import Path
 from types import SimpleNamespace
 
 import aiohttp
 import kmock
 import pytest
 import pytest_asyncio
-import yaml
 
-from kubefixtures import FIXTURES
-
-NODES = kmock.resource("", "v1", "nodes")
-PODS = kmock.resource("", "v1", "pods")
-
-
-def load(name: str) -> list[dict]:
-    return json.loads((FIXTURES / name).read_text())["items"]
+from kubefixtures import NODES, PODS, load, write_kubeconfig
 
 
 @pytest.fixture
@@ -39,18 +30,6 @@ def node_items() -> list[dict]:
 @pytest.fixture
 def pod_items() -> list[dict]:
     return load("pods.json")
-
-
-def write_kubeconfig(path: Path, url: str) -> Path:
-    path.write_text(yaml.safe_dump({
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [{"name": "test", "cluster": {"server": url}}],
-        "users": [{"name": "test", "user": {"token": "test-token"}}],
-        "contexts": [{"name": "test", "context": {"cluster": "test", "user": "test", "namespace": "jhub"}}],
-        "current-context": "test",
-    }))
-    return path
 
 
 class Cluster(SimpleNamespace):
