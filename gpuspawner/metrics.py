@@ -17,7 +17,11 @@ created (nothing is registered on import).
   refusal's code (``none_free``, ``quota_user``, ``queue_timeout``, ...);
 - ``gpuspawner_queue_length``: spawns waiting for a GPU;
 - ``gpuspawner_placement_seconds{outcome}``: from asking for GPUs to getting
-  them (queue wait included) or being refused.
+  them (queue wait included) or being refused;
+- ``gpuspawner_gpu_seconds_total{user,state}``: GPU-seconds held by each user's
+  servers and jobs that their utilisation samples show ``busy`` or ``idle``
+  (the culler's threshold; see :mod:`gpuspawner.usage`), counted since the hub
+  process started.
 
 Collecting never does I/O: it uses the newest inventory reading the hub has.
 """
@@ -25,10 +29,10 @@ Collecting never does I/O: it uses the newest inventory reading the hub has.
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 
 from prometheus_client import Counter as PromCounter, Histogram
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import REGISTRY, Collector, CollectorRegistry
 
 from .availability import by_model
@@ -42,8 +46,10 @@ BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 15, 60, 300, 900, 3600)
 class HubMetrics(Collector):
     """The hub's GPU metrics: live gauges from the ledger, inventory and queue, plus counters."""
 
-    def __init__(self, inventory: CachedInventory, ledger: Ledger, queue_length: Callable[[], int]) -> None:
+    def __init__(self, inventory: CachedInventory, ledger: Ledger, queue_length: Callable[[], int],
+                 gpu_seconds: Mapping[tuple[str, str], float] | None = None) -> None:
         self._inventory = inventory
+        self._gpu_seconds = gpu_seconds if gpu_seconds is not None else {}
         self._ledger = ledger
         self._queue_length = queue_length
         # unregistered metric objects: this collector yields them
@@ -95,6 +101,13 @@ class HubMetrics(Collector):
         queue = GaugeMetricFamily("gpuspawner_queue_length", "Spawns waiting in the hub's queue for a free GPU")
         queue.add_metric([], self._queue_length())
         yield queue
+        seconds = CounterMetricFamily(
+            "gpuspawner_gpu_seconds", "GPU-seconds held, busy or idle by the utilisation samples, per user",
+            labels=["user", "state"],
+        )
+        for (user, state), value in sorted(dict(self._gpu_seconds).items()):
+            seconds.add_metric([user, state], value)
+        yield seconds
         yield from self.refusals.collect()
         yield from self.placement_seconds.collect()
 
