@@ -287,7 +287,8 @@ class GPUSpawnerMixin(GPUPolicyMixin, GPUHubSettings):
 
     async def poll(self):
         status = await super().poll()
-        if status is not None and self.gpu_allocation:  # it ended on its own while the hub ran
+        # ended on its own while the hub ran (a stop polls too: JupyterHub marks it pending first)
+        if status is not None and self.gpu_allocation and not getattr(self, "_stop_pending", False):
             self.gpu_end_reason("failed")
         return status
 
