@@ -20,7 +20,12 @@ import os
 import sys
 from pathlib import Path
 
-from gpuspawner.hub.setup import configure
+from gpuspawner.hub.setup import (
+    RECOMMENDED_CULLER,
+    RECOMMENDED_QUEUE_TIMEOUT,
+    RECOMMENDED_QUOTA_PER_USER,
+    configure,
+)
 from gpuspawner.hub.sqlite import sqlite_db_kwargs
 from gpuspawner.simulation import SIMULATION_ENV, place_on_device_files, real_or_simulated
 from gpuspawner.spawners.docker import reachable_engine
@@ -180,13 +185,13 @@ if backend == "slurm":  # no hub queue on Slurm: a GPU job that must wait waits 
 # /hub/gpus and /hub/api/gpus (scope custom:gpus:read; admins have access), metrics at /hub/metrics,
 # and the GPU idle culler service. Call configure() last: it appends to services and load_roles.
 c.JupyterHub.allow_named_servers = True
-c.GPUSpawnerMixin.gpu_quota_per_user = int(os.environ.get("GPUSPAWNER_QUOTA_PER_USER", "4"))
-c.GPUSpawnerMixin.gpu_queue_timeout = 1800
+# The quota, the queue's limit and the culler's settings are those the replay chose
+# (python -m gpuspawner.replay; README "Choosing settings with the replay"): every 60 s, stop
+# a server whose GPUs stayed below 5 % for 15 minutes, after warning its user 5 minutes before.
+c.GPUSpawnerMixin.gpu_quota_per_user = int(os.environ.get("GPUSPAWNER_QUOTA_PER_USER", str(RECOMMENDED_QUOTA_PER_USER)))
+c.GPUSpawnerMixin.gpu_queue_timeout = RECOMMENDED_QUEUE_TIMEOUT
 configure(c, culler={
     "url": c.JupyterHub.bind_url,  # the servers' monitors are read through the proxy
-    "period": 60,                  # seconds between rounds
-    "threshold": 5,                # % GPU utilisation below which a GPU counts as idle
-    "idle_timeout": 3600,          # stop a server whose GPUs stayed idle this long ...
-    "warn_before": 600,            # ... after warning its user in JupyterLab this long before
+    **RECOMMENDED_CULLER,          # period, threshold, idle_timeout, warn_before
     "pid_file": str(state / "gpu-culler.pid"),  # one culler per hub, also across restarts
 })

@@ -29,6 +29,12 @@ CLUSTER = "cluster:"
 
 Admit = Callable[[Mapping[str, tuple[str, ...]]], None]
 
+#: Told of every change of who holds what, after the ledger's lock is released:
+#: ``observer("hold", owner, uuids, since)`` when ``owner`` starts holding or holds more
+#: (``uuids``: all it holds now; ``since``: when it started holding), and
+#: ``observer("release", owner, uuids, since)`` when it gave everything back.
+Observer = Callable[[str, str, tuple[str, ...], float], None]
+
 
 def cluster_tokens(owner: str, holdings: Mapping[str, int]) -> tuple[str, ...]:
     """The ledger keys of ``owner`` holding ``holdings`` (cluster resource -> GPU count).
@@ -70,11 +76,30 @@ class Ledger:
     holds at least one GPU.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float] = time.time) -> None:
         self._lock = threading.Lock()
+        self._clock = clock
         self._by_owner: dict[str, tuple[str, ...]] = {}
         self._by_uuid: dict[str, str] = {}
-        self._since: dict[str, float] = {}  # owner -> when it started holding (time.time())
+        self._since: dict[str, float] = {}  # owner -> when it started holding (the clock's time)
+        self._observers: list[Observer] = []
+        self._events: list[tuple[str, str, tuple[str, ...], float]] = []  # told once the lock is free
+
+    def observe(self, observer: Observer) -> None:
+        """Tell ``observer`` of every hold and release from now on (see :data:`Observer`).
+
+        Every holder goes through the ledger (servers, jobs, adopted allocations), so an
+        observer sees them all. Observers run in the caller's thread, outside the lock.
+        """
+        self._observers.append(observer)
+
+    def _notify(self) -> None:
+        """Tell the observers what changed; called right after the lock is released."""
+        with self._lock:
+            events, self._events = self._events, []
+        for event in events:
+            for observer in self._observers:
+                observer(*event)
 
     def reserve(
         self,
@@ -105,7 +130,8 @@ class Ledger:
             chosen = place(gpus, self._by_uuid.keys(), request)
             if chosen:
                 self._record(request.owner, tuple(gpu.uuid for gpu in chosen))
-            return chosen
+        self._notify()
+        return chosen
 
     def claim(self, owner: str, holdings: Mapping[str, int], admit: Admit | None = None) -> tuple[str, ...]:
         """Record that ``owner`` holds GPUs the cluster places: ``holdings`` is resource -> count.
@@ -127,7 +153,8 @@ class Ledger:
                 if admit is not None:
                     admit(self._by_owner)
                 self._record(owner, tokens)
-            return tokens
+        self._notify()
+        return tokens
 
     def adopt(self, owner: str, uuids: Iterable[str]) -> tuple[str, ...]:
         """Restore ``owner``'s allocation after a hub restart.
@@ -144,16 +171,20 @@ class Ledger:
             added = tuple(u for u in wanted if u not in refused and u not in self._by_uuid)
             if added:
                 self._record(owner, current + added)
-            return refused
+        self._notify()
+        return refused
 
     def release(self, owner: str) -> tuple[str, ...]:
         """Free everything ``owner`` holds and return those UUIDs; ``()`` if nothing."""
         with self._lock:
             uuids = self._by_owner.pop(owner, ())
-            self._since.pop(owner, None)
+            since = self._since.pop(owner, None)
             for uuid in uuids:
                 del self._by_uuid[uuid]
-            return uuids
+            if uuids:
+                self._events.append(("release", owner, uuids, since))
+        self._notify()
+        return uuids
 
     def holder(self, uuid: str) -> str | None:
         """The owner holding ``uuid``, or ``None``."""
@@ -178,6 +209,7 @@ class Ledger:
     def _record(self, owner: str, uuids: tuple[str, ...]) -> None:
         """Set ``owner``'s UUIDs, updating both maps; the lock must be held."""
         self._by_owner[owner] = uuids
-        self._since.setdefault(owner, time.time())
+        since = self._since.setdefault(owner, self._clock())
         for uuid in uuids:
             self._by_uuid[uuid] = owner
+        self._events.append(("hold", owner, uuids, since))

@@ -18,6 +18,10 @@ created (nothing is registered on import).
 - ``gpuspawner_queue_length``: spawns waiting for a GPU;
 - ``gpuspawner_placement_seconds{outcome}``: from asking for GPUs to getting
   them (queue wait included) or being refused;
+- ``gpuspawner_gpu_seconds_total{user,state}``: GPU-seconds held by each user's
+  servers and jobs that their utilisation samples show ``busy`` or ``idle``
+  (the culler's threshold; see :mod:`gpuspawner.usage`), counted since the hub
+  process started;
 - ``gpuspawner_jobs{state}``: notebook GPU jobs per state (``queued``, ``starting``,
   ``running``, ``completed``, ``failed``, ``cancelled``, ``timed_out``).
 
@@ -27,10 +31,10 @@ Collecting never does I/O: it uses the newest inventory reading the hub has.
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 
 from prometheus_client import Counter as PromCounter, Histogram
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import REGISTRY, Collector, CollectorRegistry
 
 from .availability import by_model
@@ -45,8 +49,10 @@ class HubMetrics(Collector):
     """The hub's GPU metrics: live gauges from the ledger, inventory and queue, plus counters."""
 
     def __init__(self, inventory: CachedInventory, ledger: Ledger, queue_length: Callable[[], int],
+                 gpu_seconds: Mapping[tuple[str, str], float] | None = None,
                  jobs: Callable[[], dict[str, int]] = dict) -> None:
         self._inventory = inventory
+        self._gpu_seconds = gpu_seconds if gpu_seconds is not None else {}
         self._jobs = jobs
         self._ledger = ledger
         self._queue_length = queue_length
@@ -99,6 +105,13 @@ class HubMetrics(Collector):
         queue = GaugeMetricFamily("gpuspawner_queue_length", "Spawns waiting in the hub's queue for a free GPU")
         queue.add_metric([], self._queue_length())
         yield queue
+        seconds = CounterMetricFamily(
+            "gpuspawner_gpu_seconds", "GPU-seconds held, busy or idle by the utilisation samples, per user",
+            labels=["user", "state"],
+        )
+        for (user, state), value in sorted(dict(self._gpu_seconds).items()):
+            seconds.add_metric([user, state], value)
+        yield seconds
         jobs = GaugeMetricFamily("gpuspawner_jobs", "Notebook GPU jobs per state", labels=["state"])
         for state, value in self._jobs().items():
             jobs.add_metric([state], value)

@@ -33,9 +33,10 @@ from traitlets.config import Config, Configurable
 
 from .gpu import GPU
 from .inventory import CachedInventory, NVMLInventory, StaticInventory, gpus_from_config
-from .ledger import Ledger
+from .ledger import Ledger, cluster_resource
 from .metrics import HubMetrics
 from .queue import GPUQueue
+from .usage import UsageRecorder
 
 __all__ = ["GPUHubSettings", "HubState", "hub_state", "forget_hub_states"]
 
@@ -167,13 +168,38 @@ class HubState:
         self.queue = GPUQueue()
         #: the notebook GPU jobs' manager (gpuspawner.jobs.manager), made by the hub's job API on first use
         self.jobs: Any = None
-        self.metrics = HubMetrics(self.inventory, self.ledger, self.queue.__len__,
+        #: usage accounting: every hold and release of the ledger, in the hub's database
+        self.usage = UsageRecorder(self.gpu_info)
+        self.ledger.observe(self.usage.observe)
+        self.metrics = HubMetrics(self.inventory, self.ledger, self.queue.__len__, self.usage.gpu_seconds,
                                   lambda: self.jobs.counts() if self.jobs is not None else {})
         #: owner -> GPU records the runtime reported (container labels, process environments)
         self.found: dict[str, tuple[GPU, ...]] = {}
         #: per-purpose caches a backend or handler keeps for this hub (e.g. cluster capacity)
         self.caches: dict[Hashable, Any] = {}
         self._once: dict[Hashable, asyncio.Future] = {}
+
+    def gpu_info(self, uuid: str) -> dict:
+        """What the usage records keep of one held GPU (a cluster token: its resource)."""
+        resource = cluster_resource(uuid)
+        if resource is not None:
+            return {"uuid": uuid, "name": resource, "model": resource, "host": "", "index": None}
+        reading = self.inventory.last_reading()
+        for gpu in reading.gpus if reading is not None else ():
+            if gpu.uuid == uuid:
+                return {"uuid": uuid, "name": gpu.name, "model": gpu.model, "host": gpu.host, "index": gpu.index}
+        found = self.found_gpu(uuid)
+        if found is not None:
+            return {"uuid": uuid, "name": found.name, "model": found.model, "host": found.host, "index": found.index}
+        return {"uuid": uuid, "name": "", "model": "", "host": "", "index": None}
+
+    def found_gpu(self, uuid: str) -> GPU | None:
+        """The record of ``uuid`` the runtime reported (container labels, process environments)."""
+        for gpus in self.found.values():
+            for gpu in gpus:
+                if gpu.uuid == uuid:
+                    return gpu
+        return None
 
     async def once(self, key: Hashable, run: Callable[[], Awaitable[None]]) -> None:
         """Run ``run`` once for this hub (a reconciliation); concurrent callers wait for it.

@@ -192,6 +192,7 @@ class Culler:
             return
         samples = [(s["time"], highest_utilization(s)) for s in sample.get("history", [])]
         samples.append((sample["time"], highest_utilization(sample)))
+        await self.report(owner, samples=samples)
         action, idle_for = self.tracker.observe(owner, samples, now)
         what = (f"its GPUs ({', '.join(holder['uuids'])}) stayed below {self.args.threshold:g}% utilisation "
                 f"for {_duration(idle_for)}")
@@ -207,9 +208,19 @@ class Culler:
         elif action == "stop":
             user, server = holder["user"], holder["server"]
             path = f"/users/{quote(user)}/servers/{quote(server)}" if server else f"/users/{quote(user)}/server"
+            await self.report(owner, end_reason="culled")  # before the stop: the usage record says why it ended
             code, _ = await self._call("DELETE", self.api_url + path)
             log.warning("stopping %s because %s (idle timeout %s, warned %s before): HTTP %s",
                         owner, what, _duration(self.args.idle_timeout), _duration(self.args.warn_before), code)
+
+    async def report(self, owner: str, samples: list | None = None, end_reason: str | None = None) -> None:
+        """Tell the hub's usage accounting what was sampled, or why the server is about to stop."""
+        body: dict = {"owner": owner, "threshold": self.args.threshold, "samples": samples or []}
+        if end_reason:
+            body["end_reason"] = end_reason
+        code, data = await self._call("POST", f"{self.api_url}/gpus/usage/report", body)
+        if code != 200:
+            log.warning("%s: the hub did not take the usage report (HTTP %s %s)", owner, code, data)
 
     async def once(self) -> None:
         holders = await self.holders()

@@ -5,7 +5,9 @@ from gpuspawner.hub.setup import configure
 configure(c, culler={"url": "http://127.0.0.1:8000", "idle_timeout": 3600})
 ```
 
-It registers the admin page ``/hub/gpus`` and API ``/hub/api/gpus``, defines
+It registers the admin pages ``/hub/gpus`` and ``/hub/gpus/usage`` and APIs
+``/hub/api/gpus`` and ``/hub/api/gpus/usage`` (plus the culler's
+``/hub/api/gpus/usage/report``, scope ``custom:gpus:report``), defines
 the custom scope ``custom:gpus:read`` (grant it in a role to let a service or
 user read the overview; admins read it through their ``admin-ui`` scope,
 since JupyterHub's admin role cannot be changed), the notebook GPU job API
@@ -30,13 +32,21 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from . import jobs
+from . import jobs, usage
 from .handlers import SCOPE, SETTINGS_KEY, handlers
 
 TEMPLATES = str(Path(__file__).resolve().parent / "templates")
 OVERVIEW_SERVICE = "gpuspawner-overview"
 CULLER_SERVICE = "gpu-culler"
-CULLER_SCOPES = ["list:users", "read:users", "read:servers", "servers", "access:servers", SCOPE]
+CULLER_SCOPES = ["list:users", "read:users", "read:servers", "servers", "access:servers", SCOPE, usage.REPORT_SCOPE]
+
+#: The culler settings the runnable hub uses (jupyterhub_config.py), chosen with the replay
+#: (``python -m gpuspawner.replay``; README "Choosing settings with the replay").
+RECOMMENDED_CULLER = {"period": 60, "threshold": 5, "idle_timeout": 900, "warn_before": 300}
+#: Seconds a queued spawn waits for a GPU in the runnable hub (``gpu_queue_timeout``).
+RECOMMENDED_QUEUE_TIMEOUT = 1800.0
+#: GPUs one user may hold at once in the runnable hub (``gpu_quota_per_user``).
+RECOMMENDED_QUOTA_PER_USER = 4
 
 #: culler option -> command-line flag of ``python -m gpuspawner.hub.culler``
 CULLER_OPTIONS = {
@@ -47,11 +57,14 @@ CULLER_OPTIONS = {
 
 def configure(c: Any, *, culler: dict | None = None, python: str = sys.executable) -> None:
     """Add the GPU overview, its scope, and optionally the GPU idle culler, to config ``c``."""
-    c.JupyterHub.extra_handlers.extend(handlers())
+    c.JupyterHub.extra_handlers.extend(usage.handlers() + handlers())
     c.JupyterHub.extra_handlers.extend(jobs.handlers())
     c.JupyterHub.template_paths.append(TEMPLATES)
     c.JupyterHub.custom_scopes.update({
-        SCOPE: {"description": "Read the GPU overview: every GPU, who holds it and live utilisation."},
+        SCOPE: {"description": "Read the GPU overview and usage: every GPU, who holds it, live utilisation, "
+                        "GPU-hours per user and group."},
+        usage.REPORT_SCOPE: {"description": "Report GPU utilisation samples and why a server is stopped "
+                                            "(the GPU idle culler), for usage accounting."},
         jobs.JOB_SCOPE: {"description": "Run, list and cancel notebook GPU jobs."},
     })
     token = secrets.token_hex(32)  # new at each start; JupyterHub replaces the old one in its database

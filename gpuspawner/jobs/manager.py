@@ -29,6 +29,7 @@ from tornado import web
 
 from ..gpu import GPU
 from ..profiles import OptionsError
+from . import runners
 from .runners import outcome_of
 from .spec import JobSpec, job_owner, parse_job
 from .store import ACTIVE, STATES, JobRecord, JobStore
@@ -59,8 +60,8 @@ class JobManager:
         self.settings = settings
         self.time_limit = time_limit
         self.spawner_class = settings["spawner_class"]
-        runner_factory = getattr(self.spawner_class, "gpu_job_runner", None)
-        self.runner = runner_factory() if runner_factory else None
+        runner_name = getattr(self.spawner_class, "gpu_job_runner", None)
+        self.runner = getattr(runners, runner_name)() if runner_name else None
         self._tasks: dict[str, asyncio.Task] = {}
         self._cancel: dict[str, str] = {}  # job id -> "cancelled" | "timed_out"
         self._states: dict[str, str] = {r.id: r.state for r in store.list(limit=100_000)}

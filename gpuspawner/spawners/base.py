@@ -14,6 +14,7 @@ import asyncio
 from typing import Any
 
 from jinja2 import Environment, PackageLoader, select_autoescape
+from sqlalchemy.orm import Session
 from tornado import web
 from traitlets import Dict, List, TraitError, default, validate
 
@@ -119,6 +120,9 @@ class GPUSpawnerMixin(GPUPolicyMixin, GPUHubSettings):
         """The hub's shared GPU state (ledger, queue, inventory, metrics); tests may set their own."""
         if self._hub_state is None:
             self._hub_state = hub_state(self.config, type(self), settings=self)
+            db = getattr(getattr(self, "user", None), "db", None)
+            if isinstance(db, Session):  # the hub's session: usage records go there
+                self._hub_state.usage.attach(db)
         return self._hub_state
 
     @hub_state.setter
@@ -145,8 +149,8 @@ class GPUSpawnerMixin(GPUPolicyMixin, GPUHubSettings):
     #: set on the spawner object a notebook GPU job runs through: its ledger key ``user/job/<id>``
     gpu_owner_override: str | None = None
 
-    #: the backend's job runner class (see :mod:`gpuspawner.jobs.runners`); None: no GPU jobs
-    gpu_job_runner: type | None = None
+    #: the name of the backend's job runner class in :mod:`gpuspawner.jobs.runners`; None: no GPU jobs
+    gpu_job_runner: str | None = None
 
     @property
     def gpu_owner(self) -> str:
@@ -283,8 +287,20 @@ class GPUSpawnerMixin(GPUPolicyMixin, GPUHubSettings):
             self.save_state()  # with what the backend learnt (pid, container)
             return result
         except BaseException:
+            self.gpu_end_reason("failed")
             self.release_gpus()
             raise
+
+    async def poll(self):
+        status = await super().poll()
+        # ended on its own while the hub ran (a stop polls too: JupyterHub marks it pending first)
+        if status is not None and self.gpu_allocation and not getattr(self, "_stop_pending", False):
+            self.gpu_end_reason("failed")
+        return status
+
+    def gpu_end_reason(self, reason: str) -> None:
+        """Tell the usage records why this server's GPUs are about to be given back."""
+        self.hub_state.usage.end_reason(self.gpu_owner, reason)
 
     async def stop(self, now: bool = False):
         try:
@@ -302,7 +318,14 @@ class GPUSpawnerMixin(GPUPolicyMixin, GPUHubSettings):
 
     async def ensure_reconciled(self) -> None:
         """Reconcile the ledger with the runtime once per hub; concurrent callers wait for it."""
-        await self.hub_state.once(("reconcile", type(self).__name__), self.reconcile_allocations)
+        state = self.hub_state
+
+        async def reconcile() -> None:
+            # an allocation released here and not adopted again was gone: usage records say "crashed"
+            with state.usage.reconciling(state.ledger.allocations):
+                await self.reconcile_allocations()
+
+        await state.once(("reconcile", type(self).__name__), reconcile)
 
     # ------------------------------------------------------------ state
 

@@ -27,7 +27,6 @@ from tornado import web
 from traitlets import Bool, default
 
 from .. import compat
-from ..jobs.runners import DockerJobs
 from ..profiles import Choice
 from .base import GPUSpawnerMixin, user_error
 from .docker_objects import (
@@ -94,7 +93,7 @@ def add_gpus_to_create_kwargs(
 class GPUDockerSpawner(GPUSpawnerMixin, DockerSpawner):
     """DockerSpawner whose containers get exactly their placed GPUs, by UUID."""
 
-    gpu_job_runner = DockerJobs
+    gpu_job_runner = "DockerJobs"
 
     check_cuda_compatibility = Bool(
         True,

@@ -38,7 +38,6 @@ from ..compat import CudaVersion, cuda_version_text, min_cuda
 from ..form import form_context
 from ..gpu import GPU
 from ..inventory import InventoryReading
-from ..jobs.runners import KubeJobs
 from ..kube.api import ClusterCapacity, ClusterReading, list_server_pods, why_failed
 from ..kube.capacity import GPU_RESOURCE, PRODUCT_LABEL, CapacityError, place, pools
 from ..kube.events import EventContext, explain_event
@@ -122,7 +121,7 @@ class GPUKubeSpawner(GPUSpawnerMixin, KubeSpawner):
 
     honours_kubespawner_override = True  # KubeSpawner applies every key
 
-    gpu_job_runner = KubeJobs  # a notebook GPU job is a pod with restartPolicy Never
+    gpu_job_runner = "KubeJobs"  # a notebook GPU job is a pod with restartPolicy Never
 
     @validate("profile_list")
     def _check_profile_list(self, proposal):

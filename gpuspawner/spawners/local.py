@@ -37,7 +37,6 @@ from traitlets import TraitError, Unicode, validate
 from ..fence import DeviceFence, Isolation, detect
 from ..fence_systemd import scope_command
 from ..gpu import nvidia_visible_devices
-from ..jobs.runners import LocalJobs
 from ..jobs.spec import job_of_owner
 from .base import GPUSpawnerMixin, user_error
 from .processes import HUB_VAR, SERVER_VAR, SPAWN_VAR, ServerProcesses, end_processes, find_servers
@@ -102,7 +101,7 @@ class _LocalGPUs(GPUSpawnerMixin):
             raise TraitError(f"gpu_isolation must be 'auto', 'required' or 'off', not {proposal['value']!r}")
         return proposal["value"]
 
-    gpu_job_runner = LocalJobs
+    gpu_job_runner = "LocalJobs"
     gpu_spawn_id: str = ""
     _fence_path = None
     _scope_prefix: list[str] | None = None  # systemd-run words before the server's command

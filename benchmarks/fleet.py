@@ -1,0 +1,23 @@
+"""Replay a day of GPU sessions through gpuspawner's real decision code, per policy (see gpuspawner/replay.py).
+
+    python benchmarks/fleet.py [--chart docs/replay.png] [any option of python -m gpuspawner.replay]
+
+Prints the machine's load average with the figures: the replay runs on a simulated clock,
+so its figures do not depend on the machine; only its run time does.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from gpuspawner.replay import main  # noqa: E402
+
+if __name__ == "__main__":
+    started = time.perf_counter()
+    main(sys.argv[1:])
+    print(f"replayed in {time.perf_counter() - started:.1f} s; load average {os.getloadavg()[0]:.2f}")

@@ -1,0 +1,308 @@
+"""GPU usage reports: ``/hub/gpus/usage`` (page), ``/hub/api/gpus/usage`` (JSON, CSV) and the
+culler's ``POST /hub/api/gpus/usage/report``.
+
+Reading needs what the overview needs (``custom:gpus:read``, or ``admin-ui``
+which admins hold). Reporting needs ``custom:gpus:report`` (the culler's role
+has it) or ``admin:servers``. The rows come from :mod:`gpuspawner.usage`.
+
+An allocation counts in a period for the part of it inside the period: GPU
+count x overlap. Its busy and idle time are spread evenly over its duration
+(the records keep totals per allocation), so a period that covers a third of
+an allocation gets a third of its busy and idle time. An allocation still
+held counts up to now.
+"""
+
+from __future__ import annotations
+
+import csv
+import html
+import io
+import json
+import math
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+from datetime import datetime, timezone
+
+from jupyterhub.apihandlers import APIHandler
+from jupyterhub.handlers import BaseHandler
+from sqlalchemy import or_, select
+from tornado import web
+
+from ..usage import END_REASONS, Allocation
+from .handlers import _Overview
+
+REPORT_SCOPE = "custom:gpus:report"
+REPORT_ADMIN_SCOPE = "admin:servers"
+GROUPINGS = ("user", "group", "model", "allocation")
+DEFAULT_PERIOD = 7 * 24 * 3600.0
+NO_GROUP = "(no group)"
+TOP_IDLE = 10
+#: columns of the grouped CSV (and keys of each JSON row), in order
+SUMMARY_FIELDS = ("key", "gpu_hours", "busy_gpu_hours", "idle_gpu_hours", "unsampled_gpu_hours", "allocations")
+#: columns of ``by=allocation`` CSV (and keys of each JSON row), in order
+ALLOCATION_FIELDS = ("id", "owner", "user", "kind", "groups", "model", "host", "gpu_count", "uuids", "started",
+                     "ended", "end_reason", "gpu_hours", "busy_gpu_hours", "idle_gpu_hours", "unsampled_gpu_hours")
+
+
+class BadParameter(ValueError):
+    """A query parameter that cannot be used; its text is the 400's message."""
+
+
+def parse_time(text: str, name: str) -> float:
+    """Seconds since the epoch from ``text``: a number (epoch seconds) or ISO 8601 (UTC unless it says)."""
+    text = text.strip()
+    try:
+        value = float(text)
+    except ValueError:
+        try:
+            parsed = datetime.fromisoformat(text.replace("Z", "+00:00"))
+        except ValueError:
+            raise BadParameter(
+                f"{name}={text!r} is not a time: use ISO 8601 (2026-11-01 or 2026-11-01T08:00:00Z) "
+                "or seconds since the epoch") from None
+        if parsed.tzinfo is None:
+            parsed = parsed.replace(tzinfo=timezone.utc)
+        return parsed.timestamp()
+    if not math.isfinite(value):
+        raise BadParameter(f"{name}={text!r} is not a time")
+    return value
+
+
+def iso(epoch: float | None) -> str | None:
+    if epoch is None:
+        return None
+    return datetime.fromtimestamp(epoch, timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+@dataclass
+class Share:
+    """One allocation's part of a period, in GPU-seconds."""
+
+    row: Allocation
+    held: float
+    busy: float
+    idle: float
+
+    @property
+    def unsampled(self) -> float:
+        return max(0.0, self.held - self.busy - self.idle)
+
+
+def shares(rows: list[Allocation], since: float, until: float, now: float) -> list[Share]:
+    """Each allocation's GPU-seconds inside [since, until), busy and idle spread over its duration."""
+    out = []
+    for row in rows:
+        end = row.ended if row.ended is not None else now
+        overlap = min(end, until) - max(row.started, since)
+        if overlap <= 0:
+            continue
+        duration = end - row.started
+        fraction = overlap / duration if duration > 0 else 0.0
+        count = row.gpu_count
+        out.append(Share(row, overlap * count, row.busy_seconds * count * fraction,
+                         row.idle_seconds * count * fraction))
+    return out
+
+
+def _keys(row: Allocation, by: str) -> list[str]:
+    if by == "user":
+        return [row.user]
+    if by == "model":
+        return [row.model or "unknown"]
+    return json.loads(row.groups or "[]") or [NO_GROUP]  # a member of several groups counts in each
+
+
+def _hours(seconds: float) -> float:
+    return round(seconds / 3600, 4)
+
+
+def summarise(parts: list[Share], by: str) -> list[dict]:
+    """Rows of :data:`SUMMARY_FIELDS`, the most GPU-hours first."""
+    totals: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0, 0.0, 0])
+    for part in parts:
+        for key in _keys(part.row, by):
+            t = totals[key]
+            t[0] += part.held
+            t[1] += part.busy
+            t[2] += part.idle
+            t[3] += part.unsampled
+            t[4] += 1
+    rows = [{"key": key, "gpu_hours": _hours(t[0]), "busy_gpu_hours": _hours(t[1]), "idle_gpu_hours": _hours(t[2]),
+             "unsampled_gpu_hours": _hours(t[3]), "allocations": int(t[4])} for key, t in totals.items()]
+    return sorted(rows, key=lambda r: (-r["gpu_hours"], r["key"]))
+
+
+def allocation_rows(parts: list[Share]) -> list[dict]:
+    """Rows of :data:`ALLOCATION_FIELDS`, oldest first."""
+    out = []
+    for part in sorted(parts, key=lambda p: (p.row.started, p.row.id)):
+        row = part.row
+        out.append({
+            "id": row.id, "owner": row.owner, "user": row.user, "kind": row.kind,
+            "groups": json.loads(row.groups or "[]"), "model": row.model, "host": row.host,
+            "gpu_count": row.gpu_count, "uuids": [g["uuid"] for g in json.loads(row.gpus or "[]")],
+            "started": iso(row.started), "ended": iso(row.ended), "end_reason": row.end_reason,
+            "gpu_hours": _hours(part.held), "busy_gpu_hours": _hours(part.busy), "idle_gpu_hours": _hours(part.idle),
+            "unsampled_gpu_hours": _hours(part.unsampled),
+        })
+    return out
+
+
+def top_idle(parts: list[Share], limit: int = TOP_IDLE) -> list[dict]:
+    """The owners (servers and jobs) with the most idle GPU-hours in the period."""
+    idle: dict[str, list] = {}
+    for part in parts:
+        entry = idle.setdefault(part.row.owner, [part.row.user, part.row.kind, 0.0, 0.0])
+        entry[2] += part.idle
+        entry[3] += part.held
+    ranked = sorted(((o, e) for o, e in idle.items() if e[2] > 0), key=lambda item: (-item[1][2], item[0]))
+    return [{"owner": o, "user": e[0], "kind": e[1], "idle_gpu_hours": _hours(e[2]), "gpu_hours": _hours(e[3])}
+            for o, e in ranked[:limit]]
+
+
+class _Usage(_Overview):
+    """Shared by the usage page and API handler."""
+
+    def period(self) -> tuple[float, float]:
+        now = time.time()
+        until_text = self.get_argument("until", "")
+        until = parse_time(until_text, "until") if until_text else now
+        since_text = self.get_argument("since", "")
+        since = parse_time(since_text, "since") if since_text else until - DEFAULT_PERIOD
+        if since >= until:
+            raise BadParameter(f"since ({iso(since)}) must be before until ({iso(until)})")
+        return since, until
+
+    def usage(self, by: str) -> dict:
+        if by not in GROUPINGS:
+            raise BadParameter(f"by={by!r}: use one of {', '.join(GROUPINGS)}")
+        since, until = self.period()
+        state = self.hub_state
+        state.usage.attach(self.db)
+        now = time.time()
+        query = select(Allocation).where(Allocation.started < until,
+                                         or_(Allocation.ended.is_(None), Allocation.ended >= since))
+        parts = shares(list(self.db.execute(query).scalars()), since, until, now)
+        total = summarise(parts, "user")
+        summary = {k: round(sum(r[k] for r in total), 4) for k in SUMMARY_FIELDS[1:]}
+        return {
+            "since": iso(since), "until": iso(until), "by": by,
+            "rows": allocation_rows(parts) if by == "allocation" else summarise(parts, by),
+            "total": summary,
+            "top_idle": top_idle(parts),
+        }
+
+
+def to_csv(data: dict) -> str:
+    """The ``rows`` of a usage answer as CSV (lists joined with ``;``)."""
+    fields = ALLOCATION_FIELDS if data["by"] == "allocation" else SUMMARY_FIELDS
+    out = io.StringIO()
+    writer = csv.DictWriter(out, fieldnames=fields, lineterminator="\r\n")
+    writer.writeheader()
+    for row in data["rows"]:
+        writer.writerow({k: ";".join(v) if isinstance(v, list) else ("" if v is None else v) for k, v in row.items()})
+    return out.getvalue()
+
+
+class UsageAPIHandler(_Usage, APIHandler):
+    """``GET /hub/api/gpus/usage?since=&until=&by=&format=``."""
+
+    async def get(self) -> None:
+        self.require_scope()
+        fmt = self.get_argument("format", "json")
+        try:
+            if fmt not in ("json", "csv"):
+                raise BadParameter(f"format={fmt!r}: use json or csv")
+            data = self.usage(self.get_argument("by", "user"))
+        except BadParameter as e:
+            raise web.HTTPError(400, str(e)) from e
+        self.set_header("Cache-Control", "no-store")
+        if fmt == "csv":
+            self.set_header("Content-Type", "text/csv; charset=utf-8")
+            name = f"gpu-usage-{data['by']}-{data['since'][:10]}-{data['until'][:10]}.csv"
+            self.set_header("Content-Disposition", f'attachment; filename="{name}"')
+            self.finish(to_csv(data))
+        else:
+            self.finish(json.dumps(data))
+
+
+class UsageReportHandler(_Overview, APIHandler):
+    """``POST /hub/api/gpus/usage/report``: utilisation samples and end reasons (the culler's)."""
+
+    async def post(self) -> None:
+        if not self.current_user:
+            raise web.HTTPError(403, "Missing or invalid credentials.")
+        if REPORT_SCOPE not in self.expanded_scopes and REPORT_ADMIN_SCOPE not in self.expanded_scopes:
+            raise web.HTTPError(403, f"Reporting GPU usage needs the scope {REPORT_SCOPE} (or {REPORT_ADMIN_SCOPE}).")
+        try:
+            body = json.loads(self.request.body or b"{}")
+            owner = body["owner"]
+            threshold = float(body.get("threshold", 5.0))
+            samples = [(float(t), None if u is None else float(u)) for t, u in body.get("samples", [])]
+            reason = body.get("end_reason")
+            if not isinstance(owner, str) or (reason is not None and reason not in END_REASONS):
+                raise ValueError
+        except (ValueError, KeyError, TypeError) as e:
+            raise web.HTTPError(400, 'Expected {"owner": "user/server", "threshold": 5, "samples": '
+                                     f'[[time, utilisation or null], ...], "end_reason": one of {END_REASONS}}}') from e
+        usage = self.hub_state.usage
+        usage.attach(self.db)
+        known = usage.sample(owner, samples, threshold)
+        if reason is not None:
+            known = usage.end_reason(owner, reason) and known
+        self.finish(json.dumps({"owner": owner, "recorded": known}))
+
+
+def _svg_bars(rows: list[dict], width: int = 640) -> str:
+    """A horizontal stacked bar per row (busy, idle, unsampled GPU-hours), as inline SVG."""
+    rows = rows[:15]
+    top = max((r["gpu_hours"] for r in rows), default=0) or 1.0
+    label_w, bar_h, gap = 140, 18, 6
+    scale = (width - label_w - 70) / top
+    height = len(rows) * (bar_h + gap) + 30
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" role="img" '
+             'aria-label="GPU-hours per user: busy, idle, unsampled" class="gpuspawner-usage-chart">']
+    colours = (("busy_gpu_hours", "#2e7d32"), ("idle_gpu_hours", "#e65100"), ("unsampled_gpu_hours", "#9e9e9e"))
+    for i, row in enumerate(rows):
+        y = i * (bar_h + gap)
+        key = html.escape(str(row["key"])[:24])
+        parts.append(f'<text x="{label_w - 6}" y="{y + 13}" text-anchor="end" font-size="12">{key}</text>')
+        x = float(label_w)
+        for field, colour in colours:
+            w = row[field] * scale
+            if w > 0:
+                parts.append(f'<rect x="{x:.1f}" y="{y}" width="{w:.1f}" height="{bar_h}" fill="{colour}">'
+                             f'<title>{field.replace("_gpu_hours", "")}: {row[field]:.2f} GPU-hours</title></rect>')
+                x += w
+        parts.append(f'<text x="{x + 4:.1f}" y="{y + 13}" font-size="12">{row["gpu_hours"]:.2f}</text>')
+    y = len(rows) * (bar_h + gap) + 12
+    for i, (field, colour) in enumerate(colours):
+        parts.append(f'<rect x="{label_w + i * 110}" y="{y}" width="12" height="12" fill="{colour}"/>'
+                     f'<text x="{label_w + i * 110 + 16}" y="{y + 11}" font-size="12">'
+                     f'{field.replace("_gpu_hours", "")}</text>')
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+class UsagePageHandler(_Usage, BaseHandler):
+    """``GET /hub/gpus/usage``: GPU-hours per user and group for a period, with a chart."""
+
+    @web.authenticated
+    async def get(self) -> None:
+        self.require_scope()
+        try:
+            by_user = self.usage("user")
+            by_group = self.usage("group")
+        except BadParameter as e:
+            raise web.HTTPError(400, str(e)) from e
+        self.set_header("Cache-Control", "no-store")
+        self.finish(await self.render_template(
+            "gpuspawner_usage.html", by_user=by_user, by_group=by_group, chart=_svg_bars(by_user["rows"]),
+            since=self.get_argument("since", ""), until=self.get_argument("until", ""),
+        ))
+
+
+def handlers() -> list[tuple[str, type]]:
+    return [(r"/gpus/usage", UsagePageHandler), (r"/api/gpus/usage", UsageAPIHandler),
+            (r"/api/gpus/usage/report", UsageReportHandler)]

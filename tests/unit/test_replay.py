@@ -1,0 +1,64 @@
+"""The replay on a small fixed trace whose outcome is worked out by hand (2 x T4 on one host, 2 hours)."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpuspawner.replay import Policy, Session, TraceParams, gpus, offered_load, replay, synthetic_trace
+
+CULLER = {"period": 60, "threshold": 5, "idle_timeout": 600, "warn_before": 300}
+
+
+def trace() -> list[Session]:
+    return [
+        Session(0, "a", 0, 2, ("any",), [("active", 1800)]),  # both GPUs, busy 0..1800
+        Session(1, "b", 600, 1, ("t4",), [("active", 1200)]),  # must wait for a's
+        Session(2, "c", 900, 1, ("any",), [("active", 600)], stops=False),  # walks away, leaves it idle
+    ]
+
+
+def test_queue_and_gpu_culler():
+    # a: 0..1800 (2 GPUs, busy). b and c queue; a's release serves b then c at 1800 (waits 1200 and 900 s).
+    # b busy 1800..3000. c busy 1800..2400, then idle: the culler's first idle sample is at 2460,
+    # it warns when 300 s idle (2760) and stops when 600 s idle and 300 s after the warning (3060).
+    # Held 3600 + 1200 + 600 + 660 = 6060 GPU-s, 660 idle (10.9 %); busy 5400 of 2 x 7200 (37.5 %).
+    r = replay([trace()], gpus("t4=2"), Policy("q", queue=True, gpu_culler=CULLER), hours=2)
+    assert (r.held_idle_pct, r.utilisation_pct) == (10.9, 37.5)
+    assert (r.median_wait_min, r.p95_wait_min, r.served) == (15.0, 20.0, 3)
+    assert (r.refusals, r.gave_up, r.culled_warned, r.culled_unwarned, r.came_back) == (0, 0, 1, 0, 0)
+
+
+def test_refusals_and_retries_without_queue():
+    # b refused at 600 and 1200, placed at 1800 (a's release comes first); c refused at 900 and 1500,
+    # placed at 2100 (retries every 10 minutes): waits 0, 1200, 1200. c busy 2100..2700, idle from the
+    # sample at 2760, warned at 3060, stopped at 3360: 660 idle GPU-s again.
+    r = replay([trace()], gpus("t4=2"), Policy("no queue", queue=False, gpu_culler=CULLER), hours=2)
+    assert (r.refusals, r.gave_up, r.served) == (4, 0, 3)
+    assert (r.median_wait_min, r.p95_wait_min) == (20.0, 20.0)
+    assert (r.held_idle_pct, r.culled_warned) == (10.9, 1)
+
+
+def test_kernel_culler_stops_without_warning():
+    # as without a queue, but JupyterHub's idle culler: c's kernel was last active at 2700 (the round
+    # at 2700 runs before its span ends), stopped at the round 600 s later (3300): 600 idle GPU-s.
+    policy = Policy("jupyterhub", queue=False, gpu_culler=None, kernel_cull_after=600)
+    r = replay([trace()], gpus("t4=2"), policy, hours=2)
+    assert (r.culled_warned, r.culled_unwarned) == (0, 1)
+    assert r.held_idle_pct == 10.0  # 600 / (3600 + 1200 + 600 + 600)
+
+
+def test_a_culled_user_who_comes_back_asks_again():
+    # d: busy 10 min, away 30 min, busy 10 min. The GPU culler (10 min) stops it during the break;
+    # d comes back at 2400 and gets a GPU at once for the last 10 minutes.
+    d = Session(0, "d", 0, 1, ("any",), [("active", 600), ("away", 1800), ("active", 600)])
+    r = replay([[d]], gpus("t4=2"), Policy("q", queue=True, gpu_culler=CULLER), hours=1)
+    assert (r.culled_warned, r.came_back, r.served, r.median_wait_min) == (1, 1, 2, 0.0)
+
+
+def test_synthetic_trace_offers_the_load_asked():
+    params = TraceParams(load=0.7, seed=3)
+    sessions = synthetic_trace(params, 16)
+    assert 0.7 <= offered_load(sessions, 16, 24) < 0.7 + max(s.count * s.planned for s in sessions) / (16 * 86400)
+    assert sessions == synthetic_trace(params, 16), "the same seed gives the same trace"
+    with pytest.raises(ValueError, match="use MODEL=COUNT"):
+        gpus("h100=4")
