@@ -32,6 +32,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from traitlets.config import LazyConfigValue
+
 from . import jobs, usage
 from .handlers import SCOPE, SETTINGS_KEY, handlers
 
@@ -71,6 +73,8 @@ def configure(c: Any, *, culler: dict | None = None, python: str = sys.executabl
     c.JupyterHub.tornado_settings.update({SETTINGS_KEY: {"token": token}})
     c.JupyterHub.services.append({"name": OVERVIEW_SERVICE, "api_token": token})
     roles = c.JupyterHub.load_roles
+    if isinstance(roles, LazyConfigValue):  # not set yet (or only appended to): make it a list to look into
+        roles = c.JupyterHub.load_roles = roles.get_value([])
     _grant_own_jobs(roles)
     _recover_jobs_at_start()
     roles.append({"name": OVERVIEW_SERVICE, "description": "Read the servers' GPU monitors",
