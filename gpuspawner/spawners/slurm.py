@@ -198,7 +198,7 @@ class GPUSlurmSpawner(GPUSpawnerMixin, SlurmSpawner):
 
     def get_req_subvars(self):
         subvars = super().get_req_subvars()
-        server = self.gpu_owner.partition("/")[2]  # the server's name, or "job/<id>" for a notebook GPU job
+        server = self.gpu_owner[len(self.user.name) + 1:]  # the server's name, or "job/<id>" for a notebook job
         subvars["job_name"] = shlex.quote(f"jupyterhub-{self.gpu_hub_id}-{self.user.name}-{server}".rstrip("-"))
         subvars["job_comment"] = shlex.quote(job_comment(self.gpu_hub_id, self.user.name, server))
         return subvars

@@ -198,3 +198,32 @@ def test_hub_restart_does_not_cancel_a_running_job_and_watches_it_again(jobs_hub
     assert done["state"] == "completed" and done["started"] == running["started"], done
     assert outputs_text(home(hub, "alice") / "long-output.ipynb").count("slept 15") == 1
     assert "cancelling Slurm job" not in hub.log_path.read_text(errors="replace")
+
+
+def test_time_limit_stops_the_slurm_job_and_marks_it(jobs_hub, slurm_cluster):
+    hub = jobs_hub
+    params = report(hub, slurm_cluster, "dave", "slow.ipynb")
+    created = submit(hub, "dave", {**T4, "notebook": "slow.ipynb", "parameters": {**params, "seconds": 600},
+                                   "time_limit": 5})
+    done = wait_state(hub, "dave", created["id"], ("completed", "failed", "cancelled", "timed_out"), timeout=60)
+    assert done["state"] == "timed_out" and "time limit (5 s)" in done["reason"], done
+    _slurm_id, slurm_job = slurm_job_of(hub, slurm_cluster, "dave", created["id"])
+    # Slurm had the job's limit too (rounded up to its whole minute); the hub's scancel came first
+    assert slurm_job["time"] == "1:00" and slurm_job["state"] == "CANCELLED"
+
+
+def test_compute_types_are_slurms_gpus_with_live_free_counts(jobs_hub, slurm_cluster):
+    hub = jobs_hub
+    params = report(hub, slurm_cluster, "dave", "hold.ipynb")
+    held = submit(hub, "dave", {**T4, "notebook": "hold.ipynb", "parameters": {**params, "seconds": 600}})
+    try:
+        wait_state(hub, "dave", held["id"], ("running",))
+        r = hub.api("GET", "/users/dave/gpu-job-options")
+        assert r.status_code == 200, r.text
+        types = {t["label"]: t for t in r.json()["compute_types"]}
+        assert types["CPU only"]["gpus"] == 0
+        t4 = types["1 x T4 (gpu:t4)"]
+        assert (t4["gpu_model"], t4["free"], t4["total"], t4["fits_now"]) == ("t4", 1, 2, True), t4
+        assert types["4 x A100 (gpu:a100)"]["fits_now"] is False
+    finally:
+        hub.api("DELETE", f"/users/dave/gpu-jobs/{held['id']}")
