@@ -6,7 +6,9 @@ checked by the same profile rules (groups, counts, models), placed by the same
 placement under the same quotas, and waits in the same queue when its profile
 queues. Then the backend's runner (:mod:`.runners`) starts it, and the manager
 watches it until it ends (completed, failed, cancelled, or past its time
-limit), when its GPUs are given back at once.
+limit), when its GPUs are given back at once. A backend with a queue of its
+own (gpu-slurm: Slurm's) may hold a launched job: its runner's ``waiting``
+says why, and the job is ``queued`` with those words until it runs.
 
 Restart safety: the job's record is in the hub's database before anything
 runs, with where it runs once it does; the job's process or container carries

@@ -10,6 +10,7 @@ in the process environment (the ledger owner ``user/job/<id>`` and the job id),
 or the container labels.
 
 A runner's ``handle`` (saved in the job's record) says where the job runs.
+gpu-slurm's runner is :class:`gpuspawner.slurm.notebookjobs.SlurmJobs`.
 """
 
 from __future__ import annotations
