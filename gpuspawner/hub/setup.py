@@ -58,6 +58,8 @@ def configure(c: Any, *, culler: dict | None = None, python: str = sys.executabl
     c.JupyterHub.tornado_settings.update({SETTINGS_KEY: {"token": token}})
     c.JupyterHub.services.append({"name": OVERVIEW_SERVICE, "api_token": token})
     roles = c.JupyterHub.load_roles
+    if not isinstance(roles, list):  # not set yet: traitlets' lazy value, holding any appends made so far
+        roles = c.JupyterHub.load_roles = roles.get_value([])
     _grant_own_jobs(roles)
     _recover_jobs_at_start()
     roles.append({"name": OVERVIEW_SERVICE, "description": "Read the servers' GPU monitors",
