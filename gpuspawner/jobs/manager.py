@@ -6,7 +6,9 @@ checked by the same profile rules (groups, counts, models), placed by the same
 placement under the same quotas, and waits in the same queue when its profile
 queues. Then the backend's runner (:mod:`.runners`) starts it, and the manager
 watches it until it ends (completed, failed, cancelled, or past its time
-limit), when its GPUs are given back at once.
+limit), when its GPUs are given back at once. A backend with a queue of its
+own (gpu-slurm: Slurm's) may hold a launched job: its runner's ``waiting``
+says why, and the job is ``queued`` with those words until it runs.
 
 Restart safety: the job's record is in the hub's database before anything
 runs, with where it runs once it does; the job's process or container carries
@@ -164,9 +166,7 @@ class JobManager:
                     state="starting", gpus=tuple(g.to_dict() for g in spawner.gpu_allocation)))
             if not resume:
                 handle = await self.runner.launch(spawner, record.id, spawner.gpu_owner, spec)
-                record = self._save(record.changed(state="running", started=time.time(), handle=handle))
-                log.info("job %s of %s started on GPUs %s", record.id, record.user,
-                         ", ".join(spawner.gpu_uuids) or "none")
+                record = await self._progress(self._save(record.changed(handle=handle)), spawner)
             await self._watch(record, spawner, spec)
         except Exception as e:
             log.exception("job %s of %s", record.id, record.user)
@@ -175,18 +175,33 @@ class JobManager:
                     await self.runner.stop(spawner, record.id, record.handle)
                 except Exception:
                     log.exception("job %s: could not stop it", record.id)
-            self._finish(record, spawner, "failed", f"the hub could not run it: {e}", None)
+            message = getattr(e, "jupyterhub_message", None) or str(e)  # e.g. Slurm refusing it at sbatch
+            self._finish(record, spawner, "failed", f"the hub could not run it: {message}", None)
+
+    async def _progress(self, record: JobRecord, spawner: Any) -> JobRecord:
+        """A launched job is ``queued`` while it waits in the backend's own queue (a runner's
+        ``waiting`` says why, in words: Slurm's), else ``running`` (from when it started)."""
+        waiting = getattr(self.runner, "waiting", None)
+        words = await waiting(spawner, record.id, record.handle) if waiting is not None else None
+        if words:
+            if record.state != "queued" or record.reason != words:
+                record = self._save(record.changed(state="queued", reason=words, started=None))
+        elif record.state != "running":
+            record = self._save(record.changed(state="running", reason="", started=time.time()))
+            log.info("job %s of %s started on GPUs %s", record.id, record.user,
+                     ", ".join(spawner.gpu_uuids) or "those its backend gave it")
+        return record
 
     async def _watch(self, record: JobRecord, spawner: Any, spec: JobSpec) -> None:
         limit = spec.time_limit or self.time_limit
-        started = record.started or time.time()
         while True:
             reason = self._cancel.get(record.id)
-            if reason is None and time.time() - started > limit:
+            if reason is None and record.started and time.time() - record.started > limit:
                 reason = self._cancel[record.id] = "timed_out"
             if reason is not None:
                 await self.runner.stop(spawner, record.id, record.handle)
             elif await self.runner.running(spawner, record.id, record.handle):
+                record = await self._progress(record, spawner)
                 await asyncio.sleep(POLL)
                 continue
             ended = await self.runner.ended(spawner, record.id, record.handle, spec)
@@ -213,7 +228,7 @@ class JobManager:
             return record
         self._cancel.setdefault(record.id, "cancelled")
         task = self._tasks.get(record.id)
-        if task is not None and record.state == "queued":
+        if task is not None and record.state == "queued" and not record.handle:  # waiting in the hub's queue
             task.cancel()
         if task is not None:
             await asyncio.wait([task], timeout=wait)
@@ -243,7 +258,7 @@ class JobManager:
             spawner.gpu_allocation = tuple(_gpu(g) for g in record.gpus)
             if record.gpus:
                 self.state.ledger.adopt(spawner.gpu_owner, [g["uuid"] for g in record.gpus])
-            if record.state == "queued" or (record.state == "starting" and not record.handle):
+            if record.state in ("queued", "starting") and not record.handle:  # not launched yet
                 spawner.user_options = dict(record.spec.get("options", {}))
                 try:
                     await spawner._apply_gpu_options(spawner.user_options)
@@ -255,8 +270,9 @@ class JobManager:
                 log.info("job %s of %s: waiting for GPUs again after the hub's restart", record.id, record.user)
                 self._start(record, spawner)
             elif await self.runner.running(spawner, record.id, record.handle):
-                log.info("job %s of %s still runs: watching it again", record.id, record.user)
-                self._start(record.changed(state="running"), spawner, resume=True)
+                log.info("job %s of %s still runs (or waits in its backend's queue): watching it again",
+                         record.id, record.user)
+                self._start(record, spawner, resume=True)
             else:
                 spec = JobSpec.from_dict(record.spec)
                 ended = await self.runner.ended(spawner, record.id, record.handle, spec)

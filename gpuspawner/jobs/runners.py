@@ -10,6 +10,7 @@ in the process environment (the ledger owner ``user/job/<id>`` and the job id),
 or the container labels.
 
 A runner's ``handle`` (saved in the job's record) says where the job runs.
+gpu-slurm's runner is :class:`gpuspawner.slurm.notebookjobs.SlurmJobs`.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ class Ended:
     """How a job's run ended: its exit code where known, and the executor's status file."""
 
     exit_code: int | None
-    outcome: str | None  # "completed" | "failed" | "stopped" | None (no status written)
+    outcome: str | None  # "completed" | "failed" | "stopped" | "timed_out" | None (no status written)
     error: str | None
 
 
@@ -59,7 +60,20 @@ def executor_args(spec: JobSpec, job_id: str, termination_log: str | None = None
     return args
 
 
-def _read_status(path: Path) -> tuple[str | None, str | None]:
+def notebook_problem(root: str, spec: JobSpec) -> str | None:
+    """A sentence when ``spec``'s notebook is not a file under ``root`` (the user's files, which the
+    hub can read); None when it is there."""
+    base = Path(root)
+    target = (base / spec.notebook).resolve()
+    if not str(target).startswith(str(base.resolve()) + os.sep):
+        return f"notebook: '{spec.notebook}' is outside your files"
+    if not target.is_file():
+        return f"notebook: '{spec.notebook}' does not exist in your files"
+    return None
+
+
+def read_status(path: Path) -> tuple[str | None, str | None]:
+    """The executor's status file: (outcome, error), or (None, None) when it wrote none."""
     try:
         data = json.loads(path.read_text())
     except (OSError, ValueError):
@@ -89,13 +103,7 @@ class LocalJobs:
 
     async def check_files(self, spawner: Any, spec: JobSpec) -> str | None:
         """A sentence when the notebook is not there (the hub can look on this host)."""
-        root = Path(self.root_dir(spawner))
-        target = (root / spec.notebook).resolve()
-        if not str(target).startswith(str(root.resolve()) + os.sep):
-            return f"notebook: '{spec.notebook}' is outside your files"
-        if not target.is_file():
-            return f"notebook: '{spec.notebook}' does not exist in your files"
-        return None
+        return await asyncio.to_thread(notebook_problem, self.root_dir(spawner), spec)
 
     def _env(self, spawner: Any, job_id: str, owner: str, home: str) -> dict[str, str]:
         from ..spawners.local import visible_devices
@@ -147,7 +155,7 @@ class LocalJobs:
             await end_processes(left)
         spawner._remove_fence(job_id)
         where = Path(handle.get("root", "/")) / status_path(spec, job_id)
-        outcome, error = await asyncio.to_thread(_read_status, where)
+        outcome, error = await asyncio.to_thread(read_status, where)
         return Ended(code, outcome, error)
 
     async def stop(self, spawner: Any, job_id: str, handle: dict) -> None:
@@ -336,6 +344,8 @@ class KubeJobs:
 
 def outcome_of(ended: Ended) -> tuple[str, str]:
     """A finished job's state and its reason in words, from how its run ended."""
+    if ended.outcome == "timed_out":  # the backend's own time limit (Slurm's --time)
+        return "timed_out", ended.error or "stopped at its time limit"
     if ended.outcome == "completed" or (ended.outcome is None and ended.exit_code == 0):
         return "completed", "completed"
     if ended.outcome == "stopped" or ended.exit_code in (STOPPED_EXIT, -15, 137, -9):

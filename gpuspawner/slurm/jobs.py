@@ -10,6 +10,7 @@ The job's name and comment tie it to a hub server (:func:`job_comment`).
 from __future__ import annotations
 
 import json
+import math
 import re
 import time
 from collections.abc import Iterable, Mapping
@@ -18,7 +19,13 @@ from typing import Any
 
 from .sinfo import check_errors
 
-__all__ = ["SlurmJob", "job_comment", "parse_comment", "read_jobs", "reason_words", "submit_refusal", "wait_words"]
+__all__ = ["ENDED", "SlurmJob", "job_comment", "parse_comment", "read_jobs", "reason_words", "slurm_seconds",
+           "slurm_time", "submit_refusal", "wait_words"]
+
+#: the states of a job that has ended (squeue lists them for ``MinJobAge`` seconds); any other
+#: state Slurm lists (PENDING, CONFIGURING, RUNNING, COMPLETING, SUSPENDED, ...) still holds or waits
+ENDED = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED",
+                   "BOOT_FAIL", "DEADLINE", "REVOKED", "SPECIAL_EXIT"})
 
 #: What sbatch says when Slurm refuses a job at submission (``sbatch: error: Batch job submission
 #: failed: ...``), in plain words; ``{partition}``, ``{time}``, ``{gres}``, ``{qos}``, ``{account}``
@@ -142,6 +149,7 @@ class SlurmJob:
     submit_time: int = 0
     start_time: int = 0
     nodes: str = ""
+    exit_code: int | None = None  # of an ended job: its exit status, or -N when signal N ended it
 
     @property
     def pending(self) -> bool:
@@ -159,6 +167,19 @@ def _int(value: Any) -> int:
         return int(value or 0)
     except (TypeError, ValueError):
         return 0
+
+
+def _exit_code(value: Any) -> int | None:
+    """squeue's ``exit_code``: a wait status (Slurm 22.05: ``768`` is exit 3, ``15`` signal 15), or
+    newer Slurm's ``{"return_code": {"number": 3}, "signal": {"id": {"number": 15}}}``."""
+    if isinstance(value, Mapping):
+        signal = value.get("signal")
+        signal = _int(signal.get("id")) if isinstance(signal, Mapping) else 0
+        return -signal if signal else _int(value.get("return_code"))
+    if value is None or isinstance(value, bool):
+        return None
+    status = _int(value)
+    return -(status & 0x7F) if status & 0x7F else status >> 8
 
 
 def read_jobs(squeue: str | bytes | Mapping[str, Any]) -> tuple[SlurmJob, ...]:
@@ -187,8 +208,49 @@ def read_jobs(squeue: str | bytes | Mapping[str, Any]) -> tuple[SlurmJob, ...]:
             submit_time=_int(raw.get("submit_time")),
             start_time=_int(raw.get("start_time")),
             nodes=str(raw.get("nodes") or ""),
+            exit_code=_exit_code(raw.get("exit_code")),
         ))
     return tuple(jobs)
+
+
+def slurm_seconds(text: str) -> int | None:
+    """A Slurm time limit in seconds (``--time``'s forms); None for no limit (empty, ``UNLIMITED``).
+
+    >>> [slurm_seconds(t) for t in ("30", "1:30", "2:00:00", "1-0", "1-2:30", "1-0:0:5", "UNLIMITED")]
+    [1800, 90, 7200, 86400, 95400, 86405, None]
+    """
+    text = (text or "").strip()
+    if not text or text.upper() in ("UNLIMITED", "INFINITE"):
+        return None
+    days, _, rest = text.rpartition("-")
+    try:
+        parts = [int(p) for p in rest.split(":")]
+        day = int(days) if days else 0
+    except ValueError:
+        raise ValueError(f"{text!r} is not a Slurm time limit") from None
+    if days:  # days-hours[:minutes[:seconds]]
+        parts += [0] * (3 - len(parts))
+        hours, minutes, seconds = parts[:3]
+    elif len(parts) == 1:
+        hours, minutes, seconds = 0, parts[0], 0
+    elif len(parts) == 2:
+        hours, (minutes, seconds) = 0, parts
+    else:
+        hours, minutes, seconds = parts[:3]
+    return ((day * 24 + hours) * 60 + minutes) * 60 + seconds
+
+
+def slurm_time(seconds: float) -> str:
+    """Seconds as ``--time`` takes them (``D-HH:MM:SS``); Slurm rounds up to whole minutes.
+
+    >>> slurm_time(6), slurm_time(90061)
+    ('0-00:00:06', '1-01:01:01')
+    """
+    whole = max(1, math.ceil(seconds))
+    minutes, secs = divmod(whole, 60)
+    hours, mins = divmod(minutes, 60)
+    days, hrs = divmod(hours, 24)
+    return f"{days}-{hrs:02d}:{mins:02d}:{secs:02d}"
 
 
 def reason_words(reason: str) -> str:

@@ -15,9 +15,12 @@ plain words (Slurm's reason), its place among the partition's pending GPU jobs
 and Slurm's start estimate. Stopping a pending server cancels its job.
 
 Every job carries the hub, user and server in its name and comment; the job id
-is in the server's state (saved as soon as the job is submitted). Once per hub
-start, jobs of this hub (``gpu_hub_id``) that no server's state names are
-cancelled, and the GPUs of those that are are counted again.
+is in the server's state (saved as soon as the job is submitted). Notebook GPU
+jobs are Slurm batch jobs too (:mod:`gpuspawner.slurm.notebookjobs`), marked as
+the server ``job/<id>`` of their user, their Slurm job id in the hub's job
+record. Once per hub start, jobs of this hub (``gpu_hub_id``) that neither a
+server's state nor an active notebook job's record names are cancelled, and the
+GPUs of those that are are counted again.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ from ..profiles import Choice, load_profiles
 from ..slurm.commands import SlurmReader, run_slurm
 from ..slurm.cuda import CudaNeed, DriverCuda
 from ..slurm.jobs import job_comment, parse_comment, submit_refusal, wait_words
+from ..slurm.notebookjobs import SlurmJobs
 from ..slurm.sinfo import UNTYPED, GresTypes, NeverFits, choose_type, cuda_constraint, gpu_availability, parse_gres
 from .base import GPUSpawnerMixin, checked_cuda_map, user_error
 
@@ -131,7 +135,20 @@ class GPUSlurmSpawner(GPUSpawnerMixin, SlurmSpawner):
         server's state names: the hub died between submitting them and saving their id.""",
     ).tag(config=True)
 
+    job_python = Unicode(
+        "python3",
+        help="""
+        The Python a notebook GPU job runs its notebook with on the Slurm node
+        (``JOB_PYTHON -m gpuspawner.jobs.execute ...`` in the server's ``batch_script``):
+        one with gpuspawner, nbclient and the kernels users pick, e.g. the path of the
+        environment that also runs ``jupyterhub-singleuser`` there.
+        """,
+    ).tag(config=True)
+
     honours_slurm_settings = True
+    gpu_job_runner = SlurmJobs
+    #: set on a notebook GPU job's spawner: what its batch script runs instead of the server
+    gpu_job_command: list[str] | None = None
 
     @validate("gpu_profiles")
     def _check_profiles(self, proposal):
@@ -173,9 +190,15 @@ class GPUSlurmSpawner(GPUSpawnerMixin, SlurmSpawner):
         env["HOME"] = self.req_homedir
         return env
 
+    def cmd_formatted_for_batch(self):
+        """What the batch script runs: the server, or a notebook GPU job's executor."""
+        if self.gpu_job_command:
+            return " ".join(shlex.quote(arg) for arg in self.gpu_job_command)
+        return super().cmd_formatted_for_batch()
+
     def get_req_subvars(self):
         subvars = super().get_req_subvars()
-        server = self.name or ""
+        server = self.gpu_owner[len(self.user.name) + 1:]  # the server's name, or "job/<id>" for a notebook job
         subvars["job_name"] = shlex.quote(f"jupyterhub-{self.gpu_hub_id}-{self.user.name}-{server}".rstrip("-"))
         subvars["job_comment"] = shlex.quote(job_comment(self.gpu_hub_id, self.user.name, server))
         return subvars
@@ -385,14 +408,23 @@ class GPUSlurmSpawner(GPUSpawnerMixin, SlurmSpawner):
     # ------------------------------------------------------------ after a hub restart
 
     def _jobs_in_state(self) -> dict[str, str]:
-        """Job id -> owner (``user/server``) of every server whose state names a job, from the database."""
+        """Slurm job id -> owner of every server whose state names a job (``user/server``) and of every
+        active notebook GPU job (``user/job/<id>``), from the database."""
         from jupyterhub import orm
+
+        from ..jobs.spec import job_owner
+        from ..jobs.store import JobStore
 
         owners: dict[str, str] = {}
         for row in self.db.query(orm.Spawner).all():
             job_id = (row.state or {}).get("job_id")
             if job_id and row.user is not None:
                 owners[str(job_id)] = f"{row.user.name}/{row.name or ''}"
+        manager = self.hub_state.jobs
+        store = manager.store if manager is not None else JobStore(self.db.get_bind())
+        for record in store.list(active_only=True, limit=100_000):
+            if record.handle.get("slurm_job"):
+                owners[str(record.handle["slurm_job"])] = job_owner(record.user, record.id)
         return owners
 
     async def reconcile_allocations(self) -> None:

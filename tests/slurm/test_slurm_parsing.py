@@ -9,7 +9,15 @@ from pathlib import Path
 import pytest
 
 from gpuspawner.profiles import OptionsError, load_profiles
-from gpuspawner.slurm.jobs import job_comment, parse_comment, read_jobs, reason_words, wait_words
+from gpuspawner.slurm.jobs import (
+    job_comment,
+    parse_comment,
+    read_jobs,
+    reason_words,
+    slurm_seconds,
+    slurm_time,
+    wait_words,
+)
 from gpuspawner.slurm.sinfo import GresTypes, NeverFits, choose_type, gpu_availability, parse_gres, read_nodes
 from gpuspawner.spawners.slurm import slurm_memory
 
@@ -129,6 +137,26 @@ def test_unknown_reasons_are_given_as_slurm_says_them():
 def test_job_comment_ties_a_job_to_a_server():
     assert parse_comment(job_comment("hub1", "alice", "")) == ("hub1", "alice", "")
     assert parse_comment(job_comment("hub1", "alice", "big")) == ("hub1", "alice", "big")
+    assert parse_comment(job_comment("hub1", "alice", "job/3f2a")) == ("hub1", "alice", "job/3f2a")
+
+
+@pytest.mark.parametrize("raw, code", [
+    (0, 0), (768, 3), (15, -15), (9, -9),  # Slurm 22.05: a wait status
+    ({"status": ["EXITED"], "return_code": {"set": True, "number": 3}, "signal": {"id": {"set": False}}}, 3),
+    ({"status": ["SIGNALED"], "return_code": {"set": True, "number": 0},
+      "signal": {"id": {"set": True, "number": 15}, "name": "TERM"}}, -15),
+])
+def test_an_ended_jobs_exit_code(raw, code):
+    data = json.loads(recorded("squeue-one-pending.json"))
+    data["jobs"] = [dict(data["jobs"][0], job_state="FAILED", exit_code=raw)]
+    assert read_jobs(data)[0].exit_code == code
+
+
+def test_time_limits_as_slurm_writes_them():
+    assert slurm_seconds("30") == 1800 and slurm_seconds("") is None and slurm_seconds("INFINITE") is None
+    assert slurm_seconds(slurm_time(600)) == 600 and slurm_seconds(slurm_time(3 * 86400 + 1)) == 3 * 86400 + 1
+    with pytest.raises(ValueError, match="not a Slurm time limit"):
+        slurm_seconds("soon")
     assert parse_comment("hub=x user=u1") is None
 
 
