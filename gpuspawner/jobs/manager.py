@@ -28,11 +28,11 @@ from collections import Counter
 from typing import Any
 
 from tornado import web
+from traitlets.utils.importstring import import_item
 
 from ..gpu import GPU
 from ..profiles import OptionsError
-from . import runners
-from .runners import outcome_of
+from .outcome import outcome_of
 from .spec import JobSpec, job_owner, parse_job
 from .store import ACTIVE, STATES, JobRecord, JobStore
 
@@ -62,8 +62,8 @@ class JobManager:
         self.settings = settings
         self.time_limit = time_limit
         self.spawner_class = settings["spawner_class"]
-        runner_name = getattr(self.spawner_class, "gpu_job_runner", None)
-        self.runner = getattr(runners, runner_name)() if runner_name else None
+        runner_path = getattr(self.spawner_class, "gpu_job_runner", None)
+        self.runner = import_item(runner_path)() if runner_path else None
         self._tasks: dict[str, asyncio.Task] = {}
         self._cancel: dict[str, str] = {}  # job id -> "cancelled" | "timed_out"
         self._states: dict[str, str] = {r.id: r.state for r in store.list(limit=100_000)}

@@ -149,7 +149,9 @@ class GPUSpawnerMixin(GPUPolicyMixin, GPUHubSettings):
     #: set on the spawner object a notebook GPU job runs through: its ledger key ``user/job/<id>``
     gpu_owner_override: str | None = None
 
-    #: the name of the backend's job runner class in :mod:`gpuspawner.jobs.runners`; None: no GPU jobs
+    #: the import path of the backend's notebook GPU job runner (see :mod:`gpuspawner.jobs.runners`);
+    #: None: this backend runs no GPU jobs. A path, imported when the hub's job manager starts, so
+    #: that importing a backend does not import the job machinery and the other way round
     gpu_job_runner: str | None = None
 
     @property

@@ -93,7 +93,7 @@ def add_gpus_to_create_kwargs(
 class GPUDockerSpawner(GPUSpawnerMixin, DockerSpawner):
     """DockerSpawner whose containers get exactly their placed GPUs, by UUID."""
 
-    gpu_job_runner = "DockerJobs"
+    gpu_job_runner = "gpuspawner.jobs.runners.DockerJobs"
 
     check_cuda_compatibility = Bool(
         True,

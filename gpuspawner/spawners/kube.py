@@ -121,7 +121,7 @@ class GPUKubeSpawner(GPUSpawnerMixin, KubeSpawner):
 
     honours_kubespawner_override = True  # KubeSpawner applies every key
 
-    gpu_job_runner = "KubeJobs"  # a notebook GPU job is a pod with restartPolicy Never
+    gpu_job_runner = "gpuspawner.jobs.runners.KubeJobs"  # a notebook GPU job is a pod with restartPolicy Never
 
     @validate("profile_list")
     def _check_profile_list(self, proposal):

@@ -101,7 +101,7 @@ class _LocalGPUs(GPUSpawnerMixin):
             raise TraitError(f"gpu_isolation must be 'auto', 'required' or 'off', not {proposal['value']!r}")
         return proposal["value"]
 
-    gpu_job_runner = "LocalJobs"
+    gpu_job_runner = "gpuspawner.jobs.runners.LocalJobs"
     gpu_spawn_id: str = ""
     _fence_path = None
     _scope_prefix: list[str] | None = None  # systemd-run words before the server's command

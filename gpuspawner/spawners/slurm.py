@@ -43,7 +43,6 @@ from ..profiles import Choice, load_profiles
 from ..slurm.commands import SlurmReader, run_slurm
 from ..slurm.cuda import CudaNeed, DriverCuda
 from ..slurm.jobs import job_comment, parse_comment, submit_refusal, wait_words
-from ..slurm.notebookjobs import SlurmJobs
 from ..slurm.sinfo import UNTYPED, GresTypes, NeverFits, choose_type, cuda_constraint, gpu_availability, parse_gres
 from .base import GPUSpawnerMixin, checked_cuda_map, user_error
 
@@ -146,7 +145,7 @@ class GPUSlurmSpawner(GPUSpawnerMixin, SlurmSpawner):
     ).tag(config=True)
 
     honours_slurm_settings = True
-    gpu_job_runner = SlurmJobs
+    gpu_job_runner = "gpuspawner.slurm.notebookjobs.SlurmJobs"
     #: set on a notebook GPU job's spawner: what its batch script runs instead of the server
     gpu_job_command: list[str] | None = None
 
