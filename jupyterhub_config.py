@@ -82,12 +82,15 @@ if engine:
     c.DockerSpawner.use_internal_ip = True
     c.DockerSpawner.remove = True
     c.DockerSpawner.start_timeout = 180
+    # each user's files: a named volume at the image's home, kept across servers, and shared
+    # by the user's notebook GPU jobs (their containers mount it too)
+    c.DockerSpawner.volumes = {"gpuspawner-user-{username}": {"bind": "/home/jovyan", "mode": "rw"}}
     if simulated:
         # As the NVIDIA runtime mounts the driver, mount the stand-in NVML and its GPUs.
-        c.DockerSpawner.volumes = {
+        c.DockerSpawner.volumes.update({
             os.environ["LD_LIBRARY_PATH"].split(":")[0]: {"bind": "/opt/fakenvml", "mode": "ro"},
             os.environ["FAKENVML_CONFIG"]: {"bind": "/etc/fakenvml/gpus.json", "mode": "ro"},
-        }
+        })
         c.DockerSpawner.environment = {
             "LD_LIBRARY_PATH": "/opt/fakenvml", "FAKENVML_CONFIG": "/etc/fakenvml/gpus.json",
             "FAKENVML_CONTAINER": "1",
