@@ -164,6 +164,9 @@ class DockerJobs:
 
     kind = "container"
 
+    def __init__(self) -> None:
+        self._removals: set[asyncio.Future] = set()
+
     async def check_files(self, spawner: Any, spec: JobSpec) -> str | None:
         return None  # the files are inside the user's volume: the job's container reports a missing notebook
 
@@ -227,8 +230,17 @@ class DockerJobs:
             outcome, error = status.get("outcome"), status.get("error")
         except Exception:  # no status written (killed before it could)
             pass
-        await spawner.docker("remove_container", handle["container"], force=True)
+        # the container has exited, so its GPUs are free now: remove it without holding them up
+        removal = asyncio.ensure_future(self._remove(spawner, handle["container"]))
+        self._removals.add(removal)
+        removal.add_done_callback(self._removals.discard)
         return Ended(code, outcome, error)
+
+    async def _remove(self, spawner: Any, container: str) -> None:
+        try:
+            await spawner.docker("remove_container", container, force=True)
+        except Exception as e:  # gone already, or the engine went away: the next restart's reconcile sees it
+            spawner.log.warning("gpu-docker: could not remove job container %s: %s", container[:12], e)
 
     async def stop(self, spawner: Any, job_id: str, handle: dict) -> None:
         import docker.errors

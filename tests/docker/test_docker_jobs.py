@@ -62,6 +62,12 @@ def test_job_runs_in_its_own_container_and_leaves_none(docker_hub, tmp_path):
     assert state["state"] == "completed", (state, hub.log())
     text = outputs_text(homes / "erin" / "report-run.ipynb")
     assert f"GPUS={uuid}" in text and "slept 6" in text
-    assert not hub.engine.client.containers.list(all=True, filters={"label": f"org.gpuspawner.job={job['id']}"})
+    def left() -> list:
+        return hub.engine.client.containers.list(all=True, filters={"label": f"org.gpuspawner.job={job['id']}"})
+
+    gone = time.monotonic() + 30  # removed right after its GPUs were given back
+    while left() and time.monotonic() < gone:
+        time.sleep(0.3)
+    assert not left(), "the job's container is removed"
     holders = {g["uuid"]: g["holder"] for g in hub.api("GET", "/gpus").json()["gpus"] if g.get("holder")}
     assert uuid not in holders
