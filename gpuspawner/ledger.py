@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 
 from gpuspawner.gpu import GPU
-from gpuspawner.placement import GPURequest, place
+from gpuspawner.placement import FreeState, GPURequest, PlacementIndex, place_in
 
 __all__ = ["Ledger", "CLUSTER", "cluster_tokens", "cluster_resource", "cluster_holdings"]
 
@@ -75,6 +75,8 @@ class Ledger:
         self._by_owner: dict[str, tuple[str, ...]] = {}
         self._by_uuid: dict[str, str] = {}
         self._since: dict[str, float] = {}  # owner -> when it started holding (time.time())
+        # placement's view of the last inventory reserved on, kept in step with the maps
+        self._free: FreeState | None = None
 
     def reserve(
         self,
@@ -102,7 +104,7 @@ class Ledger:
                 )
             if admit is not None and request.count:
                 admit(self._by_owner)
-            chosen = place(gpus, self._by_uuid.keys(), request)
+            chosen = place_in(self._free_state(gpus), self._by_uuid.keys(), request) if request.count else ()
             if chosen:
                 self._record(request.owner, tuple(gpu.uuid for gpu in chosen))
             return chosen
@@ -153,6 +155,8 @@ class Ledger:
             self._since.pop(owner, None)
             for uuid in uuids:
                 del self._by_uuid[uuid]
+            if self._free is not None:
+                self._free.give(uuids)
             return uuids
 
     def holder(self, uuid: str) -> str | None:
@@ -181,3 +185,16 @@ class Ledger:
         self._since.setdefault(owner, time.time())
         for uuid in uuids:
             self._by_uuid[uuid] = owner
+        if self._free is not None:
+            self._free.take(uuids)
+
+    def _free_state(self, gpus: tuple[GPU, ...]) -> FreeState:
+        """Placement's free state for this inventory reading; the lock must be held.
+
+        Built (O(inventory)) when the reading is a new object, e.g. every
+        ``gpu_inventory_ttl`` seconds; between readings it is updated as GPUs
+        are taken and released, so a decision does not walk the inventory.
+        """
+        if self._free is None or self._free.index.gpus is not gpus:
+            self._free = FreeState(PlacementIndex(gpus), self._by_uuid)
+        return self._free

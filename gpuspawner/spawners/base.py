@@ -19,7 +19,7 @@ from traitlets import Dict, List, TraitError, default, validate
 
 from ..compat import min_cuda
 from ..form import form_context
-from ..gpu import GPU
+from ..gpu import GPU, gpu_from_record
 from ..inventory import CachedInventory
 from ..ledger import Ledger
 from ..placement import GPURequest, PlacementError
@@ -339,10 +339,7 @@ class GPUSpawnerMixin(GPUPolicyMixin, GPUHubSettings):
 
 
 def _gpu_from_state(record: dict) -> GPU:
-    values = {k: v for k, v in record.items() if k in GPU.__dataclass_fields__}
-    if values.get("compute_capability") is not None:
-        values["compute_capability"] = tuple(values["compute_capability"])
-    return GPU(**values)
+    return gpu_from_record(record)
 
 
 def checked_cuda_map(proposal) -> dict:

@@ -66,7 +66,8 @@ def layout(name: str, numa_cpus: tuple[str, str] = ("0-31", "32-63")) -> dict[st
         topology["nvswitches"] = [f"00000000:{0xC5 + s:02X}:00.0" for s in range(4)]
     elif name == "cube-mesh-8":
         for i in range(8):
-            gpu = make_device(i, "Tesla V100-SXM2-32GB", numa_node=i // 4, pcie_path=f"hb{i // 4}/plx{i // 4}/sw{i // 2}")
+            path = f"hb{i // 4}/plx{i // 4}/sw{i // 2}"
+            gpu = make_device(i, "Tesla V100-SXM2-32GB", numa_node=i // 4, pcie_path=path)
             gpu.update(_V100)
             devices.append(gpu)
         topology["nvlink"] = [list(link) for link in CUBE_MESH_LINKS]
