@@ -96,6 +96,9 @@ class Ledger:
         the check and the reservation are one step.
         """
         gpus = tuple(inventory)  # materialise outside the lock
+        current = self._free
+        # a new reading: group it outside the lock (pure work); the state is built under it
+        index = current.index if current is not None and current.index.gpus is gpus else PlacementIndex(gpus)
         with self._lock:
             if request.owner in self._by_owner:
                 raise ValueError(
@@ -104,7 +107,7 @@ class Ledger:
                 )
             if admit is not None and request.count:
                 admit(self._by_owner)
-            chosen = place_in(self._free_state(gpus), self._by_uuid.keys(), request) if request.count else ()
+            chosen = place_in(self._free_state(index), self._by_uuid.keys(), request) if request.count else ()
             if chosen:
                 self._record(request.owner, tuple(gpu.uuid for gpu in chosen))
             return chosen
@@ -188,13 +191,13 @@ class Ledger:
         if self._free is not None:
             self._free.take(uuids)
 
-    def _free_state(self, gpus: tuple[GPU, ...]) -> FreeState:
+    def _free_state(self, index: PlacementIndex) -> FreeState:
         """Placement's free state for this inventory reading; the lock must be held.
 
         Built (O(inventory)) when the reading is a new object, e.g. every
         ``gpu_inventory_ttl`` seconds; between readings it is updated as GPUs
         are taken and released, so a decision does not walk the inventory.
         """
-        if self._free is None or self._free.index.gpus is not gpus:
-            self._free = FreeState(PlacementIndex(gpus), self._by_uuid)
+        if self._free is None or self._free.index is not index:
+            self._free = FreeState(index, self._by_uuid)
         return self._free

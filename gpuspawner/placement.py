@@ -204,6 +204,10 @@ class _Group(NamedTuple):
     kind: int  # index into PlacementIndex.kinds: (slug, layout)
 
 
+def _index_order(gpu: GPU) -> tuple[int, str]:
+    return gpu.index, gpu.uuid
+
+
 class PlacementIndex(Sequence[GPU]):
     """An inventory grouped for placement; a sequence of the GPUs it was built from.
 
@@ -215,34 +219,45 @@ class PlacementIndex(Sequence[GPU]):
         self.gpus: tuple[GPU, ...] = tuple(inventory)
         by_key: dict[tuple[str, str], list[GPU]] = {}
         unhealthy: list[GPU] = []
+        self.names: dict[str, str] = {}  # slug -> its alphabetically first name, as availability names it
+        names = self.names
         for gpu in self.gpus:
+            slug = gpu.model
+            if slug not in names or gpu.name < names[slug]:
+                names[slug] = gpu.name
             if gpu.healthy:
-                by_key.setdefault((gpu.host, gpu.model), []).append(gpu)
+                key = (gpu.host, slug)
+                group = by_key.get(key)
+                if group is None:
+                    by_key[key] = [gpu]
+                else:
+                    group.append(gpu)
             else:
                 unhealthy.append(gpu)
         self.unhealthy: tuple[GPU, ...] = tuple(unhealthy)
-        kinds: dict[tuple[str, _Layout], int] = {}
-        layouts: dict[tuple, _Layout] = {}
+        kinds: dict[tuple[str, int], int] = {}  # (slug, layout number) -> kind
+        layouts: dict[tuple, int] = {}  # links signature -> layout number
+        layout_list: list[_Layout] = []
         self.groups: list[_Group] = []
         self.position: dict[str, tuple[int, int]] = {}  # uuid -> (group, bit)
-        for gid, (host, slug) in enumerate(sorted(by_key)):  # group order = host order per slug
-            members = tuple(sorted(by_key[(host, slug)], key=lambda g: (g.index, g.uuid)))
-            signature = tuple((g.index, g.links) for g in members)
-            layout = layouts.get(signature)
-            if layout is None:
-                layout = layouts[signature] = _layout(members)
-            kind = kinds.setdefault((slug, layout), len(kinds))
-            self.groups.append(_Group(host, slug, members, kind))
+        self.kinds: list[tuple[str, _Layout]] = []
+        self.kinds_of: dict[str, list[int]] = {}
+        for gid, key in enumerate(sorted(by_key)):  # group order = host order per slug
+            members = by_key[key]
+            members.sort(key=_index_order)
+            signature = tuple([(g.index, g.links) for g in members])
+            number = layouts.get(signature)
+            if number is None:
+                number = layouts[signature] = len(layout_list)
+                layout_list.append(_layout(members))
+            kind = kinds.get((key[1], number))
+            if kind is None:
+                kind = kinds[(key[1], number)] = len(self.kinds)
+                self.kinds.append((key[1], layout_list[number]))
+                self.kinds_of.setdefault(key[1], []).append(kind)
+            self.groups.append(_Group(key[0], key[1], tuple(members), kind))
             for bit, gpu in enumerate(members):
                 self.position[gpu.uuid] = (gid, 1 << bit)
-        self.kinds: list[tuple[str, _Layout]] = [k for k, _ in sorted(kinds.items(), key=lambda kv: kv[1])]
-        self.kinds_of: dict[str, list[int]] = {}
-        for kind, (slug, _) in enumerate(self.kinds):
-            self.kinds_of.setdefault(slug, []).append(kind)
-        self.names: dict[str, str] = {}
-        for gpu in self.gpus:
-            if gpu.model not in self.names or gpu.name < self.names[gpu.model]:
-                self.names[gpu.model] = gpu.name
         self._held_id: int | None = None
         self._held_state: FreeState | None = None
         self._in_service: dict[str, ModelAvailability] | None = None

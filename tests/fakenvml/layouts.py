@@ -78,3 +78,33 @@ def layout(name: str, numa_cpus: tuple[str, str] = ("0-31", "32-63")) -> dict[st
     else:
         raise ValueError(f"unknown layout {name!r}; known: {', '.join(LAYOUTS)}")
     return {"devices": devices, "topology": topology}
+
+
+def links(name: str) -> list[dict[int, str]]:
+    """What ``nvidia-smi topo -m`` shows for layout ``name``: per GPU, other GPU -> level word.
+
+    The inventory reads exactly this from the stand-in (tests/unit/test_topology.py);
+    benchmarks use it to build large inventories without the library.
+    """
+    words: list[dict[int, str]] = [{} for _ in range(8)]
+    cube = {(a, b): n for a, b, n in CUBE_MESH_LINKS}
+    for i in range(8):
+        for j in range(8):
+            if i == j:
+                continue
+            same_socket = i // 4 == j // 4
+            if name == "nvswitch-8":
+                words[i][j] = "NV18"
+            elif name == "cube-mesh-8":
+                n = cube.get((min(i, j), max(i, j)))
+                words[i][j] = f"NV{n}" if n else ("PIX" if i // 2 == j // 2 else "PXB") if same_socket else "SYS"
+            elif name == "pcie-2socket-8":
+                if not same_socket:
+                    words[i][j] = "SYS"
+                elif i // 2 == j // 2:
+                    words[i][j] = "PIX"
+                else:
+                    words[i][j] = "NODE" if i < 4 else "PHB"
+            else:
+                raise ValueError(f"unknown layout {name!r}; known: {', '.join(LAYOUTS)}")
+    return words

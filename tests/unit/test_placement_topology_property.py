@@ -15,8 +15,7 @@ from __future__ import annotations
 
 from itertools import combinations
 
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 from gpuspawner.gpu import GPU, model_rank
 from gpuspawner.ledger import Ledger

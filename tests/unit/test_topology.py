@@ -145,6 +145,13 @@ def test_inventory_reads_links_numa_and_cpus(host_env):
     assert dict(pcie[4].links)[6] == "PHB"
 
 
+@pytest.mark.parametrize("name", fakenvml.LAYOUTS)
+def test_layout_words_are_what_the_inventory_reads(host_env, name):
+    """fakenvml.layouts.links(), which the benchmark builds inventories from, is what NVML says."""
+    gpus = inventory(host_env, name)
+    assert [dict(g.links) for g in gpus] == fakenvml.layouts.links(name)
+
+
 # -------------------------------------------------------------- placement --
 
 
