@@ -58,7 +58,7 @@ from typing import NamedTuple
 from gpuspawner.availability import ModelAvailability, by_model
 from gpuspawner.gpu import GPU, model_rank
 from gpuspawner.refusals import PlacementError, explain_interconnect, explain_refusal
-from gpuspawner.topology import CLASS_NAMES, NVLINK_CLASSES, level_rank, nvlink_count, set_class
+from gpuspawner.topology import CLASS_NAMES, INTERCONNECTS, NVLINK_CLASSES, level_rank, nvlink_count, set_class
 
 __all__ = [
     "GPURequest",
@@ -72,8 +72,6 @@ __all__ = [
 ]
 
 ANY_MODEL = "any"
-#: Values of ``GPURequest.interconnect``: None (any) or "nvlink".
-INTERCONNECTS = ("nvlink",)
 #: Groups up to this many GPUs are searched for their best set.
 MAX_SCORED = 12
 

@@ -30,6 +30,7 @@ from collections.abc import Iterable, Mapping, Sequence
 
 __all__ = [
     "CLASS_NAMES",
+    "INTERCONNECTS",
     "LEVELS",
     "NVLINK_CLASSES",
     "NVML_LEVEL_WORDS",
@@ -48,6 +49,8 @@ NVML_LEVEL_WORDS = {10: "PIX", 20: "PXB", 30: "PHB", 40: "NODE", 50: "SYS"}
 CLASS_NAMES = ("nvlink-all", "nvlink", "pix", "pxb", "phb", "node", "sys", "unknown")
 #: Classes that count as NVLink-connected (the ``"interconnect": "nvlink"`` profile key).
 NVLINK_CLASSES = (0, 1)
+#: Values of a profile's ``interconnect`` (and ``GPURequest.interconnect``); absent: any.
+INTERCONNECTS = ("nvlink",)
 UNKNOWN_RANK = len(LEVELS) + 1
 
 

@@ -77,6 +77,10 @@ class GPUSpawnerMixin(GPUPolicyMixin, GPUHubSettings):
         - ``queue``: ``True`` to wait in the hub's GPU queue while no GPU is free instead
           of being refused (default ``False``; the wait is bounded by ``gpu_queue_timeout``).
           Refused on gpu-kube, where the cluster's scheduler is the queue.
+        - ``interconnect``: ``"nvlink"`` to give multi-GPU servers only GPUs that NVLink
+          joins (all-to-all or through each other); refused with a sentence when no such
+          set is free. gpu-local and gpu-docker only (there the hub picks the GPUs; every
+          profile already prefers the best-connected free GPUs).
         - ``slurm``: gpu-slurm only: the job's ``partition``, ``time`` (limit, e.g.
           ``"8:00:00"``), ``qos``, ``account``, ``reservation`` and ``constraint``
           (node features), each passed to ``sbatch``; other backends refuse it.
@@ -97,6 +101,10 @@ class GPUSpawnerMixin(GPUPolicyMixin, GPUHubSettings):
     #: True where profiles' ``slurm`` settings are applied (gpu-slurm); elsewhere they are refused.
     honours_slurm_settings = False
 
+    #: True where the hub picks the exact GPUs, so a profile's ``interconnect`` can be honoured
+    #: (gpu-local, gpu-docker); where the cluster places (gpu-kube, gpu-slurm) it is refused.
+    honours_interconnect = True
+
     @validate("gpu_profiles")
     def _check_profiles(self, proposal):
         try:
@@ -108,6 +116,12 @@ class GPUSpawnerMixin(GPUPolicyMixin, GPUHubSettings):
             if slurm:
                 raise TraitError(f"Invalid GPU profile configuration: profile '{slurm[0]}': 'slurm' settings "
                                  "are only applied by gpu-slurm")
+        if not self.honours_interconnect:
+            linked = [p.slug for p in profiles if p.interconnect]
+            if linked:
+                raise TraitError(f"Invalid GPU profile configuration: profile '{linked[0]}': 'interconnect' "
+                                 "needs a backend whose hub picks the GPUs (gpu-local, gpu-docker); here the "
+                                 "cluster places them (see the README's topology section)")
         return proposal["value"]
 
     # ------------------------------------------------------------ collaborators
@@ -244,7 +258,9 @@ class GPUSpawnerMixin(GPUPolicyMixin, GPUHubSettings):
         await self.ensure_reconciled()
         reading = await self.inventory.read()
         self.ledger.release(self.gpu_owner)  # a failed earlier start of this server holds nothing
-        request = GPURequest(owner=self.gpu_owner, count=choice.gpus, models=choice.models)
+        request = GPURequest(
+            owner=self.gpu_owner, count=choice.gpus, models=choice.models, interconnect=choice.profile.interconnect
+        )
         try:
             self.gpu_allocation = await self.place_request(reading, request, choice)
         except PlacementError as e:

@@ -116,6 +116,7 @@ class GPUKubeSpawner(GPUSpawnerMixin, KubeSpawner):
         return value
 
     honours_kubespawner_override = True  # KubeSpawner applies every key
+    honours_interconnect = False  # the cluster places the GPUs
 
     @validate("profile_list")
     def _check_profile_list(self, proposal):

@@ -132,6 +132,7 @@ class GPUSlurmSpawner(GPUSpawnerMixin, SlurmSpawner):
     ).tag(config=True)
 
     honours_slurm_settings = True
+    honours_interconnect = False  # the cluster places the GPUs
 
     @validate("gpu_profiles")
     def _check_profiles(self, proposal):

@@ -216,3 +216,22 @@ def test_nvlink_profile_takes_the_nvswitch_host(host_env):
     switch = inventory(host_env, "nvswitch-8", host="switch-host")
     got = place(pcie + switch, set(), GPURequest("a", 4, ("any",), interconnect="nvlink"))
     assert {g.host for g in got} == {"switch-host"}
+
+
+def test_profile_interconnect_key():
+    from gpuspawner.profiles import OptionsError, profile_from_config
+
+    linked = profile_from_config({"display_name": "Linked", "gpu_counts": [2, 4], "interconnect": "nvlink"})
+    assert linked.interconnect == "nvlink"
+    assert profile_from_config({"display_name": "Plain", "gpu_counts": [2]}).interconnect is None
+    with pytest.raises(OptionsError, match="interconnect 'pcie' must be one of \\['nvlink'\\] or absent"):
+        profile_from_config({"display_name": "Bad", "gpu_counts": [2], "interconnect": "pcie"})
+
+
+def test_cluster_backends_refuse_the_interconnect_key():
+    from traitlets import TraitError
+
+    from gpuspawner.spawners.slurm import GPUSlurmSpawner
+
+    with pytest.raises(TraitError, match="'interconnect' needs a backend whose hub picks the GPUs"):
+        GPUSlurmSpawner(gpu_profiles=[{"display_name": "Linked", "gpu_counts": [2], "interconnect": "nvlink"}])
