@@ -15,7 +15,7 @@ from typing import Any
 
 from jinja2 import Environment, PackageLoader, select_autoescape
 from tornado import web
-from traitlets import Dict, List, TraitError, default, validate
+from traitlets import Bool, Dict, List, TraitError, default, validate
 
 from ..compat import min_cuda
 from ..form import form_context
@@ -100,6 +100,21 @@ class GPUSpawnerMixin(GPUPolicyMixin, GPUHubSettings):
 
     #: True where profiles' ``slurm`` settings are applied (gpu-slurm); elsewhere they are refused.
     honours_slurm_settings = False
+
+    pin_cpus = Bool(
+        True,
+        help="""
+        gpu-local and gpu-docker: run each GPU server on the CPUs next to its GPUs (their
+        NUMA node, from NVML or the ``cpus`` of ``static_gpus``): gpu-docker sets the
+        container's ``cpuset_cpus`` and ``cpuset_mems``, gpu-local starts the server under
+        ``taskset -c``. The CPUs are intersected with those that exist where the server runs
+        and widened with other CPUs when fewer than ``cpu_limit``; when the GPUs' CPUs are
+        not known or none of them exists there, nothing is pinned and the log says why
+        (``gpuspawner/cpus.py``). A ``cpuset_cpus`` in gpu-docker's ``extra_host_config``
+        wins. gpu-kube and gpu-slurm leave this to the kubelet's Topology Manager and
+        Slurm's ``gres.conf`` ``Cores=`` (README, topology section).
+        """,
+    ).tag(config=True)
 
     #: True where the hub picks the exact GPUs, so a profile's ``interconnect`` can be honoured
     #: (gpu-local, gpu-docker); where the cluster places (gpu-kube, gpu-slurm) it is refused.
