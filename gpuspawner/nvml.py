@@ -273,22 +273,25 @@ class Topology(NamedTuple):
     cpus: tuple[int, ...] | None
     links: tuple[tuple[int, str], ...]
     nvlink: tuple[tuple[int, int], ...] = ()
+    active_links: tuple[int, ...] = ()  # the GPU's active NVLink links (for their throughput counters)
 
 
 def _bits(words: Any) -> tuple[int, ...]:
     return tuple(64 * w + b for w, word in enumerate(words) for b in range(64) if int(word) >> b & 1)
 
 
-def _nvlink_ends(handle: Any) -> tuple[dict[str, int], int]:
-    """Bus id of each GPU at the end of an active link -> links; and links to NVSwitches."""
+def _nvlink_ends(handle: Any) -> tuple[dict[str, int], int, tuple[int, ...]]:
+    """Bus id of each GPU at the end of an active link -> links; links to NVSwitches; the active links."""
     peers: dict[str, int] = {}
     switches = 0
+    active: list[int] = []
     for link in range(_NVLINK_MAX_LINKS):
         try:
             if not pynvml.nvmlDeviceGetNvLinkState(handle, link):
                 continue
         except pynvml.NVMLError_InvalidArgument:
             break  # past the GPU's last link
+        active.append(link)
         kind = pynvml.nvmlDeviceGetNvLinkRemoteDeviceType(handle, link)
         if kind == pynvml.NVML_NVLINK_DEVICE_TYPE_SWITCH:
             switches += 1
@@ -296,7 +299,7 @@ def _nvlink_ends(handle: Any) -> tuple[dict[str, int], int]:
             bus = pynvml.nvmlDeviceGetNvLinkRemotePciInfo(handle, link).busId
             bus = (bus.decode() if isinstance(bus, bytes) else bus).upper()
             peers[bus] = peers.get(bus, 0) + 1
-    return peers, switches
+    return peers, switches, tuple(active)
 
 
 def topology(listing: Devices) -> dict[int, Topology]:
@@ -308,7 +311,7 @@ def topology(listing: Devices) -> dict[int, Topology]:
     """
     handles = {d.index: d.handle.value for d in listing.devices if d.handle.ok}
     bus: dict[int, str | None] = {}
-    ends: dict[int, tuple[dict[str, int], int]] = {}
+    ends: dict[int, tuple[dict[str, int], int, tuple[int, ...]]] = {}
     numa: dict[int, int | None] = {}
     cpus: dict[int, tuple[int, ...] | None] = {}
     for index, h in handles.items():
@@ -316,7 +319,7 @@ def topology(listing: Devices) -> dict[int, Topology]:
         busid = pci.value.busId if pci.ok else None
         bus[index] = (busid.decode() if isinstance(busid, bytes) else busid or "").upper() or None
         nv = query(_nvlink_ends, h)
-        ends[index] = nv.value if nv.ok else ({}, 0)
+        ends[index] = nv.value if nv.ok else ({}, 0, ())
         scope = getattr(pynvml, "NVML_AFFINITY_SCOPE_NODE", 0)
         nodes = query("nvmlDeviceGetMemoryAffinity", h, 1, scope)
         node_bits = _bits(nodes.value) if nodes.ok else ()
@@ -326,7 +329,7 @@ def topology(listing: Devices) -> dict[int, Topology]:
     by_bus = {b: i for i, b in bus.items() if b}
     result: dict[int, Topology] = {}
     for index, h in handles.items():
-        peers, switches = ends[index]
+        peers, switches, active = ends[index]
         nvlink: dict[int, int] = {by_bus[b]: n for b, n in peers.items() if b in by_bus}
         links: list[tuple[int, str]] = []
         for other, oh in handles.items():
@@ -341,5 +344,25 @@ def topology(listing: Devices) -> dict[int, Topology]:
             word = NVML_LEVEL_WORDS.get(level.value) if level.ok else None
             if word:
                 links.append((other, word))
-        result[index] = Topology(bus[index], numa[index], cpus[index], tuple(links), tuple(sorted(nvlink.items())))
+        result[index] = Topology(
+            bus[index], numa[index], cpus[index], tuple(links), tuple(sorted(nvlink.items())), active
+        )
     return result
+
+
+def _nvlink_data(handle: Any, links: tuple[int, ...]) -> tuple[int, int]:
+    fields = [(pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, link) for link in links]
+    fields += [(pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX, link) for link in links]
+    values = pynvml.nvmlDeviceGetFieldValues(handle, fields)
+    failed = [v.nvmlReturn for v in values if v.nvmlReturn != pynvml.NVML_SUCCESS]
+    if failed:
+        raise pynvml.NVMLError(failed[0])
+    n = len(links)
+    return sum(v.value.ullVal for v in values[:n]), sum(v.value.ullVal for v in values[n:])
+
+
+def nvlink_data(handle: Any, links: tuple[int, ...]) -> Reading:
+    """(sent, received) KiB over ``links`` since the driver started counting (NVLink data counters)."""
+    if not links:
+        return Reading(None, NOT_SUPPORTED)
+    return query(_nvlink_data, handle, links)
