@@ -32,7 +32,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from gpuspawner.gpu import GPU  # noqa: E402
+from gpuspawner.gpu import GPU, model_rank  # noqa: E402
 from gpuspawner.ledger import Ledger  # noqa: E402
 from gpuspawner.placement import GPURequest, PlacementError, PlacementIndex, place, set_class_of  # noqa: E402
 from gpuspawner.topology import CLASS_NAMES, NVLINK_CLASSES  # noqa: E402
@@ -172,24 +172,26 @@ STREAM_ARRIVALS = 6_000
 STREAM_SIZES = [(1, 0.45), (2, 0.25), (4, 0.18), (8, 0.12)]
 
 
-def first_fit(gpus: list[GPU], held: set[str], count: int) -> tuple[GPU, ...] | None:
-    """The first (host, model) in host order with room; its lowest free indexes."""
+def free_groups(gpus: list[GPU], held: set[str], models: tuple[str, ...]) -> dict[tuple[str, str], list[GPU]]:
     groups: dict[tuple[str, str], list[GPU]] = {}
     for g in gpus:
-        if g.healthy and g.uuid not in held:
+        if g.healthy and g.uuid not in held and model_rank(models, g.model) is not None:
             groups.setdefault((g.host, g.model), []).append(g)
+    return groups
+
+
+def first_fit(gpus: list[GPU], held: set[str], count: int, models: tuple[str, ...]) -> tuple[GPU, ...] | None:
+    """The first (host, model) in host order with room; its lowest free indexes."""
+    groups = free_groups(gpus, held, models)
     for key in sorted(groups):
         if len(groups[key]) >= count:
             return tuple(sorted(groups[key], key=lambda g: g.index)[:count])
     return None
 
 
-def count_best_fit(gpus: list[GPU], held: set[str], count: int) -> tuple[GPU, ...] | None:
+def count_best_fit(gpus: list[GPU], held: set[str], count: int, models: tuple[str, ...]) -> tuple[GPU, ...] | None:
     """The rule before topology: the (host, model) with the fewest free that fits; lowest indexes."""
-    groups: dict[tuple[str, str], list[GPU]] = {}
-    for g in gpus:
-        if g.healthy and g.uuid not in held:
-            groups.setdefault((g.host, g.model), []).append(g)
+    groups = free_groups(gpus, held, models)
     fits = [(len(v), k) for k, v in groups.items() if len(v) >= count]
     if not fits:
         return None
@@ -210,7 +212,14 @@ def arrivals(rng: random.Random) -> list[tuple[float, int, float]]:
     return out
 
 
-def replay(gpus: list[GPU], stream: list[tuple[float, int, float]], policy: str) -> dict[int, list[int]]:
+#: The two request mixes replayed: every request for any model; or multi-GPU requests for the
+#: SXM models (A100, H100) and single GPUs for any.
+MIXES = {"any model": lambda count: (), "multi-GPU on a100/h100": lambda count: ("a100", "h100") if count > 1 else ()}
+
+
+def replay(
+    gpus: list[GPU], stream: list[tuple[float, int, float]], policy: str, mix: str
+) -> dict[int, list[int]]:
     """Per size: [requests, placed, on NVLink-connected GPUs]."""
     import heapq
 
@@ -225,13 +234,14 @@ def replay(gpus: list[GPU], stream: list[tuple[float, int, float]], policy: str)
             held -= set(ledger.release(owner))
         owner = f"job{n}"
         stats[count][0] += 1
+        models = MIXES[mix](count)
         if policy == "topology":
             try:
-                got = ledger.reserve(inventory_tuple, GPURequest(owner, count))
+                got = ledger.reserve(inventory_tuple, GPURequest(owner, count, models))
             except PlacementError:
                 continue
         else:
-            got = (first_fit if policy == "first fit" else count_best_fit)(gpus, held, count)
+            got = (first_fit if policy == "first fit" else count_best_fit)(gpus, held, count, models)
             if got is None:
                 continue
             ledger.adopt(owner, [g.uuid for g in got])
@@ -279,15 +289,17 @@ def main() -> None:
         f"\nReplayed arrivals: {STREAM_ARRIVALS:,} requests (1/2/4/8 GPUs: "
         f"{'/'.join(f'{w:.0%}' for _, w in STREAM_SIZES)}), ~85% load, {STREAM_HOSTS} hosts of 8"
     )
-    print(f"{'policy':>16} " + " ".join(f"{f'{c} GPUs: NVLink':>15} {'refused':>8}" for c in (2, 4, 8))
-          + f" {'1 GPU refused':>14}")
-    for policy in ("first fit", "count best fit", "topology"):
-        stats = replay(hosts, stream, policy)
-        cells = []
-        for c in (2, 4, 8):
-            asked, placed, nvlink = stats[c]
-            cells.append(f"{nvlink / placed if placed else 0:>15.1%} {asked - placed:>8}")
-        print(f"{policy:>16} " + " ".join(cells) + f" {stats[1][0] - stats[1][1]:>14}")
+    for mix in MIXES:
+        print(f"\n  {mix}")
+        print(f"{'policy':>16} " + " ".join(f"{f'{c} GPUs: NVLink':>15} {'refused':>8}" for c in (2, 4, 8))
+              + f" {'1 GPU refused':>14}")
+        for policy in ("first fit", "count best fit", "topology"):
+            stats = replay(hosts, stream, policy, mix)
+            cells = []
+            for c in (2, 4, 8):
+                asked, placed, nvlink = stats[c]
+                cells.append(f"{nvlink / placed if placed else 0:>15.1%} {asked - placed:>8}")
+            print(f"{policy:>16} " + " ".join(cells) + f" {stats[1][0] - stats[1][1]:>14}")
 
 
 if __name__ == "__main__":
