@@ -417,7 +417,10 @@ def place_in(state: FreeState, held: Collection[str], request: GPURequest) -> tu
     if chosen is not None:
         return chosen
     if nvlink and state.choose(request.count, request.models, None) is not None:
-        raise explain_interconnect(state.availability(), request)
+        # could such a set ever be free here (everything released)? else waiting will not help
+        empty = FreeState(state.index)
+        anywhere = empty.choose(request.count, request.models, max(NVLINK_CLASSES)) is not None
+        raise explain_interconnect(state.availability(), request, anywhere)
     raise explain_refusal(
         state.index, _as_set(held), request, availability=state.availability(), unhealthy=state.index.unhealthy
     )

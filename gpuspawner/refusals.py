@@ -29,8 +29,9 @@ class PlacementError(Exception):
 
     * ``code``: a stable keyword: ``"no_gpus"``, ``"no_matching_model"``,
       ``"exceeds_host_size"``, ``"none_usable"``, ``"none_free"``,
-      ``"not_enough_on_one_host"`` or ``"no_nvlink_set"`` (enough free, none
-      joined by NVLink, for a request that needs it);
+      ``"not_enough_on_one_host"``, ``"no_nvlink_set"`` (enough free, none
+      joined by NVLink, for a request that needs it) or ``"no_nvlink_host"``
+      (no machine has such GPUs at all);
     * ``requested``: the GPU count asked for; ``models``: the request patterns;
     * ``free`` / ``total``: free / in-service GPUs of the acceptable models,
       as :mod:`gpuspawner.availability` defines them (``total`` leaves out
@@ -200,16 +201,24 @@ def explain_refusal(
     return _error(survey, request, *_refusal_message(survey, request))
 
 
-def explain_interconnect(availability: dict[str, ModelAvailability], request: GPURequest) -> PlacementError:
+def explain_interconnect(
+    availability: dict[str, ModelAvailability], request: GPURequest, anywhere: bool = True
+) -> PlacementError:
     """The :class:`PlacementError` for an ``interconnect: nvlink`` request that fits only on GPUs NVLink does not join.
 
-    ``availability``: :func:`~gpuspawner.availability.by_model` of the inventory now.
-    Code ``"no_nvlink_set"``.
+    ``availability``: :func:`~gpuspawner.availability.by_model` of the inventory now;
+    ``anywhere``: whether some machine has such a set at all (busy now). Code
+    ``"no_nvlink_set"`` (busy: a wait can cure it) or ``"no_nvlink_host"`` (none here).
     """
     survey = _survey((), (), request, availability, ())
     subject = _subject(request, survey)
-    count = request.count
-    message = (  # only for 2 or more GPUs: one GPU needs no link
+    count = request.count  # only for 2 or more GPUs: one GPU needs no link
+    if not anywhere:
+        return _error(survey, request, "no_nvlink_host", (
+            f"{_amount(count, subject)} joined by NVLink were requested, but no machine here has "
+            f"{count} {_many(subject)} joined by NVLink. Pick a profile without the NVLink requirement."
+        ))
+    message = (
         f"{_amount(count, subject)} joined by NVLink were requested, but no {count} free on one "
         f"machine are joined by NVLink ({survey.free} of {survey.total} free in all). "
         f"Try again later, or pick a profile without the NVLink requirement."

@@ -203,12 +203,26 @@ def test_nvlink_profile_is_refused_on_a_pcie_host_with_a_sentence(host_env):
     gpus = inventory(host_env, "pcie-2socket-8")
     with pytest.raises(PlacementError) as e:
         place(gpus, set(), GPURequest("a", 2, interconnect="nvlink"))
-    assert e.value.code == "no_nvlink_set"
+    assert e.value.code == "no_nvlink_host"  # waiting would not help: the queue ends at once
     assert str(e.value) == (
-        "2 GPUs joined by NVLink were requested, but no 2 free on one machine are joined by NVLink "
-        "(8 of 8 free in all). Try again later, or pick a profile without the NVLink requirement."
+        "2 GPUs joined by NVLink were requested, but no machine here has 2 GPUs joined by NVLink. "
+        "Pick a profile without the NVLink requirement."
     )
     assert place(gpus, set(), GPURequest("a", 1, interconnect="nvlink"))  # one GPU needs no link
+
+
+def test_nvlink_profile_waits_while_the_linked_gpus_are_busy(host_env):
+    gpus = inventory(host_env, "cube-mesh-8")
+    by_index = {g.index: g.uuid for g in gpus}
+    held = {by_index[i] for i in (1, 2, 3, 4, 6, 7)}  # free: GPUs 0 and 5, across the sockets
+    with pytest.raises(PlacementError) as e:
+        place(gpus, held, GPURequest("a", 2, ("v100",), interconnect="nvlink"))
+    assert e.value.code == "no_nvlink_set"
+    assert str(e.value) == (
+        "2 x Tesla V100-SXM2-32GB joined by NVLink were requested, but no 2 free on one machine are joined by "
+        "NVLink (2 of 8 free in all). Try again later, or pick a profile without the NVLink requirement."
+    )
+    assert {g.index for g in place(gpus, held, GPURequest("b", 2))} == {0, 5}  # without the requirement
 
 
 def test_nvlink_profile_takes_the_nvswitch_host(host_env):
