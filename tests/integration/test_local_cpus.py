@@ -1,4 +1,5 @@
-"""gpu-local runs each server on the CPUs next to its GPUs (``pin_cpus``, via taskset).
+"""gpu-local on the stand-in's example layouts: each server runs on the CPUs next to its GPUs
+(``pin_cpus``, via taskset), and an NVLink profile gets linked GPUs or a sentence.
 
 The hub reads the stand-in's cube-mesh layout: NUMA node 0 (GPUs 0-3) with
 CPU 0, node 1 (GPUs 4-7) with CPU 1, so that it runs on this 2-CPU machine.
@@ -21,6 +22,7 @@ pytestmark = pytest.mark.integration
 PROFILES = [
     {"slug": "gpu", "display_name": "GPU notebook", "gpu_models": ["any"],
      "gpu_counts": [1, 2, 4], "default_gpus": 1, "default": True},
+    {"slug": "linked", "display_name": "NVLink pair", "gpu_counts": [2], "default_gpus": 2, "interconnect": "nvlink"},
 ]
 FOUR = {"profile": "gpu", "gpus": 4, "gpu_model": "any"}
 
@@ -30,9 +32,9 @@ def cpus_allowed(pid: int) -> str:
         return next(line.split()[1] for line in f if line.startswith("Cpus_allowed_list:"))
 
 
-def running_hub(tmp_path, libdir, numa_cpus) -> Hub:
+def running_hub(tmp_path, libdir, numa_cpus, layout="cube-mesh-8") -> Hub:
     config_path = tmp_path / "gpus.json"
-    fakenvml.write_config(config_path, fakenvml.layout("cube-mesh-8", numa_cpus=numa_cpus))
+    fakenvml.write_config(config_path, fakenvml.layout(layout, numa_cpus=numa_cpus))
     hub = Hub(tmp_path / "hub", fakenvml.env(libdir, config_path), PROFILES)
     hub.start()
     return hub
@@ -66,5 +68,20 @@ def test_cpus_the_machine_lacks_leave_the_server_unpinned(tmp_path, fakenvml_lib
         mine = cpus_allowed(os.getpid())
         assert cpus_allowed(server_pid(hub, "carol")) == mine
         assert "the GPUs' NUMA-local CPUs 1000-1003 do not exist here" in hub.log_path.read_text(errors="replace")
+    finally:
+        hub.close()
+
+
+def test_nvlink_profile_on_a_pcie_host_is_refused_with_a_sentence(tmp_path, fakenvml_libdir):
+    hub = running_hub(tmp_path, fakenvml_libdir, ("0", "1"), layout="pcie-2socket-8")
+    try:
+        hub.add_users("dave")
+        r = hub.spawn("dave", {"profile": "linked", "gpus": 2, "gpu_model": "any"})
+        assert r.status_code == 409, r.text
+        assert r.json()["message"] == (
+            "2 GPUs joined by NVLink were requested, but no machine here has 2 GPUs joined by NVLink. "
+            "Pick a profile without the NVLink requirement."
+        )
+        assert hub.user("dave")["servers"] == {}
     finally:
         hub.close()

@@ -94,3 +94,18 @@ def test_ledger_state_decides_as_from_scratch(gpus, steps):
         assert got == expected, f"step {n}"
         holdings = [u for uuids in ledger.allocations().values() for u in uuids]
         assert len(holdings) == len(set(holdings))
+
+
+@settings(max_examples=100, deadline=None)
+@given(hosts(), st.data())
+def test_nvlink_requirement_gives_only_linked_sets(gpus, data):
+    held = set(data.draw(st.sets(st.sampled_from([g.uuid for g in gpus])))) if gpus else set()
+    count = data.draw(st.integers(2, 5))
+    linked = [c for c in free_sets(gpus, held, count, ()) if class_rank(c) <= 1]
+    try:
+        got = place(gpus, held, GPURequest("u", count, interconnect="nvlink"))
+    except PlacementError as e:
+        assert linked == []
+        assert e.code in ("no_nvlink_set", "no_nvlink_host") or not list(free_sets(gpus, held, count, ()))
+        return
+    assert class_rank(got) <= 1 and not {g.uuid for g in got} & held
