@@ -113,15 +113,29 @@ def test_pcie_host_has_no_nvlink(host_env):
     assert r["ancestor"][4][6] == 30  # PHB on socket 1
 
 
-def test_device_file_rejects_links_a_gpu_does_not_have(host_env, fakenvml_libdir):
-    config = fakenvml.layout("cube-mesh-8")
-    config["topology"]["nvlink"].append([0, 5, 1])  # GPU 0 already uses its 6 links
+def broken_file_message(host_env, config) -> str:
+    """What the stand-in says about a device file it cannot use (init then fails, as documented)."""
     out = subprocess.run(
         [sys.executable, "-c", "import pynvml; pynvml.nvmlInit()"],
         env=host_env(config), capture_output=True, text=True, timeout=60,
     )
     assert out.returncode != 0
-    assert "GPU 0 uses 7 links but has 6" in out.stderr
+    return out.stderr
+
+
+def test_device_file_rejects_impossible_topologies(host_env):
+    cube = fakenvml.layout("cube-mesh-8")
+    cube["topology"]["nvlink"].append([0, 5, 1])  # GPU 0 already uses its 6 links
+    assert "GPU 0 uses 7 links but has 6" in broken_file_message(host_env, cube)
+    both = fakenvml.layout("cube-mesh-8")
+    both["topology"]["nvswitches"] = ["00000000:C5:00.0"]
+    assert "either nvswitches (all-to-all) or nvlink pairs, not both" in broken_file_message(host_env, both)
+    pcie = fakenvml.layout("pcie-2socket-8")
+    pcie["topology"]["numa_nodes"].pop()
+    assert "devices[4].numa_node 1 is not in topology.numa_nodes (1 listed)" in broken_file_message(host_env, pcie)
+    t4 = fakenvml.layout("pcie-2socket-8")
+    t4["topology"]["nvlink"] = [[0, 1, 1]]
+    assert "topology.nvlink[0]: GPU 0 has no \"nvlink\"" in broken_file_message(host_env, t4)
 
 
 # -------------------------------------------------------------- inventory --
