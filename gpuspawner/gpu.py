@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import functools
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
+
+from .topology import normalise_links, parse_cpus
 
 # Words that name the vendor or a product line rather than the model.
 _VENDOR_WORDS = {"nvidia", "tesla", "geforce", "quadro"}
@@ -101,6 +103,12 @@ class GPU:
     healthy: bool = True
     reason: str | None = field(default=None, compare=False)  # why unhealthy
     minor_number: int | None = None  # of its device node /dev/nvidiaN (character device 195:N)
+    # Topology (gpuspawner.topology): the CPU-side NUMA node, the CPUs of that node, and the
+    # link to each other GPU of the host by index: "NV<n>" (NVLink, n links), "PIX", "PXB",
+    # "PHB", "NODE" or "SYS" (the words of nvidia-smi topo -m). None / (): unknown.
+    numa_node: int | None = field(default=None, compare=False)
+    cpus: tuple[int, ...] | None = field(default=None, compare=False)
+    links: tuple[tuple[int, str], ...] = field(default=(), compare=False)
 
     @property
     def model(self) -> str:
@@ -117,4 +125,27 @@ class GPU:
         data["model"] = self.model
         if self.compute_capability is not None:
             data["compute_capability"] = list(self.compute_capability)
+        if self.cpus is not None:
+            data["cpus"] = list(self.cpus)
+        data["links"] = {str(peer): level for peer, level in self.links}
         return data
+
+
+def gpu_from_record(record: Mapping) -> GPU:
+    """A :class:`GPU` from a dict (a ``static_gpus`` entry, saved spawner state, :meth:`GPU.to_dict`).
+
+    Keys that are not fields are ignored; lists become tuples, ``cpus`` may be
+    ``"0-15,32-47"``, ``links`` a dict ``{peer index: level}``. Raises
+    ValueError (or TypeError) for values GPU cannot hold.
+    """
+    values = {k: v for k, v in record.items() if k in GPU.__dataclass_fields__}
+    if values.get("compute_capability") is not None:
+        values["compute_capability"] = tuple(values["compute_capability"])
+    if "cpus" in values:
+        values["cpus"] = parse_cpus(values["cpus"])
+    if "links" in values:
+        values["links"] = normalise_links(values["links"])
+    numa = values.get("numa_node")
+    if numa is not None and (type(numa) is not int or numa < 0):
+        raise ValueError(f"numa_node must be a whole number >= 0, not {numa!r}")
+    return GPU(**values)

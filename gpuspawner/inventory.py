@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from . import nvml
-from .gpu import GPU
+from .gpu import GPU, gpu_from_record
 
 
 @dataclass(frozen=True)
@@ -45,21 +45,33 @@ class NVMLInventory:
 
     host: str = field(default_factory=socket.gethostname)
     simulated: bool = False
+    # The host's topology (nvml.topology), read once per set of GPUs: (index, UUID) pairs -> topology.
+    _topology: tuple[tuple, dict[int, nvml.Topology]] = field(default=((), {}), init=False, repr=False)
+
+    def topology(self, listing: nvml.Devices) -> dict[int, nvml.Topology]:
+        """The topology of ``listing``'s GPUs, read through NVML only when the GPUs changed."""
+        key = tuple((d.index, d.uuid.value) for d in listing.devices)
+        if key != self._topology[0]:
+            self._topology = (key, nvml.topology(listing))
+        return self._topology[1]
 
     def read(self) -> InventoryReading:
         listing = nvml.devices()
         if listing.reason is not None:
             return InventoryReading(problems=(f"NVML: {listing.reason}",), simulated=self.simulated)
         gpus, problems = [], []
+        topology = self.topology(listing)
         for device in listing.devices:
-            gpu, problem = self._read_device(device, listing)
+            gpu, problem = self._read_device(device, listing, topology.get(device.index))
             if gpu is not None:
                 gpus.append(gpu)
             if problem:
                 problems.append(problem)
         return InventoryReading(tuple(gpus), tuple(problems), self.simulated)
 
-    def _read_device(self, device: nvml.Device, listing: nvml.Devices) -> tuple[GPU | None, str | None]:
+    def _read_device(
+        self, device: nvml.Device, listing: nvml.Devices, topology: nvml.Topology | None
+    ) -> tuple[GPU | None, str | None]:
         index, name = device.index, device.name
         if not device.uuid.ok:
             # Without a handle or a UUID the GPU cannot be named, so not placed.
@@ -82,6 +94,9 @@ class NVMLInventory:
             cuda_driver_version=listing.cuda_driver_version,
             mig_mode=bool(mig.value[0]) if mig.ok else None,
             minor_number=minor.value if minor.ok else None,
+            numa_node=topology.numa_node if topology else None,
+            cpus=topology.cpus if topology else None,
+            links=topology.links if topology else (),
             healthy=not lost,
             reason=lost[0] if lost else None,
         )
@@ -95,6 +110,8 @@ class StaticInventory:
 
     Each entry is a dict with at least ``uuid`` and ``name``; ``host`` defaults
     to ``"localhost"`` and ``index`` to one more than the highest index on its host so far.
+    The topology of a remote host may be described with ``numa_node``, ``cpus``
+    (``"0-15"``) and ``links`` (``{other index: "NV4" | "PIX" | ... | "SYS"}``).
     """
 
     entries: Iterable[dict] = ()
@@ -133,11 +150,11 @@ def gpus_from_config(entries: Iterable[dict]) -> list[GPU]:
         if (host, index) in used:
             raise ValueError(f"static GPU entry {n} repeats index {index} on host {host}")
         used.add((host, index))
-        values = dict(entry, host=host, index=index)
         per_host[host] = max(per_host.get(host, 0), index + 1)
-        if values.get("compute_capability") is not None:
-            values["compute_capability"] = tuple(values["compute_capability"])
-        gpus.append(GPU(**values))
+        try:
+            gpus.append(gpu_from_record(dict(entry, host=host, index=index)))
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"static GPU entry {n}: {e}") from None
     return gpus
 
 

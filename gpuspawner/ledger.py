@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 
 from gpuspawner.gpu import GPU
-from gpuspawner.placement import GPURequest, place
+from gpuspawner.placement import FreeState, GPURequest, PlacementIndex, place_in
 
 __all__ = ["Ledger", "CLUSTER", "cluster_tokens", "cluster_resource", "cluster_holdings"]
 
@@ -82,6 +82,8 @@ class Ledger:
         self._by_owner: dict[str, tuple[str, ...]] = {}
         self._by_uuid: dict[str, str] = {}
         self._since: dict[str, float] = {}  # owner -> when it started holding (the clock's time)
+        # placement's view of the last inventory reserved on, kept in step with the maps
+        self._free: FreeState | None = None
         self._observers: list[Observer] = []
         self._events: list[tuple[str, str, tuple[str, ...], float]] = []  # told once the lock is free
 
@@ -119,6 +121,9 @@ class Ledger:
         the check and the reservation are one step.
         """
         gpus = tuple(inventory)  # materialise outside the lock
+        current = self._free
+        # a new reading: group it outside the lock (pure work); the state is built under it
+        index = current.index if current is not None and current.index.gpus is gpus else PlacementIndex(gpus)
         with self._lock:
             if request.owner in self._by_owner:
                 raise ValueError(
@@ -127,7 +132,7 @@ class Ledger:
                 )
             if admit is not None and request.count:
                 admit(self._by_owner)
-            chosen = place(gpus, self._by_uuid.keys(), request)
+            chosen = place_in(self._free_state(index), self._by_uuid.keys(), request) if request.count else ()
             if chosen:
                 self._record(request.owner, tuple(gpu.uuid for gpu in chosen))
         self._notify()
@@ -181,6 +186,8 @@ class Ledger:
             since = self._since.pop(owner, None)
             for uuid in uuids:
                 del self._by_uuid[uuid]
+            if self._free is not None:
+                self._free.give(uuids)
             if uuids:
                 self._events.append(("release", owner, uuids, since))
         self._notify()
@@ -213,3 +220,16 @@ class Ledger:
         for uuid in uuids:
             self._by_uuid[uuid] = owner
         self._events.append(("hold", owner, uuids, since))
+        if self._free is not None:
+            self._free.take(uuids)
+
+    def _free_state(self, index: PlacementIndex) -> FreeState:
+        """Placement's free state for this inventory reading; the lock must be held.
+
+        Built (O(inventory)) when the reading is a new object, e.g. every
+        ``gpu_inventory_ttl`` seconds; between readings it is updated as GPUs
+        are taken and released, so a decision does not walk the inventory.
+        """
+        if self._free is None or self._free.index is not index:
+            self._free = FreeState(index, self._by_uuid)
+        return self._free

@@ -9,6 +9,8 @@ never at import time, so a machine without a driver imports this module fine.
 :func:`devices` is the one place that lists the host's GPUs (index, handle,
 UUID, name; :func:`mig_devices` the same for a GPU's MIG devices): the hub's
 inventory, the monitor and the admin overview's live numbers all read it.
+:func:`topology` reads how those GPUs are connected (for placement and the
+monitor's link matrix).
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ import os
 import threading
 from collections.abc import Callable
 from typing import Any, NamedTuple
+
+from .topology import NVML_LEVEL_WORDS
 
 try:  # nvidia-ml-py is a dependency, but a broken install must not crash the hub
     import pynvml
@@ -246,3 +250,119 @@ def mig_devices(parent: Any) -> tuple[Device, ...]:
         if handle.ok:  # NOT_FOUND: an empty slot
             found.append(_device(slot, handle))
     return tuple(found)
+
+
+# ---------------------------------------------------------------- topology --
+
+#: CPU and NUMA-node bitmask words read (64 each): up to 1024 CPUs.
+_MASK_WORDS = 16
+_NVLINK_MAX_LINKS = 36  # NVML_NVLINK_MAX_LINKS; a link past the GPU's count is INVALID_ARGUMENT
+
+
+class Topology(NamedTuple):
+    """Where one GPU sits: see :mod:`gpuspawner.topology` for the words.
+
+    ``links``: (peer NVML index, level word) for every other GPU listed;
+    ``nvlink``: NVLink links per peer index (active links to a GPU, or, through
+    NVSwitches, the links both GPUs have to switches); ``cpus``/``numa_node``:
+    the GPU's NUMA-local CPUs and node (None: NVML does not say).
+    """
+
+    pci_bus_id: str | None
+    numa_node: int | None
+    cpus: tuple[int, ...] | None
+    links: tuple[tuple[int, str], ...]
+    nvlink: tuple[tuple[int, int], ...] = ()
+    active_links: tuple[int, ...] = ()  # the GPU's active NVLink links (for their throughput counters)
+
+
+def _bits(words: Any) -> tuple[int, ...]:
+    return tuple(64 * w + b for w, word in enumerate(words) for b in range(64) if int(word) >> b & 1)
+
+
+def _nvlink_ends(handle: Any) -> tuple[dict[str, int], int, tuple[int, ...]]:
+    """Bus id of each GPU at the end of an active link -> links; links to NVSwitches; the active links."""
+    peers: dict[str, int] = {}
+    switches = 0
+    active: list[int] = []
+    for link in range(_NVLINK_MAX_LINKS):
+        try:
+            if not pynvml.nvmlDeviceGetNvLinkState(handle, link):
+                continue
+        except pynvml.NVMLError_InvalidArgument:
+            break  # past the GPU's last link
+        active.append(link)
+        kind = pynvml.nvmlDeviceGetNvLinkRemoteDeviceType(handle, link)
+        if kind == pynvml.NVML_NVLINK_DEVICE_TYPE_SWITCH:
+            switches += 1
+        elif kind == pynvml.NVML_NVLINK_DEVICE_TYPE_GPU:
+            bus = pynvml.nvmlDeviceGetNvLinkRemotePciInfo(handle, link).busId
+            bus = (bus.decode() if isinstance(bus, bytes) else bus).upper()
+            peers[bus] = peers.get(bus, 0) + 1
+    return peers, switches, tuple(active)
+
+
+def topology(listing: Devices) -> dict[int, Topology]:
+    """How the GPUs of ``listing`` (from :func:`devices`) are connected, by NVML index.
+
+    Never raises: what NVML cannot say is left unknown (None, or no entry for a
+    pair). GPUs without a handle are left out. About 40 NVML calls per GPU:
+    read it once per host and keep it (the inventory does).
+    """
+    handles = {d.index: d.handle.value for d in listing.devices if d.handle.ok}
+    bus: dict[int, str | None] = {}
+    ends: dict[int, tuple[dict[str, int], int, tuple[int, ...]]] = {}
+    numa: dict[int, int | None] = {}
+    cpus: dict[int, tuple[int, ...] | None] = {}
+    for index, h in handles.items():
+        pci = query("nvmlDeviceGetPciInfo", h)
+        busid = pci.value.busId if pci.ok else None
+        bus[index] = (busid.decode() if isinstance(busid, bytes) else busid or "").upper() or None
+        nv = query(_nvlink_ends, h)
+        ends[index] = nv.value if nv.ok else ({}, 0, ())
+        scope = getattr(pynvml, "NVML_AFFINITY_SCOPE_NODE", 0)
+        nodes = query("nvmlDeviceGetMemoryAffinity", h, 1, scope)
+        node_bits = _bits(nodes.value) if nodes.ok else ()
+        numa[index] = node_bits[0] if len(node_bits) == 1 else None  # several: the platform does not say
+        affinity = query("nvmlDeviceGetCpuAffinity", h, _MASK_WORDS)
+        cpus[index] = _bits(affinity.value) if affinity.ok and any(affinity.value) else None
+    by_bus = {b: i for i, b in bus.items() if b}
+    result: dict[int, Topology] = {}
+    for index, h in handles.items():
+        peers, switches, active = ends[index]
+        nvlink: dict[int, int] = {by_bus[b]: n for b, n in peers.items() if b in by_bus}
+        links: list[tuple[int, str]] = []
+        for other, oh in handles.items():
+            if other == index:
+                continue
+            if switches and ends[other][1]:
+                nvlink[other] = nvlink.get(other, 0) + min(switches, ends[other][1])
+            if nvlink.get(other):
+                links.append((other, f"NV{nvlink[other]}"))
+                continue
+            level = query("nvmlDeviceGetTopologyCommonAncestor", h, oh)
+            word = NVML_LEVEL_WORDS.get(level.value) if level.ok else None
+            if word:
+                links.append((other, word))
+        result[index] = Topology(
+            bus[index], numa[index], cpus[index], tuple(links), tuple(sorted(nvlink.items())), active
+        )
+    return result
+
+
+def _nvlink_data(handle: Any, links: tuple[int, ...]) -> tuple[int, int]:
+    fields = [(pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, link) for link in links]
+    fields += [(pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX, link) for link in links]
+    values = pynvml.nvmlDeviceGetFieldValues(handle, fields)
+    failed = [v.nvmlReturn for v in values if v.nvmlReturn != pynvml.NVML_SUCCESS]
+    if failed:
+        raise pynvml.NVMLError(failed[0])
+    n = len(links)
+    return sum(v.value.ullVal for v in values[:n]), sum(v.value.ullVal for v in values[n:])
+
+
+def nvlink_data(handle: Any, links: tuple[int, ...]) -> Reading:
+    """(sent, received) KiB over ``links`` since the driver started counting (NVLink data counters)."""
+    if not links:
+        return Reading(None, NOT_SUPPORTED)
+    return query(_nvlink_data, handle, links)

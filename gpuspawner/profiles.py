@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .gpu import model_slug, slug_matches
+from .topology import INTERCONNECTS
 
 OPTION_KEYS = ("profile", "gpus", "gpu_model", "image")
 _SLUG = re.compile(r"[a-z0-9][a-z0-9-]{0,62}")
@@ -56,6 +57,7 @@ class Profile:
     groups: tuple[str, ...] = ()  # empty: everyone; else only members of one of these JupyterHub groups
     queue: bool = False  # when no GPU is free, wait in the hub's queue instead of being refused
     slurm: tuple[tuple[str, str], ...] = ()  # gpu-slurm job settings: (("partition", "gpu"), ("time", "8:00:00"))
+    interconnect: str | None = None  # "nvlink": multi-GPU servers only on GPUs NVLink joins (placement)
 
     def visible_to(self, user_groups: Iterable[str]) -> bool:
         """Whether a member of ``user_groups`` may see and use this profile."""
@@ -117,6 +119,7 @@ DEFAULT_PROFILES: tuple[dict, ...] = (
 _PROFILE_KEYS = {
     "slug", "display_name", "description", "gpu_models", "gpu_counts", "default_gpus",
     "images", "cpu_limit", "mem_limit", "default", "capabilities", "groups", "queue", "slurm",
+    "interconnect",
     # KubeSpawner-style profile_list entries
     "kubespawner_override",
 }
@@ -281,6 +284,9 @@ def profile_from_config(entry: Mapping, position: int = 0, honour_all: bool = Fa
     cpu_limit = values.get("cpu_limit")
     if cpu_limit is not None and (type(cpu_limit) not in (int, float) or not 0 < cpu_limit < 10**6):
         raise OptionsError(where, f"cpu_limit {cpu_limit!r} must be a positive number of CPUs")
+    interconnect = values.get("interconnect")
+    if interconnect is not None and interconnect not in INTERCONNECTS:
+        raise OptionsError(where, f"interconnect {interconnect!r} must be one of {list(INTERCONNECTS)} or absent")
     mem_limit = values.get("mem_limit")
     if mem_limit is not None and not (
         (type(mem_limit) is int and mem_limit > 0)
@@ -302,6 +308,7 @@ def profile_from_config(entry: Mapping, position: int = 0, honour_all: bool = Fa
         groups=tuple(groups),
         queue=queue,
         slurm=_slurm_settings(values.get("slurm", {}), where),
+        interconnect=interconnect,
     )
 
 

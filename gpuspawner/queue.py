@@ -34,7 +34,7 @@ from .placement import PlacementError
 __all__ = ["GPUQueue", "QueueTimeout", "Waiter", "WAITABLE"]
 
 #: Refusal codes that a wait can cure; any other refusal ends the wait at once.
-WAITABLE = frozenset({"none_free", "not_enough_on_one_host", "none_usable"})
+WAITABLE = frozenset({"none_free", "not_enough_on_one_host", "none_usable", "no_nvlink_set"})
 
 T = TypeVar("T")
 

@@ -28,8 +28,10 @@ class PlacementError(Exception):
     The structured fields exist for logs and metrics:
 
     * ``code``: a stable keyword: ``"no_gpus"``, ``"no_matching_model"``,
-      ``"exceeds_host_size"``, ``"none_usable"``, ``"none_free"`` or
-      ``"not_enough_on_one_host"``;
+      ``"exceeds_host_size"``, ``"none_usable"``, ``"none_free"``,
+      ``"not_enough_on_one_host"``, ``"no_nvlink_set"`` (enough free, none
+      joined by NVLink, for a request that needs it) or ``"no_nvlink_host"``
+      (no machine has such GPUs at all);
     * ``requested``: the GPU count asked for; ``models``: the request patterns;
     * ``free`` / ``total``: free / in-service GPUs of the acceptable models,
       as :mod:`gpuspawner.availability` defines them (``total`` leaves out
@@ -101,13 +103,26 @@ class _Shortfall:
         return max((self.models[slug].most_on_one_host for slug in slugs), default=0)
 
 
-def _survey(gpus: Iterable[GPU], held: Collection[str], request: GPURequest) -> _Shortfall:
-    """Count free, in-service and broken GPUs per model, and why the matching ones are broken."""
-    gpus = gpus if isinstance(gpus, (tuple, list)) else tuple(gpus)
-    models = by_model(gpus, held)
-    matching = {slug for slug in models if model_rank(request.models, slug) is not None}
-    reasons = Counter(_reason_text(g.reason) for g in gpus if not g.healthy and g.model in matching)
-    return _Shortfall(models, matching, reasons)
+def _survey(
+    gpus: Iterable[GPU],
+    held: Collection[str],
+    request: GPURequest,
+    availability: dict[str, ModelAvailability] | None = None,
+    unhealthy: Iterable[GPU] | None = None,
+) -> _Shortfall:
+    """Count free, in-service and broken GPUs per model, and why the matching ones are broken.
+
+    ``availability`` (:func:`~gpuspawner.availability.by_model` of ``gpus`` and
+    ``held``) and ``unhealthy`` (the unhealthy GPUs of ``gpus``) may be given
+    when the caller has them (placement's index), so the GPUs are not walked.
+    """
+    if availability is None or unhealthy is None:
+        gpus = gpus if isinstance(gpus, (tuple, list)) else tuple(gpus)
+        availability = by_model(gpus, held)
+        unhealthy = [g for g in gpus if not g.healthy]
+    matching = {slug for slug in availability if model_rank(request.models, slug) is not None}
+    reasons = Counter(_reason_text(g.reason) for g in unhealthy if g.model in matching)
+    return _Shortfall(availability, matching, reasons)
 
 
 def _reason_text(reason: str | None) -> str:
@@ -168,16 +183,50 @@ def _patterns(models: tuple[str, ...]) -> str:
 
 
 def explain_refusal(
-    inventory: Iterable[GPU], held: Collection[str], request: GPURequest
+    inventory: Iterable[GPU],
+    held: Collection[str],
+    request: GPURequest,
+    *,
+    availability: dict[str, ModelAvailability] | None = None,
+    unhealthy: Iterable[GPU] | None = None,
 ) -> PlacementError:
     """The :class:`PlacementError` for a request that :func:`~gpuspawner.placement.place` cannot satisfy.
 
     Call it only for such a request; the message picks the most useful
     explanation: no GPUs at all, no such model, a request bigger than any
     machine, GPUs out of service, all taken, or not enough on one machine.
+    ``availability`` and ``unhealthy``: see :func:`_survey` (a shortcut, same sentences).
     """
-    survey = _survey(inventory, held, request)
-    code, message = _refusal_message(survey, request)
+    survey = _survey(inventory, held, request, availability, unhealthy)
+    return _error(survey, request, *_refusal_message(survey, request))
+
+
+def explain_interconnect(
+    availability: dict[str, ModelAvailability], request: GPURequest, anywhere: bool = True
+) -> PlacementError:
+    """The :class:`PlacementError` for an ``interconnect: nvlink`` request that fits only on GPUs NVLink does not join.
+
+    ``availability``: :func:`~gpuspawner.availability.by_model` of the inventory now;
+    ``anywhere``: whether some machine has such a set at all (busy now). Code
+    ``"no_nvlink_set"`` (busy: a wait can cure it) or ``"no_nvlink_host"`` (none here).
+    """
+    survey = _survey((), (), request, availability, ())
+    subject = _subject(request, survey)
+    count = request.count  # only for 2 or more GPUs: one GPU needs no link
+    if not anywhere:
+        return _error(survey, request, "no_nvlink_host", (
+            f"{_amount(count, subject)} joined by NVLink were requested, but no machine here has "
+            f"{count} {_many(subject)} joined by NVLink. Pick a profile without the NVLink requirement."
+        ))
+    message = (
+        f"{_amount(count, subject)} joined by NVLink were requested, but no {count} free on one "
+        f"machine are joined by NVLink ({survey.free} of {survey.total} free in all). "
+        f"Try again later, or pick a profile without the NVLink requirement."
+    )
+    return _error(survey, request, "no_nvlink_set", message)
+
+
+def _error(survey: _Shortfall, request: GPURequest, code: str, message: str) -> PlacementError:
     return PlacementError(
         message,
         code=code,

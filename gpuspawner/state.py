@@ -66,7 +66,13 @@ class GPUHubSettings(Configurable):
         ``driver_version``, ``cuda_driver_version`` (as NVML reports it, e.g. ``12040``),
         ``mig_mode`` (bool), ``minor_number`` (N of its device node ``/dev/nvidiaN``, for
         gpu-local's device fence), ``healthy`` (default ``True``; ``False`` keeps the GPU out
-        of placement) and ``reason`` (why it is unhealthy, shown on the admin page).""",
+        of placement) and ``reason`` (why it is unhealthy, shown on the admin page).
+        Topology, so that placement prefers connected GPUs and servers are pinned to
+        the GPUs' CPUs on a host the hub cannot read through NVML: ``numa_node`` (the
+        CPU-side NUMA node), ``cpus`` (its CPUs, ``"0-15,64-79"`` or a list) and
+        ``links`` (``{other GPU's index: level}``, level ``"NV<n>"`` for n NVLink links,
+        ``"PIX"``, ``"PXB"``, ``"PHB"``, ``"NODE"`` or ``"SYS"`` as ``nvidia-smi topo -m``
+        prints them). GPUs without ``links`` count as unknown, placed by count only.""",
     ).tag(config=True)
 
     gpu_inventory_ttl = Float(

@@ -16,13 +16,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .. import nvml
+from ..topology import format_cpus
 from .visibility import Device, Visibility
 
 # NVML enums (nvml.h), spelled here so this module does not import pynvml.
 TEMPERATURE_GPU = 0
 CLOCKS = {"graphics": 0, "sm": 1, "memory": 2}
 
-#: Every per-GPU field that may be None, with its unit (used by docs and metrics).
+#: Every per-GPU field that may be None, with its unit (used by docs and metrics). A None
+#: value names its reason in the GPU's ``na``, except nvlink_tx/rx of a GPU without an
+#: active NVLink link (``nvlink_links`` 0): there is nothing to measure.
 FIELDS = {
     "utilization_gpu": "%",
     "utilization_memory": "%",
@@ -38,7 +41,15 @@ FIELDS = {
     "max_clock_sm": "MHz",
     "max_clock_memory": "MHz",
     "max_clock_graphics": "MHz",
+    "pcie_tx": "bytes/s",
+    "pcie_rx": "bytes/s",
+    "nvlink_tx": "bytes/s",
+    "nvlink_rx": "bytes/s",
 }
+
+# nvmlPcieUtilCounter_t
+PCIE_TX, PCIE_RX = 0, 1
+FIRST_RATE = "a rate needs two samples: it comes with the next one"
 
 MIG_NOT_REPORTED = "not reported by the driver while MIG is enabled"
 
@@ -67,6 +78,12 @@ class StaticGPU:
     mig: list[StaticMIG] = field(default_factory=list)
     only_some_mig: bool = False  # the server sees only some MIG instances of this GPU
     na: dict[str, str] = field(default_factory=dict)
+    # topology (nvml.topology): links to the other GPUs shown, NUMA node and its CPUs
+    links: dict[int, str] = field(default_factory=dict)
+    numa_node: int | None = None
+    cpus: str | None = None
+    active_links: tuple[int, ...] = ()
+    nvlink_last: tuple[float, int, int] | None = None  # (monotonic time, KiB sent, KiB received)
 
 
 @dataclass
@@ -77,6 +94,8 @@ class Static:
     cuda_driver_version: int | None = None
     gpus: list[StaticGPU] = field(default_factory=list)
     read_at: float = field(default_factory=time.monotonic)
+    # nvml.topology of the listing, kept across re-reads while the GPUs stay the same: (key, topology)
+    topology: tuple[tuple, dict] = ((), {})
 
 
 def _mig_layout(handle: Any, na: dict[str, str]) -> tuple[bool | None, list[StaticMIG]]:
@@ -101,8 +120,11 @@ def _mig_layout(handle: Any, na: dict[str, str]) -> tuple[bool | None, list[Stat
     return True, migs
 
 
-def read_static(visibility: Visibility) -> Static:
-    """The GPUs this server may show, with the facts that rarely change."""
+def read_static(visibility: Visibility, previous: Static | None = None) -> Static:
+    """The GPUs this server may show, with the facts that rarely change.
+
+    The topology is read once and taken from ``previous`` while the GPUs are the same.
+    """
     listing = nvml.devices()
     if listing.reason is not None:
         detail = None if listing.started else "GPU statistics are not available on this server."
@@ -138,6 +160,11 @@ def read_static(visibility: Visibility) -> Static:
     decisions = visibility.decide([Device(g.index, g.uuid, tuple(m.uuid for m in g.mig if m.uuid), g.mig_mode, g.name,
                                           ordinal=n)
                                    for n, g in enumerate(gpus)])
+    key = tuple((d.index, d.uuid.value) for d in listing.devices)
+    if previous is not None and previous.topology[0] == key:
+        topology = previous.topology[1]
+    else:
+        topology = nvml.topology(listing)
     shown = []
     for gpu, decision in zip(gpus, decisions, strict=True):
         if not decision.visible:
@@ -152,6 +179,14 @@ def read_static(visibility: Visibility) -> Static:
             m.cuda_index = decision.mig_cuda.get(m.uuid) if m.uuid else None
             m.cuda_reason = decision.mig_cuda_reasons.get(m.uuid) if m.uuid else "the MIG device's UUID is not known"
         shown.append(gpu)
+    own = {g.index for g in shown}
+    for gpu in shown:
+        where = topology.get(gpu.index)
+        if where is not None:
+            gpu.links = {peer: word for peer, word in where.links if peer in own}
+            gpu.numa_node = where.numa_node
+            gpu.cpus = format_cpus(where.cpus) if where.cpus else None
+            gpu.active_links = where.active_links
     if not shown:
         if not listing.devices:
             detail = "NVML found no GPU on this machine."
@@ -161,7 +196,7 @@ def read_static(visibility: Visibility) -> Static:
             if fenced:
                 detail += f" {fenced} of them this server may not open: their device nodes are fenced off."
         return Static(status="no GPU visible", detail=detail, driver_version=driver, cuda_driver_version=cuda)
-    return Static(status="ok", driver_version=driver, cuda_driver_version=cuda, gpus=shown)
+    return Static(status="ok", driver_version=driver, cuda_driver_version=cuda, gpus=shown, topology=(key, topology))
 
 
 #: attribute(pid) -> (kernel dict or None, note or None); see kernels.py.
@@ -212,6 +247,28 @@ def _processes(gpu: StaticGPU, na: dict[str, str], attribute: Attribution) -> li
     return sorted(seen.values(), key=lambda e: -(e["used_memory"] or 0))
 
 
+def _throughput(gpu: StaticGPU, h: Any, values: dict[str, Any], na: dict[str, str]) -> None:
+    """PCIe (NVML's KB/s) and NVLink (from the data counters, between two samples) in bytes/s."""
+    for key, counter in (("pcie_tx", PCIE_TX), ("pcie_rx", PCIE_RX)):
+        r = nvml.query("nvmlDeviceGetPcieThroughput", h, counter)
+        values[key] = r.value * 1024 if r.ok else None
+        if not r.ok:
+            na[key] = r.reason
+    if not gpu.active_links:
+        return  # no NVLink to measure: null without a reason (nvlink_links says 0)
+    data = nvml.nvlink_data(h, gpu.active_links)
+    if not data.ok:
+        na["nvlink_tx"] = na["nvlink_rx"] = data.reason or "unknown"
+        return
+    now, (sent, received) = time.monotonic(), data.value
+    last, gpu.nvlink_last = gpu.nvlink_last, (now, sent, received)
+    if last is None or now <= last[0]:
+        na["nvlink_tx"] = na["nvlink_rx"] = FIRST_RATE
+        return
+    values["nvlink_tx"] = max(0, sent - last[1]) * 1024 / (now - last[0])
+    values["nvlink_rx"] = max(0, received - last[2]) * 1024 / (now - last[0])
+
+
 def _gpu_sample(gpu: StaticGPU, attribute: Attribution) -> dict:
     na: dict[str, str] = {}
     out: dict[str, Any] = {
@@ -220,6 +277,10 @@ def _gpu_sample(gpu: StaticGPU, attribute: Attribution) -> dict:
         "uuid": gpu.uuid,
         "name": gpu.name,
         "mig_mode": gpu.mig_mode,
+        "links": {str(peer): word for peer, word in sorted(gpu.links.items())},
+        "numa_node": gpu.numa_node,
+        "cpus": gpu.cpus,
+        "nvlink_links": len(gpu.active_links),
     }
     values: dict[str, Any] = dict.fromkeys(FIELDS)
     if gpu.handle is None:  # no handle at all: the GPU is lost or unreadable
@@ -262,6 +323,7 @@ def _gpu_sample(gpu: StaticGPU, attribute: Attribution) -> dict:
         if not r.ok:
             na[f"clock_{clock}"] = r.reason
         values[f"max_clock_{clock}"] = gpu.max_clocks.get(clock)
+    _throughput(gpu, h, values, na)
 
     mig = []
     for m in gpu.mig:

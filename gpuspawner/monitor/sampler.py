@@ -137,7 +137,7 @@ class Sampler:
     def _static_info(self) -> Static:
         static = self._static
         if static is None or time.monotonic() - static.read_at > self.static_refresh:
-            static = self._static = read_static(self.visibility)
+            static = self._static = read_static(self.visibility, static)
         return static
 
     def sample_once(self) -> dict:

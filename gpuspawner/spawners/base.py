@@ -16,11 +16,11 @@ from typing import Any
 from jinja2 import Environment, PackageLoader, select_autoescape
 from sqlalchemy.orm import Session
 from tornado import web
-from traitlets import Dict, List, TraitError, default, validate
+from traitlets import Bool, Dict, List, TraitError, default, validate
 
 from ..compat import min_cuda
 from ..form import form_context
-from ..gpu import GPU
+from ..gpu import GPU, gpu_from_record
 from ..inventory import CachedInventory
 from ..ledger import Ledger
 from ..placement import GPURequest, PlacementError
@@ -78,6 +78,10 @@ class GPUSpawnerMixin(GPUPolicyMixin, GPUHubSettings):
         - ``queue``: ``True`` to wait in the hub's GPU queue while no GPU is free instead
           of being refused (default ``False``; the wait is bounded by ``gpu_queue_timeout``).
           Refused on gpu-kube, where the cluster's scheduler is the queue.
+        - ``interconnect``: ``"nvlink"`` to give multi-GPU servers only GPUs that NVLink
+          joins (all-to-all or through each other); refused with a sentence when no such
+          set is free. gpu-local and gpu-docker only (there the hub picks the GPUs; every
+          profile already prefers the best-connected free GPUs).
         - ``slurm``: gpu-slurm only: the job's ``partition``, ``time`` (limit, e.g.
           ``"8:00:00"``), ``qos``, ``account``, ``reservation`` and ``constraint``
           (node features), each passed to ``sbatch``; other backends refuse it.
@@ -98,6 +102,25 @@ class GPUSpawnerMixin(GPUPolicyMixin, GPUHubSettings):
     #: True where profiles' ``slurm`` settings are applied (gpu-slurm); elsewhere they are refused.
     honours_slurm_settings = False
 
+    pin_cpus = Bool(
+        True,
+        help="""
+        gpu-local and gpu-docker: run each GPU server on the CPUs next to its GPUs (their
+        NUMA node, from NVML or the ``cpus`` of ``static_gpus``): gpu-docker sets the
+        container's ``cpuset_cpus`` and ``cpuset_mems``, gpu-local starts the server under
+        ``taskset -c``. The CPUs are intersected with those that exist where the server runs
+        and widened with other CPUs when fewer than ``cpu_limit``; when the GPUs' CPUs are
+        not known or none of them exists there, nothing is pinned and the log says why
+        (``gpuspawner/cpus.py``). A ``cpuset_cpus`` in gpu-docker's ``extra_host_config``
+        wins. gpu-kube and gpu-slurm leave this to the kubelet's Topology Manager and
+        Slurm's ``gres.conf`` ``Cores=`` (README, topology section).
+        """,
+    ).tag(config=True)
+
+    #: True where the hub picks the exact GPUs, so a profile's ``interconnect`` can be honoured
+    #: (gpu-local, gpu-docker); where the cluster places (gpu-kube, gpu-slurm) it is refused.
+    honours_interconnect = True
+
     @validate("gpu_profiles")
     def _check_profiles(self, proposal):
         try:
@@ -109,6 +132,12 @@ class GPUSpawnerMixin(GPUPolicyMixin, GPUHubSettings):
             if slurm:
                 raise TraitError(f"Invalid GPU profile configuration: profile '{slurm[0]}': 'slurm' settings "
                                  "are only applied by gpu-slurm")
+        if not self.honours_interconnect:
+            linked = [p.slug for p in profiles if p.interconnect]
+            if linked:
+                raise TraitError(f"Invalid GPU profile configuration: profile '{linked[0]}': 'interconnect' "
+                                 "needs a backend whose hub picks the GPUs (gpu-local, gpu-docker); here the "
+                                 "cluster places them (see the README's topology section)")
         return proposal["value"]
 
     # ------------------------------------------------------------ collaborators
@@ -256,7 +285,9 @@ class GPUSpawnerMixin(GPUPolicyMixin, GPUHubSettings):
         await self.ensure_reconciled()
         reading = await self.inventory.read()
         self.ledger.release(self.gpu_owner)  # a failed earlier start of this server holds nothing
-        request = GPURequest(owner=self.gpu_owner, count=choice.gpus, models=choice.models)
+        request = GPURequest(
+            owner=self.gpu_owner, count=choice.gpus, models=choice.models, interconnect=choice.profile.interconnect
+        )
         try:
             self.gpu_allocation = await self.place_request(reading, request, choice)
         except PlacementError as e:
@@ -370,10 +401,7 @@ class GPUSpawnerMixin(GPUPolicyMixin, GPUHubSettings):
 
 
 def _gpu_from_state(record: dict) -> GPU:
-    values = {k: v for k, v in record.items() if k in GPU.__dataclass_fields__}
-    if values.get("compute_capability") is not None:
-        values["compute_capability"] = tuple(values["compute_capability"])
-    return GPU(**values)
+    return gpu_from_record(record)
 
 
 def checked_cuda_map(proposal) -> dict:

@@ -27,6 +27,7 @@ from tornado import web
 from traitlets import Bool, default
 
 from .. import compat
+from ..cpus import Binding, cpu_binding, host_numa_nodes
 from ..profiles import Choice
 from .base import GPUSpawnerMixin, user_error
 from .docker_objects import (
@@ -66,17 +67,23 @@ def _is_unreachable(error: BaseException) -> bool:
 
 
 def add_gpus_to_create_kwargs(
-    kwargs: dict[str, Any], labels: dict[str, str], request: dict | None
+    kwargs: dict[str, Any], labels: dict[str, str], request: dict | None, binding: Binding | None = None
 ) -> tuple[dict[str, Any], list[dict]]:
     """``create_container`` arguments with this server's labels and only its GPU request.
 
     Any NVIDIA device request from configuration (``extra_host_config``, e.g.
     ``count=-1`` for all GPUs) is dropped: the placed GPUs are the only ones a
-    container gets. Returns the new arguments and the requests dropped.
+    container gets. ``binding``: the CPUs and memory nodes next to the GPUs
+    (``CpusetCpus``/``CpusetMems``), unless configuration set a cpuset already.
+    Returns the new arguments and the requests dropped.
     """
     kwargs = dict(kwargs)
     kwargs["labels"] = {**(kwargs.get("labels") or {}), **labels}
     host_config = dict(kwargs.get("host_config") or {})
+    if binding is not None and binding.cpus and not host_config.get("CpusetCpus"):
+        host_config["CpusetCpus"] = binding.cpuset_cpus
+        if binding.mems and not host_config.get("CpusetMems"):
+            host_config["CpusetMems"] = binding.cpuset_mems
     existing = list(host_config.get("DeviceRequests") or [])
     kept = [r for r in existing if (r.get("Driver") or r.get("driver") or "") not in ("nvidia", "")]
     dropped = [r for r in existing if r not in kept]
@@ -155,7 +162,7 @@ class GPUDockerSpawner(GPUSpawnerMixin, DockerSpawner):
         if method == "create_container":
             labels = allocation_labels(self.gpu_hub_id, self.gpu_owner, self.gpu_allocation)
             request = device_request(self.gpu_uuids, self._capabilities) if self.use_device_requests else None
-            kwargs, dropped = add_gpus_to_create_kwargs(kwargs, labels, request)
+            kwargs, dropped = add_gpus_to_create_kwargs(kwargs, labels, request, self._cpu_binding)
             if dropped:
                 self.log.warning(
                     "%s: ignoring configured NVIDIA device requests %s; the container gets only its placed GPUs",
@@ -351,8 +358,30 @@ class GPUDockerSpawner(GPUSpawnerMixin, DockerSpawner):
             self.gpu_event(f"Refused: {problem}", 100)
             raise user_error(409, problem)
 
+    _cpu_binding: Binding | None = None
+
+    async def _bind_cpus(self) -> Binding | None:
+        """The CPUs next to this server's GPUs on the engine's host (``pin_cpus``); logs the decision."""
+        if not self.pin_cpus or not self.gpu_allocation:
+            return None
+        try:
+            info = await super().docker("info")
+        except docker.errors.APIError as e:
+            self.log.warning("%s: not pinning CPUs: the engine did not say its CPUs (%s)", self._log_name, e)
+            return None
+        # Containers run on the engine's host: its CPUs (NCPU), its NUMA nodes where it is this machine.
+        local = self.engine_url.startswith("unix://")
+        binding = cpu_binding(
+            self.gpu_allocation, range(int(info.get("NCPU") or 0)), host_numa_nodes() if local else (), self.cpu_limit
+        )
+        self.log.info("%s: %s", self._log_name, binding.reason)
+        return binding
+
     async def create_object(self):
         gpus = ", ".join(g.uuid for g in self.gpu_allocation) or "no GPU"
+        self._cpu_binding = await self._bind_cpus()
+        if self._cpu_binding is not None and self._cpu_binding.cpus:
+            self.gpu_event(f"CPUs {self._cpu_binding.cpuset_cpus}, next to the GPUs", 45)
         self.gpu_event(f"Creating container {self.object_name} from {self.image} with {gpus}", 50)
         try:
             return await super().create_object()

@@ -120,6 +120,7 @@ class GPUKubeSpawner(GPUSpawnerMixin, KubeSpawner):
         return value
 
     honours_kubespawner_override = True  # KubeSpawner applies every key
+    honours_interconnect = False  # the cluster places the GPUs
 
     gpu_job_runner = "gpuspawner.jobs.runners.KubeJobs"  # a notebook GPU job is a pod with restartPolicy Never
 

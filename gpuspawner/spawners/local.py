@@ -34,6 +34,7 @@ from jupyterhub.spawner import LocalProcessSpawner, SimpleLocalProcessSpawner
 from jupyterhub.utils import random_port
 from traitlets import TraitError, Unicode, validate
 
+from ..cpus import cpu_binding, host_cpus
 from ..fence import DeviceFence, Isolation, detect
 from ..fence_systemd import scope_command
 from ..gpu import nvidia_visible_devices
@@ -326,8 +327,8 @@ class _InFence:
 
     async def start(self):
         self._create_fence()
-        prefix = self._scope_prefix
-        if prefix is None:
+        prefix = (self._scope_prefix or []) + self._pin_words()
+        if not prefix:
             return await super().start()
         cmd, shell_cmd = self.cmd, self.shell_cmd
         if shell_cmd:
@@ -338,6 +339,22 @@ class _InFence:
             return await super().start()
         finally:
             self.cmd, self.shell_cmd = cmd, shell_cmd
+
+
+    def _pin_words(self) -> list[str]:
+        """``taskset -c CPUS`` for the CPUs next to the GPUs (``pin_cpus``), or nothing; logs why."""
+        if not self.pin_cpus or not self.gpu_allocation:
+            return []
+        binding = cpu_binding(self.gpu_allocation, host_cpus(), (), self.cpu_limit)
+        taskset = shutil.which("taskset")
+        if binding.cpus and taskset is None:
+            self.log.warning("%s: not pinning CPUs: taskset (util-linux) is not installed", self._log_name)
+            return []
+        self.log.info("%s: %s", self._log_name, binding.reason)
+        if not binding.cpus:
+            return []
+        self.gpu_event(f"CPUs {binding.cpuset_cpus}, next to the GPUs", 45)
+        return [taskset, "-c", binding.cpuset_cpus]
 
 
 class GPULocalProcessSpawner(_LocalGPUs, _InFence, LocalProcessSpawner):

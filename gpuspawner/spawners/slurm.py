@@ -148,6 +148,7 @@ class GPUSlurmSpawner(GPUSpawnerMixin, SlurmSpawner):
     gpu_job_runner = "gpuspawner.slurm.notebookjobs.SlurmJobs"
     #: set on a notebook GPU job's spawner: what its batch script runs instead of the server
     gpu_job_command: list[str] | None = None
+    honours_interconnect = False  # the cluster places the GPUs
 
     @validate("gpu_profiles")
     def _check_profiles(self, proposal):

@@ -59,6 +59,17 @@ export interface IGPU {
   max_clock_sm: number | null;
   max_clock_memory: number | null;
   max_clock_graphics: number | null;
+  /** link to each other GPU of this server, by index: NV<n>, PIX, PXB, PHB, NODE or SYS (nvidia-smi topo -m) */
+  links: { [index: string]: string };
+  numa_node: number | null;
+  cpus: string | null;
+  /** active NVLink links (0: none; nvlink_tx/rx are then null with no reason) */
+  nvlink_links: number;
+  /** bytes/s */
+  pcie_tx: number | null;
+  pcie_rx: number | null;
+  nvlink_tx: number | null;
+  nvlink_rx: number | null;
   processes: IProcess[];
   mig: IMig[];
   na: { [field: string]: string };

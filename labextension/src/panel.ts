@@ -1,7 +1,8 @@
 /**
- * The GPU panel: per GPU, live charts of utilisation, memory, temperature and
- * power over the last minutes, clocks, processes (with their notebooks) and
- * MIG instances. A value that is not available says N/A and why.
+ * The GPU panel: the links between this server's GPUs (like nvidia-smi topo -m);
+ * per GPU, live charts of utilisation, memory, temperature, power and PCIe /
+ * NVLink throughput over the last minutes, clocks, processes (with their
+ * notebooks) and MIG instances. A value that is not available says N/A and why.
  */
 import { Widget } from '@lumino/widgets';
 import uPlot from 'uplot';
@@ -16,6 +17,19 @@ interface IChartSpec {
   value: (gpu: IGPU) => number | null;
   max: (gpu: IGPU) => number | null;
   naField: string;
+  /** the label's text when the value is there (default: value / max unit) */
+  label?: (gpu: IGPU) => string;
+  /** whether the chart applies to this GPU (default: always) */
+  applies?: (gpu: IGPU) => boolean;
+}
+
+/** Bytes/s as MB/s. */
+function mbps(value: number | null): string {
+  return value === null ? 'N/A' : (value / 1e6).toFixed(1);
+}
+
+function sum(a: number | null, b: number | null): number | null {
+  return a === null || b === null ? null : (a + b) / 1e6;
 }
 
 const CHARTS: IChartSpec[] = [
@@ -29,7 +43,26 @@ const CHARTS: IChartSpec[] = [
     naField: 'memory_used'
   },
   { key: 'temperature', title: 'Temperature', unit: '°C', value: g => g.temperature, max: () => null, naField: 'temperature' },
-  { key: 'power', title: 'Power', unit: 'W', value: g => g.power, max: g => g.power_limit, naField: 'power' }
+  { key: 'power', title: 'Power', unit: 'W', value: g => g.power, max: g => g.power_limit, naField: 'power' },
+  {
+    key: 'pcie',
+    title: 'PCIe',
+    unit: 'MB/s',
+    value: g => sum(g.pcie_tx, g.pcie_rx),
+    max: () => null,
+    naField: 'pcie_tx',
+    label: g => `PCIe: tx ${mbps(g.pcie_tx)} · rx ${mbps(g.pcie_rx)} MB/s`
+  },
+  {
+    key: 'nvlink',
+    title: 'NVLink',
+    unit: 'MB/s',
+    value: g => sum(g.nvlink_tx, g.nvlink_rx),
+    max: () => null,
+    naField: 'nvlink_tx',
+    label: g => `NVLink (${g.nvlink_links} links): tx ${mbps(g.nvlink_tx)} · rx ${mbps(g.nvlink_rx)} MB/s`,
+    applies: g => g.nvlink_links > 0
+  }
 ];
 
 /** A theme colour (canvas cannot read CSS variables itself). */
@@ -74,6 +107,7 @@ class GPUCard {
     for (const spec of CHARTS) {
       const box = el('div', 'jp-gpuspawner-Chart');
       box.dataset.chart = spec.key;
+      this._boxes[spec.key] = box;
       const label = el('div', 'jp-gpuspawner-ChartLabel');
       label.dataset.field = spec.key;
       box.appendChild(label);
@@ -117,13 +151,20 @@ class GPUCard {
     this._title.title = gpu.uuid ?? '';
     const key = gpuKey(gpu);
     for (const spec of CHARTS) {
+      const applies = spec.applies ? spec.applies(gpu) : true;
+      this._boxes[spec.key].hidden = !applies;
+      if (!applies) {
+        continue;
+      }
       const value = spec.value(gpu);
       const max = spec.max(gpu);
       const digits = spec.key === 'memory' ? 1 : 0;
       this._labels[spec.key].textContent =
         value === null
           ? `${spec.title}: ${na(gpu, spec.naField)}`
-          : `${spec.title}: ${value.toFixed(digits)}${max !== null ? ` / ${max.toFixed(digits)}` : ''} ${spec.unit}`;
+          : spec.label
+            ? spec.label(gpu)
+            : `${spec.title}: ${value.toFixed(digits)}${max !== null ? ` / ${max.toFixed(digits)}` : ''} ${spec.unit}`;
       const times: number[] = [];
       const values: (number | null)[] = [];
       for (const sample of history) {
@@ -202,10 +243,56 @@ class GPUCard {
   readonly node: HTMLElement;
   private _title: HTMLElement;
   private _labels: { [key: string]: HTMLElement } = {};
+  private _boxes: { [key: string]: HTMLElement } = {};
   private _plots: { [key: string]: uPlot } = {};
   private _clocks: HTMLElement;
   private _processes: HTMLElement;
   private _mig: HTMLElement;
+}
+
+const LINK_WORDS: { [word: string]: string } = {
+  PIX: 'at most one PCIe switch',
+  PXB: 'several PCIe switches, no host bridge',
+  PHB: 'one PCIe host bridge',
+  NODE: 'one NUMA node, different host bridges',
+  SYS: 'across CPU sockets'
+};
+
+function linkTitle(word: string): string {
+  const nv = /^NV(\d+)$/.exec(word);
+  return nv ? `NVLink, ${nv[1]} link${nv[1] === '1' ? '' : 's'}` : LINK_WORDS[word] ?? 'not known';
+}
+
+/** The link matrix of the server's GPUs, with each GPU's CPUs and NUMA node, as nvidia-smi topo -m. */
+function renderTopology(box: HTMLElement, gpus: IGPU[]): void {
+  box.replaceChildren();
+  if (!gpus.length) {
+    return;
+  }
+  box.appendChild(el('h4', undefined, 'Topology'));
+  const table = el('table', 'jp-gpuspawner-Table jp-gpuspawner-Topology');
+  const head = table.insertRow();
+  head.appendChild(el('th'));
+  for (const g of gpus) {
+    head.appendChild(el('th', undefined, `GPU${g.index}`));
+  }
+  head.appendChild(el('th', undefined, 'CPU affinity'));
+  head.appendChild(el('th', undefined, 'NUMA node'));
+  for (const row of gpus) {
+    const tr = table.insertRow();
+    tr.dataset.gpuIndex = String(row.index);
+    tr.appendChild(el('th', undefined, `GPU${row.index}`));
+    for (const col of gpus) {
+      const word = col.index === row.index ? 'X' : row.links[String(col.index)] ?? 'N/A';
+      const cell = tr.insertCell();
+      cell.textContent = word;
+      cell.title = col.index === row.index ? '' : linkTitle(word);
+      cell.dataset.link = word;
+    }
+    tr.insertCell().textContent = row.cpus ?? 'N/A';
+    tr.insertCell().textContent = row.numa_node === null ? 'N/A' : String(row.numa_node);
+  }
+  box.appendChild(table);
 }
 
 export class GPUPanel extends Widget {
@@ -219,10 +306,13 @@ export class GPUPanel extends Widget {
     this._status = el('div', 'jp-gpuspawner-Status');
     this._status.dataset.gpuspawner = 'panel-status';
     this._cards = el('div', 'jp-gpuspawner-Cards');
+    this._topology = el('div', 'jp-gpuspawner-TopologyBox');
+    this._topology.dataset.gpuspawner = 'topology';
     this._notices = el('div', 'jp-gpuspawner-Notices');
     this._notices.dataset.gpuspawner = 'notices';
     this.node.appendChild(this._notices);
     this.node.appendChild(this._status);
+    this.node.appendChild(this._topology);
     this.node.appendChild(this._cards);
     this._stream = stream;
     stream.changed.connect(this._render, this);
@@ -262,6 +352,11 @@ export class GPUPanel extends Widget {
     }
     this._status.textContent = head.join(' — ');
     this._status.classList.toggle('jp-gpuspawner-Problem', sample.status !== 'ok' || problem !== null);
+    const links = JSON.stringify(sample.gpus.map(g => [g.index, g.links, g.cpus, g.numa_node]));
+    if (links !== this._linksShown) {  // the matrix changes only when the GPUs do
+      this._linksShown = links;
+      renderTopology(this._topology, sample.gpus);
+    }
     const seen = new Set<string>();
     for (const gpu of sample.gpus) {
       const key = gpuKey(gpu);
@@ -304,5 +399,7 @@ export class GPUPanel extends Widget {
   private _notices: HTMLElement;
   private _status: HTMLElement;
   private _cards: HTMLElement;
+  private _topology: HTMLElement;
+  private _linksShown = '';
   private _byKey = new Map<string, GPUCard>();
 }

@@ -63,13 +63,16 @@ def container_libdir(engine, fakenvml_libdir) -> Path:
 
 @pytest.fixture
 def docker_hub(engine, tmp_path, fakenvml_libdir, container_libdir):
-    """Factory: ``docker_hub(gpus=4, profiles=[...], **DockerHub options)`` -> a started hub."""
+    """Factory: ``docker_hub(gpus=4, profiles=[...], **DockerHub options)`` -> a started hub.
+
+    ``config``: a whole device file instead of ``gpus`` (e.g. ``fakenvml.layout(...)``).
+    """
     from dockerhub import DockerHub
 
     hubs = []
 
-    def make(gpus: int = 4, profiles=None, start: bool = True, **options):
-        config = gpu_config(gpus)
+    def make(gpus: int = 4, profiles=None, start: bool = True, config=None, **options):
+        config = config or gpu_config(gpus)
         fakenvml.write_config(engine.gpus_path, config)
         hub = DockerHub(
             tmp_path / f"hub{len(hubs)}", engine,

@@ -43,6 +43,8 @@ __all__ = [
     "read_counts",
     "make_device",
     "make_mig_device",
+    "LAYOUTS",
+    "layout",
 ]
 
 SOURCE_DIR = Path(__file__).resolve().parent
@@ -294,3 +296,6 @@ def make_mig_device(
     }
     entry.update(overrides)
     return entry
+
+
+from .layouts import LAYOUTS, layout  # noqa: E402  (layouts uses make_device, defined above)

@@ -250,6 +250,24 @@ nvmlReturn_t fk_leave(nvmlReturn_t rc)
     return leave(rc);
 }
 
+nvmlReturn_t fk_resolve_other(const char *fn, nvmlDevice_t device, fk_dev *d)
+{
+    fk_ctx c;
+    nvmlReturn_t rc = resolve(device, &c);
+    if (!rc)
+        rc = device_faults(c.g, c.m, fn);
+    if (!rc) {
+        d->g = c.g;
+        d->m = c.m;
+    }
+    return rc;
+}
+
+const fk_config *fk_current(void)
+{
+    return g_cfg;
+}
+
 /* ----------------------------------------------------- init / shutdown -- */
 
 static nvmlReturn_t init_common(const char *fn, unsigned int flags)

@@ -487,6 +487,28 @@ static void parse_tools(ctx *c, const cJSON *d, const char *where, fk_tools *t)
     }
 }
 
+/* A device's topology keys: numa_node (-1 allowed), gpu_numa_node, pcie_path. */
+static void parse_gpu_topology(ctx *c, const cJSON *d, const char *where, fk_gpu *g)
+{
+    const cJSON *numa = item(d, "numa_node");
+    g->has_numa = 0;
+    g->numa_node = -1;
+    if (numa) {
+        if (!cJSON_IsNumber(numa) || numa->valuedouble < -1 || numa->valuedouble >= FK_MAX_NUMA ||
+            numa->valuedouble != floor(numa->valuedouble))
+            fail(c, "%s.numa_node must be -1 or a NUMA node 0..%d", where, FK_MAX_NUMA - 1);
+        else {
+            g->has_numa = 1;
+            g->numa_node = numa->valueint;
+        }
+    }
+    opt_u32(c, d, "gpu_numa_node", where, &g->has_gpu_numa, &g->gpu_numa_node);
+    g->pcie_path[0] = '\0';
+    opt_str(c, d, "pcie_path", where, g->pcie_path, sizeof g->pcie_path);
+    for (int l = 0; l < NVML_NVLINK_MAX_LINKS; l++)
+        g->link_peer[l] = FK_LINK_OFF;
+}
+
 static void parse_gpu(ctx *c, const cJSON *d, int index, fk_gpu *g)
 {
     char w[32];
@@ -595,7 +617,178 @@ static void parse_gpu(ctx *c, const cJSON *d, int index, fk_gpu *g)
     g->nprocs = parse_procs(c, d, "processes", w, g->procs, FK_MAX_PROCS, FK_NA_U32, FK_NA_U32);
     g->ngprocs = parse_procs(c, d, "graphics_processes", w, g->gprocs, FK_MAX_PROCS, FK_NA_U32, FK_NA_U32);
     parse_tools(c, d, w, &g->tools);
+    parse_gpu_topology(c, d, w, g);
     parse_faults(c, d, w, &g->faults);
+}
+
+/* ------------------------------------------------------------- topology -- */
+
+/* "0-31,64-95" or [0, 1, 2]: CPU numbers below 64 * FK_CPU_WORDS, as a bitmask. */
+static void parse_cpus(ctx *c, const cJSON *it, const char *where, unsigned long *mask)
+{
+    const int max = 64 * FK_CPU_WORDS;
+    memset(mask, 0, FK_CPU_WORDS * sizeof *mask);
+    if (cJSON_IsArray(it)) {
+        const cJSON *n;
+        cJSON_ArrayForEach(n, it)
+        {
+            if (!cJSON_IsNumber(n) || n->valuedouble < 0 || n->valuedouble >= max) {
+                fail(c, "%s: CPU numbers must be 0..%d", where, max - 1);
+                return;
+            }
+            mask[n->valueint / 64] |= 1UL << (n->valueint % 64);
+        }
+        return;
+    }
+    if (!cJSON_IsString(it)) {
+        fail(c, "%s must be a CPU list (\"0-31,64-95\" or [0, 1])", where);
+        return;
+    }
+    const char *p = it->valuestring;
+    while (*p) {
+        char *end;
+        long lo = strtol(p, &end, 10), hi = lo;
+        if (end == p)
+            break;
+        p = end;
+        if (*p == '-') {
+            hi = strtol(p + 1, &end, 10);
+            if (end == p + 1)
+                break;
+            p = end;
+        }
+        if (lo < 0 || hi < lo || hi >= max) {
+            fail(c, "%s: CPU range %ld-%ld outside 0..%d", where, lo, hi, max - 1);
+            return;
+        }
+        for (long cpu = lo; cpu <= hi; cpu++)
+            mask[cpu / 64] |= 1UL << (cpu % 64);
+        if (*p == ',')
+            p++;
+        else if (*p)
+            break;
+    }
+    if (*p)
+        fail(c, "%s: \"%s\" is not a CPU list like \"0-31,64-95\"", where, it->valuestring);
+}
+
+static int parse_bus_id(const char *s, unsigned *dom, unsigned *bus, unsigned *dev)
+{
+    unsigned fn;
+    char extra;
+    return sscanf(s, "%x:%x:%x.%x%c", dom, bus, dev, &fn, &extra) == 4 && *bus <= 0xff && *dev <= 0x1f;
+}
+
+/*
+ * "topology": {"numa_nodes": [{"cpus": "0-31", "socket": 0}, ...],
+ *              "nvlink": [[gpu, gpu, links], ...], "nvswitches": ["0000:C5:00.0", ...]}
+ * Each GPU's NVLink links are given out in order: with NVSwitches, link l goes
+ * to switch l % n; otherwise to its "nvlink" peers by ascending index, the
+ * links left over are inactive.
+ */
+static void parse_topology(ctx *c, const cJSON *root, fk_config *cfg)
+{
+    const cJSON *topo = item(root, "topology"), *it;
+    char w[96];
+    int used[FK_MAX_GPUS] = {0};
+    int pair[FK_MAX_GPUS][FK_MAX_GPUS];
+    memset(pair, 0, sizeof pair);
+    cfg->nnuma = 0;
+    cfg->nswitch = 0;
+    if (!topo)
+        goto numa_check;
+    if (!cJSON_IsObject(topo)) {
+        fail(c, "config.topology must be an object {numa_nodes, nvlink, nvswitches}");
+        return;
+    }
+    const cJSON *nodes = item(topo, "numa_nodes");
+    if (nodes && !cJSON_IsArray(nodes))
+        fail(c, "topology.numa_nodes must be a list of {cpus, socket}");
+    else if (nodes) {
+        cJSON_ArrayForEach(it, nodes)
+        {
+            snprintf(w, sizeof w, "topology.numa_nodes[%d]", cfg->nnuma);
+            if (cfg->nnuma >= FK_MAX_NUMA) {
+                fail(c, "topology.numa_nodes: at most %d", FK_MAX_NUMA);
+                break;
+            }
+            if (!cJSON_IsObject(it) || !item(it, "cpus")) {
+                fail(c, "%s must be an object with \"cpus\"", w);
+                break;
+            }
+            char cw[112];
+            snprintf(cw, sizeof cw, "%s.cpus", w);
+            parse_cpus(c, item(it, "cpus"), cw, cfg->numa[cfg->nnuma].cpus);
+            cfg->numa[cfg->nnuma].socket = (int)u32_or(c, it, "socket", w, (unsigned)cfg->nnuma);
+            cfg->nnuma++;
+        }
+    }
+    const cJSON *switches = item(topo, "nvswitches");
+    if (switches && !cJSON_IsArray(switches))
+        fail(c, "topology.nvswitches must be a list of PCI bus ids");
+    else if (switches) {
+        cJSON_ArrayForEach(it, switches)
+        {
+            if (cfg->nswitch >= FK_MAX_SWITCHES) {
+                fail(c, "topology.nvswitches: at most %d", FK_MAX_SWITCHES);
+                break;
+            }
+            typeof(cfg->nvswitch[0]) *sw = &cfg->nvswitch[cfg->nswitch];
+            if (!cJSON_IsString(it) || !parse_bus_id(it->valuestring, &sw->domain, &sw->bus, &sw->device)) {
+                fail(c, "topology.nvswitches[%d] must be a PCI bus id \"0000:C5:00.0\"", cfg->nswitch);
+                break;
+            }
+            snprintf(sw->bus_id, sizeof sw->bus_id, NVML_DEVICE_PCI_BUS_ID_FMT, sw->domain, sw->bus, sw->device);
+            cfg->nswitch++;
+        }
+    }
+    const cJSON *links = item(topo, "nvlink");
+    if (links && !cJSON_IsArray(links))
+        fail(c, "topology.nvlink must be a list of [gpu, gpu, links]");
+    else if (links && cfg->nswitch && cJSON_GetArraySize(links))
+        fail(c, "topology: give either nvswitches (all-to-all) or nvlink pairs, not both");
+    else if (links) {
+        int k = 0;
+        cJSON_ArrayForEach(it, links)
+        {
+            const cJSON *a = cJSON_GetArrayItem(it, 0), *b = cJSON_GetArrayItem(it, 1), *n = cJSON_GetArrayItem(it, 2);
+            if (!cJSON_IsArray(it) || cJSON_GetArraySize(it) != 3 || !cJSON_IsNumber(a) || !cJSON_IsNumber(b) ||
+                !cJSON_IsNumber(n) || a->valueint < 0 || b->valueint < 0 || a->valueint >= cfg->ngpus ||
+                b->valueint >= cfg->ngpus || a->valueint == b->valueint || n->valueint < 1) {
+                fail(c, "topology.nvlink[%d] must be [gpu, other gpu, links >= 1] with devices of this file", k);
+                break;
+            }
+            int x = a->valueint, y = b->valueint;
+            if (!cfg->gpu[x].tools.has_nvlink || !cfg->gpu[y].tools.has_nvlink) {
+                fail(c, "topology.nvlink[%d]: GPU %d has no \"nvlink\"", k, cfg->gpu[x].tools.has_nvlink ? y : x);
+                break;
+            }
+            pair[x][y] += n->valueint;
+            pair[y][x] += n->valueint;
+            used[x] += n->valueint;
+            used[y] += n->valueint;
+            k++;
+        }
+    }
+    for (int i = 0; i < cfg->ngpus && !c->failed; i++) {
+        fk_gpu *g = &cfg->gpu[i];
+        int nl = g->tools.has_nvlink ? (int)g->tools.nvlink_links : 0;
+        if (used[i] > nl) {
+            fail(c, "topology.nvlink: GPU %d uses %d links but has %d", i, used[i], nl);
+            break;
+        }
+        int l = 0;
+        for (int p = 0; p < cfg->ngpus && !cfg->nswitch; p++)
+            for (int n = 0; n < pair[i][p]; n++)
+                g->link_peer[l++] = p;
+        for (l = cfg->nswitch ? 0 : nl; l < nl; l++)
+            g->link_peer[l] = FK_LINK_SWITCH_BASE - l % cfg->nswitch;
+    }
+numa_check:
+    for (int i = 0; i < cfg->ngpus && !c->failed; i++)
+        if (cfg->gpu[i].has_numa && cfg->gpu[i].numa_node >= cfg->nnuma)
+            fail(c, "devices[%d].numa_node %d is not in topology.numa_nodes (%d listed)", i, cfg->gpu[i].numa_node,
+                 cfg->nnuma);
 }
 
 fk_config *fk_config_parse(const char *text, char *err, size_t errlen)
@@ -652,6 +845,7 @@ fk_config *fk_config_parse(const char *text, char *err, size_t errlen)
             cfg->ngpus++;
         }
     }
+    parse_topology(&c, root, cfg);
     cJSON_Delete(root);
     if (c.failed) {
         free(cfg);

@@ -7,7 +7,9 @@
  *   counts.c  - per-function call counters in a shared, mmap'ed file;
  *   api.c     - the exported NVML functions (prototypes from the official nvml.h);
  *   tools.c   - the further NVML functions that monitoring tools (nvitop,
- *               gpustat, jupyterlab-nvdashboard) call, on top of api.c.
+ *               gpustat, jupyterlab-nvdashboard) call, on top of api.c;
+ *   topo.c    - topology: PCIe common ancestors, NVLink links and their peers,
+ *               CPU and memory affinity (the "topology" keys).
  *
  * Everything here has hidden visibility (the build uses -fvisibility=hidden);
  * only the NVML entry points in api.c are exported.
@@ -27,7 +29,12 @@
 #define FK_MAX_FAULTS 32
 #define FK_STR 96 /* NVML_DEVICE_UUID_V2_BUFFER_SIZE == NVML_DEVICE_NAME_V2_BUFFER_SIZE */
 #define FK_FN_NAME 64
-#define FK_PATH 256 /* device_node */
+#define FK_PATH 256 /* device_node, pcie_path */
+#define FK_MAX_NUMA 16
+#define FK_CPU_WORDS 16 /* 1024 CPUs, 64 per unsigned long */
+#define FK_MAX_SWITCHES 8
+#define FK_LINK_OFF (-1)           /* an NVLink link that is not active */
+#define FK_LINK_SWITCH_BASE (-100) /* link to NVSwitch s: FK_LINK_SWITCH_BASE - s */
 
 /* NVML_VALUE_NOT_AVAILABLE for the unsigned fields of nvmlProcessInfo_t. */
 #define FK_NA_U32 0xFFFFFFFFu
@@ -143,6 +150,17 @@ typedef struct {
 
     fk_tools tools;
 
+    /* topology (topo.c): the CPU-side NUMA node (-1: none, as on a host without NUMA),
+     * the GPU's own NUMA node (coherent-memory platforms), the PCIe path
+     * "hostbridge/switch/..." ("" unknown), and what each NVLink link reaches:
+     * a peer GPU's host slot, FK_LINK_OFF or an NVSwitch. */
+    int has_numa;
+    int numa_node;
+    int has_gpu_numa;
+    unsigned int gpu_numa_node;
+    char pcie_path[FK_PATH];
+    int link_peer[NVML_NVLINK_MAX_LINKS];
+
     fk_faults faults;
 
     /* derived by visibility */
@@ -157,6 +175,17 @@ typedef struct {
     int cuda_version;
     int container;
     fk_faults faults;
+    /* topology: NUMA nodes (CPUs, socket) and NVSwitches (PCI location) */
+    int nnuma;
+    struct {
+        unsigned long cpus[FK_CPU_WORDS];
+        int socket;
+    } numa[FK_MAX_NUMA];
+    int nswitch;
+    struct {
+        char bus_id[NVML_DEVICE_PCI_BUS_ID_BUFFER_SIZE];
+        unsigned int domain, bus, device;
+    } nvswitch[FK_MAX_SWITCHES];
     int ngpus;
     fk_gpu gpu[FK_MAX_GPUS];
     /* derived by visibility: host slots of the visible GPUs, in host order */
@@ -211,5 +240,12 @@ typedef struct {
 nvmlReturn_t fk_enter_device(const char *fn, nvmlDevice_t device, fk_dev *d);
 /* Releases the lock taken by fk_enter_device and returns rc. */
 nvmlReturn_t fk_leave(nvmlReturn_t rc);
+/* With the lock held (after fk_enter_device): a second handle, faults applied. */
+nvmlReturn_t fk_resolve_other(const char *fn, nvmlDevice_t device, fk_dev *d);
+/* The configuration in force (lock held). */
+const fk_config *fk_current(void);
+
+/* tools.c: seconds since the library was loaded (data counters grow from there). */
+double fk_seconds_loaded(void);
 
 #endif

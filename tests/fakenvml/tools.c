@@ -37,7 +37,7 @@ __attribute__((constructor)) static void tools_load(void)
     clock_gettime(CLOCK_MONOTONIC, &g_loaded);
 }
 
-static double seconds_loaded(void)
+double fk_seconds_loaded(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -275,7 +275,7 @@ nvmlReturn_t nvmlDeviceGetFieldValues(nvmlDevice_t device, int valuesCount, nvml
     if (!values || valuesCount < 0)
         return fk_leave(NVML_ERROR_INVALID_ARGUMENT);
     long long stamp = now_us();
-    double elapsed = seconds_loaded();
+    double elapsed = fk_seconds_loaded();
     for (int i = 0; i < valuesCount; i++)
         field_value(&d, &values[i], stamp, elapsed);
     return fk_leave(NVML_SUCCESS);

@@ -151,6 +151,7 @@ FAULTS = [
     ("nvmlDeviceGetClockInfo", ["clock_sm", "clock_memory", "clock_graphics"]),
     ("nvmlDeviceGetMaxClockInfo", ["max_clock_sm", "max_clock_memory", "max_clock_graphics"]),
     ("nvmlDeviceGetComputeRunningProcesses", ["processes"]),
+    ("nvmlDeviceGetPcieThroughput", ["pcie_tx", "pcie_rx"]),
 ]
 
 
@@ -254,6 +255,35 @@ def test_only_visible_gpus_by_uuid(tmp_path, fakenvml_libdir, gpu_file, monkeypa
             assert uuids[1] in body
             for hidden in (uuids[0], uuids[2]):
                 assert hidden not in body
+
+
+def test_link_matrix_of_the_servers_own_gpus_and_link_throughput(tmp_path, fakenvml_libdir, monkeypatch):
+    """The cube-mesh layout; the server has GPUs 0, 1, 3 and 5: the matrix among those, as nvidia-smi topo -m."""
+    _env_without_visibility(monkeypatch)
+    config = fakenvml.layout("cube-mesh-8")
+    for device in config["devices"]:
+        device["nvlink"]["tx_kibps"], device["nvlink"]["rx_kibps"] = 1000, 500
+        device["pcie"]["tx_kbps"], device["pcie"]["rx_kbps"] = 2000, 3000
+    path = tmp_path / "gpus.json"
+    fakenvml.write_config(path, config)
+    env = {"CUDA_VISIBLE_DEVICES": "0,1,3,5", "NVIDIA_VISIBLE_DEVICES": "0,1,3,5"}
+    with start(tmp_path, fakenvml_libdir, path, extra_env=env) as server:
+        sample = server.wait_for(lambda s: s["gpus"][0]["nvlink_tx"] is not None, what="an NVLink rate")
+        links = {g["index"]: g["links"] for g in sample["gpus"]}
+        assert links == {
+            0: {"1": "NV1", "3": "NV2", "5": "SYS"},
+            1: {"0": "NV1", "3": "NV1", "5": "NV2"},
+            3: {"0": "NV2", "1": "NV1", "5": "SYS"},
+            5: {"0": "SYS", "1": "NV2", "3": "SYS"},
+        }
+        gpu = sample["gpus"][0]
+        assert (gpu["numa_node"], gpu["cpus"], gpu["nvlink_links"]) == (0, "0-31", 6)
+        assert sample["gpus"][3]["numa_node"] == 1
+        assert (gpu["pcie_tx"], gpu["pcie_rx"]) == (2000 * 1024, 3000 * 1024)
+        # 6 links, each sending 1000 KiB/s and receiving 500 KiB/s (the stand-in's counters grow in real time)
+        assert gpu["nvlink_tx"] == pytest.approx(6 * 1000 * 1024, rel=0.25)
+        assert gpu["nvlink_rx"] == pytest.approx(6 * 500 * 1024, rel=0.25)
+        assert "nvlink_tx" not in gpu["na"]
 
 
 def test_only_visible_gpus_by_index_under_a_base_url(tmp_path, fakenvml_libdir, gpu_file, monkeypatch):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import shutil
 from types import SimpleNamespace
 
@@ -12,6 +13,7 @@ from tornado.web import HTTPError
 
 from gpuspawner.fence import Isolation, detect
 from gpuspawner.fence_systemd import device_allow, mig_nodes, scope_command, unit_name
+from gpuspawner.gpu import GPU
 from gpuspawner.spawners.local import _InFence, _LocalGPUs
 
 
@@ -96,8 +98,17 @@ class _Recorder:
 
 
 class _Scoped(_InFence, _Recorder):
+    pin_cpus = True
+    gpu_allocation = ()  # no GPU: no CPU pinning words
+    cpu_limit = None
+    log = logging.getLogger("test")
+    _log_name = "test"
+
     def _create_fence(self):
         self._scope_prefix = ["systemd-run", "--scope", "--"]
+
+    def gpu_event(self, message, progress):
+        self.events = [*getattr(self, "events", []), message]
 
 
 def test_the_scope_words_go_before_the_command_and_any_shell():
@@ -109,6 +120,19 @@ def test_the_scope_words_go_before_the_command_and_any_shell():
     asyncio.run(shell.start())
     assert shell.seen == (["systemd-run", "--scope", "--", "bash", "-l", "-c"], ["jupyterhub-singleuser"])
     assert shell.shell_cmd == ["bash", "-l", "-c"]
+
+
+def test_cpu_pinning_words_go_after_the_scope_words():
+    cpu = min(os.sched_getaffinity(0))
+    spawner = _Scoped(["bash", "-l", "-c"])
+    spawner.gpu_allocation = (GPU("h", 0, "GPU-0", "Tesla T4", cpus=(cpu,), numa_node=0),)
+    asyncio.run(spawner.start())
+    taskset = shutil.which("taskset")
+    assert spawner.seen == (
+        ["systemd-run", "--scope", "--", taskset, "-c", str(cpu), "bash", "-l", "-c"], ["jupyterhub-singleuser"]
+    )
+    assert spawner.events == [f"CPUs {cpu}, next to the GPUs"]
+    assert spawner.shell_cmd == ["bash", "-l", "-c"]
 
 
 class _Start:
