@@ -34,3 +34,15 @@ def playwright_sync_api():
     """``playwright.sync_api``; where Playwright is missing, skips the calling module (fails it in CI)."""
     __tracebackhide__ = True
     return needs.module("playwright.sync_api", "needs playwright (pip install -e .[test])")
+
+
+def hub_login(browser, hub_url: str, name: str, password: str = "test-password"):
+    """A new page (1400 x 900, 2-minute timeouts) logged in to the hub at ``hub_url`` as ``name``."""
+    page = browser.new_page(viewport={"width": 1400, "height": 900})
+    page.set_default_timeout(120_000)
+    page.goto(hub_url + "/hub/login")
+    page.fill("input[name=username]", name)
+    page.fill("input[name=password]", password)
+    page.click("input[type=submit], button[type=submit]")
+    page.wait_for_url(lambda url: "/hub/login" not in url)
+    return page

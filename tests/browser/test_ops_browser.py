@@ -10,7 +10,7 @@ import pytest
 import requests
 
 import fakenvml
-from chromium import ARTIFACTS, NEEDS_CHROMIUM, NEEDS_LABEXTENSION, playwright_sync_api
+from chromium import ARTIFACTS, NEEDS_CHROMIUM, NEEDS_LABEXTENSION, hub_login, playwright_sync_api
 from jupyter_server_proc import JupyterServer
 from ops_hub import OpsHub
 from test_local_hub import TWO_GPUS, start
@@ -32,12 +32,7 @@ def test_admin_page_shows_holders_and_live_utilisation(tmp_path, fakenvml_libdir
     try:
         hub.add_users("alice")
         alice = start(hub, "alice", TWO_GPUS)
-        page = browser.new_page(viewport={"width": 1400, "height": 900})
-        page.set_default_timeout(120_000)
-        page.goto(hub.url + "/hub/login")
-        page.fill("input[name=username]", "boss")
-        page.fill("input[name=password]", "test-password")
-        page.click("input[type=submit], button[type=submit]")
+        page = hub_login(browser, hub.url, "boss")
         page.wait_for_url("**/hub/**")
         page.goto(hub.url + "/hub/gpus")
         sync_api.expect(page.locator("h1")).to_have_text("GPUs")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import nbformat
@@ -59,3 +60,25 @@ def holders(hub) -> dict[str, dict]:
     r = hub.api("GET", "/gpus")
     assert r.status_code == 200, r.text
     return {g["uuid"]: g["holder"] for g in r.json()["gpus"] if g.get("holder")}
+
+
+def submit(hub, user: str, body: dict):
+    """``POST /hub/api/users/USER/gpu-jobs``: the response (the tests check its status)."""
+    return hub.api("POST", f"/users/{user}/gpu-jobs", json=body)
+
+
+def job(hub, user: str, job_id: str) -> dict:
+    r = hub.api("GET", f"/users/{user}/gpu-jobs/{job_id}")
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def wait_state(hub, user: str, job_id: str, states: tuple[str, ...], timeout: float = 120) -> dict:
+    """The job once it is in one of ``states``; TimeoutError (with the hub's log) otherwise."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = job(hub, user, job_id)
+        if found["state"] in states:
+            return found
+        time.sleep(0.2)
+    raise TimeoutError(f"job {job_id} is {found['state']} ({found['reason']}), not {states}:\n{hub.log()}")

@@ -12,7 +12,7 @@ import time
 import pytest
 
 import fakenvml
-from chromium import ARTIFACTS, NEEDS_BROWSER, playwright_sync_api
+from chromium import ARTIFACTS, NEEDS_BROWSER, hub_login, playwright_sync_api
 from gpuspawner.simulation import simulated_config
 from hub import Hub, process_env
 from jobnotebooks import GPU_REPORT, JOBS_CONFIG, PROFILES, holders, write
@@ -39,12 +39,7 @@ def test_create_job_from_the_benchmark_notebook(hub, browser):
     ARTIFACTS.mkdir(exist_ok=True)
     hub.add_users("dana")
     write(hub.dir / "users" / "dana" / "bench.ipynb", GPU_REPORT, parameters="seconds = 0")
-    page = browser.new_page(viewport={"width": 1400, "height": 900})
-    page.set_default_timeout(120_000)
-    page.goto(hub.url + "/hub/login")
-    page.fill("input[name=username]", "dana")
-    page.fill("input[name=password]", "test-password")
-    page.click("#login_submit")
+    page = hub_login(browser, hub.url, "dana")
     r = hub.spawn("dana", {"profile": "cpu", "gpus": 0})
     assert r.status_code in (201, 202), r.text
     hub.wait_ready("dana")

@@ -15,7 +15,7 @@ import pytest
 import fakenvml
 from gpuspawner.simulation import simulated_config
 from hub import Hub, pid_alive, process_env
-from jobnotebooks import GPU_REPORT, JOBS_CONFIG, PROFILES, holders, outputs_text, write
+from jobnotebooks import GPU_REPORT, JOBS_CONFIG, PROFILES, holders, job, outputs_text, submit, wait_state, write
 
 pytestmark = pytest.mark.integration
 
@@ -43,24 +43,7 @@ def home(hub: Hub, user: str):
     return hub.dir / "users" / user
 
 
-def submit(hub: Hub, user: str, body: dict):
-    return hub.api("POST", f"/users/{user}/gpu-jobs", json=body)
 
-
-def job(hub: Hub, user: str, job_id: str) -> dict:
-    r = hub.api("GET", f"/users/{user}/gpu-jobs/{job_id}")
-    assert r.status_code == 200, r.text
-    return r.json()
-
-
-def wait_state(hub: Hub, user: str, job_id: str, states: tuple[str, ...], timeout: float = 90) -> dict:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        found = job(hub, user, job_id)
-        if found["state"] in states:
-            return found
-        time.sleep(0.2)
-    raise TimeoutError(f"job {job_id} is {found['state']}, not {states}:\n{hub.log()}")
 
 
 def job_pid(text: str) -> int:

@@ -16,7 +16,6 @@ import contextlib
 import copy
 import json
 import threading
-import time
 
 import aiohttp
 import kmock
@@ -25,6 +24,7 @@ import pytest
 import requests
 
 from hub import BASE_HUB_CONFIG, Hub
+from jobnotebooks import submit, wait_state
 from kubefixtures import NODES, PODS, load, write_kubeconfig
 from profiles import A100, K8S_VERSION, PROFILES
 
@@ -168,18 +168,6 @@ def hub(tmp_path_factory, kube):
         hub.stop()
 
 
-def submit(hub: Hub, user: str, body: dict) -> requests.Response:
-    return hub.api("POST", f"/users/{user}/gpu-jobs", json=body)
-
-
-def wait_state(hub: Hub, user: str, job_id: str, states: tuple[str, ...], timeout: float = 30) -> dict:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        found = hub.api("GET", f"/users/{user}/gpu-jobs/{job_id}").json()
-        if found["state"] in states:
-            return found
-        time.sleep(0.2)
-    raise TimeoutError(f"job {job_id} is {found['state']}, not {states}:\n{hub.log()}")
 
 
 def job_pod(kube: ThreadedCluster, job_id: str) -> dict:

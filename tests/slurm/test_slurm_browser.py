@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from chromium import ARTIFACTS, NEEDS_BROWSER, playwright_sync_api
+from chromium import ARTIFACTS, NEEDS_BROWSER, hub_login, playwright_sync_api
 from slurmhub import add_user, job_gpus, job_id, monitor_uuids, running_hub
 
 sync_api = playwright_sync_api()
@@ -32,12 +32,7 @@ def test_pick_one_t4_follow_slurm_progress_and_land_in_jupyterlab_with_that_gpu(
     # both T4s are busy with another user's job: tess's job waits in Slurm's queue first
     blocker = slurm_cluster.run("sbatch", "--parsable", "--gres=gpu:t4:2", "-o", "/dev/null",
                                 "--wrap", "sleep 600").stdout.strip()
-    page = browser.new_page(viewport={"width": 1400, "height": 900})
-    page.set_default_timeout(120_000)
-    page.goto(hub.url + "/hub/login")
-    page.fill("input[name=username]", "tess")
-    page.fill("input[name=password]", "test-password")
-    page.click("input[type=submit], button[type=submit]")
+    page = hub_login(browser, hub.url, "tess")
     page.wait_for_url("**/hub/spawn")
     sync_api.expect(page.locator("body")).to_contain_text("T4 (gpu:t4) - 0 of 2 free")
 

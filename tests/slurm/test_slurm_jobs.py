@@ -16,7 +16,7 @@ import time
 import pytest
 
 from hub import Hub
-from jobnotebooks import outputs_text, write
+from jobnotebooks import job, outputs_text, wait_state, write
 from slurmhub import add_user, job_gpus, running_hub
 
 pytestmark = [pytest.mark.integration, pytest.mark.slurm]
@@ -72,20 +72,6 @@ def submit(hub: Hub, user: str, body: dict) -> dict:
     return r.json()
 
 
-def job(hub: Hub, user: str, job_id: str) -> dict:
-    r = hub.api("GET", f"/users/{user}/gpu-jobs/{job_id}")
-    assert r.status_code == 200, r.text
-    return r.json()
-
-
-def wait_state(hub: Hub, user: str, job_id: str, states: tuple[str, ...], timeout: float = 120) -> dict:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        found = job(hub, user, job_id)
-        if found["state"] in states:
-            return found
-        time.sleep(0.3)
-    raise TimeoutError(f"job {job_id} is {found['state']} ({found['reason']}), not {states}:\n{hub.log()[-6000:]}")
 
 
 def slurm_jobs(cluster) -> dict[str, dict]:
