@@ -44,7 +44,7 @@ CULLER_SCOPES = ["list:users", "read:users", "read:servers", "servers", "access:
 
 #: The culler settings the runnable hub uses (jupyterhub_config.py), chosen with the replay
 #: (``python -m gpuspawner.replay``; README "Choosing settings with the replay").
-RECOMMENDED_CULLER = {"period": 60, "threshold": 5, "idle_timeout": 900, "warn_before": 300}
+RECOMMENDED_CULLER = {"period": 60, "threshold": 5, "idle_timeout": 480, "warn_before": 180}
 #: Seconds a queued spawn waits for a GPU in the runnable hub (``gpu_queue_timeout``).
 RECOMMENDED_QUEUE_TIMEOUT = 1800.0
 #: GPUs one user may hold at once in the runnable hub (``gpu_quota_per_user``).
