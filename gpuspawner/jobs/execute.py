@@ -102,7 +102,9 @@ def run(notebook: str, outputs: dict[str, str], parameters: dict, kernel: str | 
     inject_parameters(nb, parameters)
     kernel_name = kernel or nb.metadata.get("kernelspec", {}).get("name") or "python3"
     cwd = str(Path(notebook).resolve().parent)
-    client = NotebookClient(nb, kernel_name=kernel_name, timeout=None, resources={"metadata": {"path": cwd}})
+    # the outputs are in the notebook once the last cell ran: end the kernel at once, so the GPUs come back sooner
+    client = NotebookClient(nb, kernel_name=kernel_name, timeout=None, resources={"metadata": {"path": cwd}},
+                            shutdown_kernel="immediate")
     code_cells = sum(1 for c in nb.cells if c.cell_type == "code")
 
     def on_term(_signum, _frame):
