@@ -29,6 +29,7 @@ _A100 = {
     "clocks": {"graphics": 1410, "sm": 1410, "memory": 1593, "video": 1275},
     "max_clocks": {"graphics": 1410, "sm": 1410, "memory": 1593, "video": 1290},
     "mig_mode": 0,
+    "pcie": {"max_generation": 4, "max_width": 16, "generation": 4, "width": 16, "tx_kbps": 120, "rx_kbps": 80},
 }
 _T4 = {
     "name": "Tesla T4",
@@ -37,6 +38,7 @@ _T4 = {
     "power_limit": 70_000,
     "clocks": {"graphics": 585, "sm": 585, "memory": 5000, "video": 540},
     "max_clocks": {"graphics": 1590, "sm": 1590, "memory": 5001, "video": 1470},
+    "pcie": {"max_generation": 3, "max_width": 16, "generation": 3, "width": 16, "tx_kbps": 60, "rx_kbps": 40},
 }
 
 
