@@ -1,0 +1,197 @@
+"""Kueue for gpu-kube: queue labels, queue positions, quota lines and Workload verdicts.
+
+A single-user pod labelled ``kueue.x-k8s.io/queue-name: Q`` is a Kueue
+workload (Kueue's pod integration): Kueue's webhook adds the scheduling gate
+``kueue.x-k8s.io/admission`` and removes it once the LocalQueue's ClusterQueue
+has quota for the pod. The functions here read Kueue's objects as the API
+returns them (JSON) and say what they mean in words; :class:`KueueReader`
+is the only I/O (the hub's Kubernetes client, raw JSON).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from .api import KubeAPIError, why_failed
+
+QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+ADMISSION_GATE = "kueue.x-k8s.io/admission"
+GROUP, VERSION = "kueue.x-k8s.io", "v1beta1"
+VISIBILITY_GROUP = "visibility.kueue.x-k8s.io"
+GPU_RESOURCE_PREFIX = "nvidia.com/"
+#: A LocalQueue name: a Kubernetes object name (DNS-1123 subdomain) as a label value allows.
+QUEUE_NAME = re.compile(r"[a-z0-9]([-a-z0-9.]{0,61}[a-z0-9])?")
+
+
+def check_queue_name(name: Any, where: str) -> str:
+    """A LocalQueue name, or ValueError naming ``where``."""
+    if not isinstance(name, str) or not QUEUE_NAME.fullmatch(name):
+        raise ValueError(f"{where} {name!r} must be a LocalQueue name (lowercase letters, digits, '-' and '.', "
+                         "at most 63 characters)")
+    return name
+
+
+def gated(pod: Mapping[str, Any] | None) -> bool:
+    """Whether Kueue's admission gate holds ``pod`` (not scheduled until Kueue admits it)."""
+    gates = ((pod or {}).get("spec") or {}).get("schedulingGates") or []
+    return any(g.get("name") == ADMISSION_GATE for g in gates)
+
+
+def _owned_by_pod(meta: Mapping[str, Any], pod_name: str) -> bool:
+    return any(ref.get("kind") == "Pod" and ref.get("name") == pod_name for ref in meta.get("ownerReferences") or [])
+
+
+def queue_position(pending: Mapping[str, Any], pod_name: str) -> int | None:
+    """The pod's place (1 = next) in its LocalQueue, from a visibility API ``pendingworkloads`` answer."""
+    for item in pending.get("items") or []:
+        if _owned_by_pod(item.get("metadata") or {}, pod_name):
+            position = item.get("positionInLocalQueue")
+            return position + 1 if isinstance(position, int) else None
+    return None
+
+
+def waiting_message(queue: str, position: int | None) -> str:
+    if position is None:
+        return f"waiting in queue {queue} (Kueue)"
+    return f"waiting in queue {queue}: position {position} (Kueue)"
+
+
+def _quantity(text: Any) -> int:
+    """A GPU count (``"8"``, ``8``); anything else (GPUs are whole) counts as 0."""
+    try:
+        return int(str(text))
+    except ValueError:
+        return 0
+
+
+def _gpu_total(flavors: Iterable[Mapping[str, Any]], key: str) -> int:
+    return sum(_quantity(r.get(key)) for f in flavors for r in f.get("resources") or []
+               if str(r.get("name", "")).startswith(GPU_RESOURCE_PREFIX))
+
+
+@dataclass(frozen=True)
+class QueueQuota:
+    """A ClusterQueue's GPUs: nominal quota (all flavors of nvidia.com/ resources) and what is held."""
+
+    name: str
+    used: int
+    quota: int
+
+    @property
+    def line(self) -> str:
+        return f"{self.name}: {self.used} of {self.quota} GPU{'s' if self.quota != 1 else ''} in use"
+
+
+def cluster_queue_quota(cluster_queue: Mapping[str, Any]) -> QueueQuota:
+    """GPU quota and use of a ClusterQueue, from ``spec.resourceGroups`` and its status.
+
+    Use is ``status.flavorsReservation`` (quota reserved by admitted and admitting
+    workloads), or ``status.flavorsUsage`` where an older Kueue reports only that.
+    """
+    spec, status = cluster_queue.get("spec") or {}, cluster_queue.get("status") or {}
+    flavors = [f for g in spec.get("resourceGroups") or [] for f in g.get("flavors") or []]
+    held = status.get("flavorsReservation")
+    if held is None:
+        held = status.get("flavorsUsage") or []
+    return QueueQuota((cluster_queue.get("metadata") or {}).get("name", "?"),
+                      _gpu_total(held, "total"), _gpu_total(flavors, "nominalQuota"))
+
+
+_EVICTED = {
+    "Preempted": "a workload of higher priority (or of a queue reclaiming its quota) needed the GPUs",
+    "PodsReadyTimeout": "the server did not become ready in time",
+    "InactiveWorkload": "the workload was deactivated",
+    "Deactivated": "the workload was deactivated",
+    "ClusterQueueStopped": "an administrator stopped the ClusterQueue",
+    "LocalQueueStopped": "an administrator stopped the LocalQueue",
+    "AdmissionCheck": "an admission check withdrew its approval",
+}
+
+
+def workload_problem(workload: Mapping[str, Any], queue: str) -> str | None:
+    """A sentence when Kueue evicted or rejected the workload; ``None`` while it waits or runs."""
+    conditions = {c.get("type"): c for c in (workload.get("status") or {}).get("conditions") or []}
+    evicted = conditions.get("Evicted")
+    if evicted and evicted.get("status") == "True":
+        reason = evicted.get("reason") or ""
+        why = _EVICTED.get(reason, reason or "no reason given")
+        detail = (evicted.get("message") or "").strip().rstrip(".")
+        return (f"Kueue evicted your server from queue {queue}: {why}"
+                + (f" ({detail})" if detail else "") + ". Start it again to queue anew.")
+    reserved = conditions.get("QuotaReserved")
+    if reserved and reserved.get("status") == "False" and reserved.get("reason") == "Inadmissible":
+        detail = (reserved.get("message") or "no reason given").strip().rstrip(".")
+        return f"Kueue rejected your server in queue {queue}: {detail}. Ask an administrator about the queue."
+    finished = conditions.get("Finished")
+    if finished and finished.get("status") == "True" and finished.get("reason") == "AdmissionChecksRejected":
+        detail = (finished.get("message") or "an admission check rejected it").strip().rstrip(".")
+        return f"Kueue rejected your server in queue {queue}: {detail}."
+    return None
+
+
+def workload_of(workloads: Iterable[Mapping[str, Any]], pod_name: str) -> Mapping[str, Any] | None:
+    """The Workload Kueue made for ``pod_name`` (its owner reference), if any."""
+    return next((w for w in workloads if _owned_by_pod(w.get("metadata") or {}, pod_name)), None)
+
+
+class KueueReader:
+    """Kueue's objects through the hub's Kubernetes client (raw JSON, no models)."""
+
+    def __init__(self, api_client, timeout: float = 10.0) -> None:
+        self.api_client = api_client  # kubernetes_asyncio.client.ApiClient
+        self.timeout = timeout
+
+    async def _get(self, path: str) -> dict[str, Any]:
+        async def call() -> dict[str, Any]:
+            response = await self.api_client.call_api(
+                path, "GET", header_params={"Accept": "application/json"},
+                auth_settings=["BearerToken"], _preload_content=False)
+            response = response[0] if isinstance(response, tuple) else response
+            try:
+                if response.status >= 400:
+                    raise KubeAPIError(response.status, response.reason)
+                return await response.json()
+            finally:
+                response.release()
+        return await asyncio.wait_for(call(), self.timeout)
+
+    async def local_queue(self, namespace: str, name: str) -> dict[str, Any]:
+        return await self._get(f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/localqueues/{name}")
+
+    async def cluster_queue(self, name: str) -> dict[str, Any]:
+        return await self._get(f"/apis/{GROUP}/{VERSION}/clusterqueues/{name}")
+
+    async def pending_workloads(self, namespace: str, queue: str) -> dict[str, Any]:
+        return await self._get(f"/apis/{VISIBILITY_GROUP}/{VERSION}/namespaces/{namespace}"
+                               f"/localqueues/{queue}/pendingworkloads")
+
+    async def workloads(self, namespace: str) -> list[dict[str, Any]]:
+        return (await self._get(f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/workloads")).get("items") or []
+
+    async def quota_line(self, namespace: str, queue: str) -> str:
+        """``"team-a: 6 of 8 GPUs in use"`` for the LocalQueue's ClusterQueue, or why it is unknown."""
+        try:
+            local = await self.local_queue(namespace, queue)
+            name = (local.get("spec") or {}).get("clusterQueue") or queue
+            return cluster_queue_quota(await self.cluster_queue(name)).line
+        except Exception as e:  # noqa: BLE001 - the form still renders; it says why the line is missing
+            return f"queue {queue}: GPU quota unknown ({why_failed(e)})"
+
+
+__all__ = [
+    "ADMISSION_GATE",
+    "QUEUE_LABEL",
+    "KueueReader",
+    "QueueQuota",
+    "check_queue_name",
+    "cluster_queue_quota",
+    "gated",
+    "queue_position",
+    "waiting_message",
+    "workload_of",
+    "workload_problem",
+]
