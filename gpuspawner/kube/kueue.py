@@ -11,11 +11,11 @@ is the only I/O (the hub's Kubernetes client, raw JSON).
 from __future__ import annotations
 
 import asyncio
-import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from ..profiles import KUEUE_QUEUE_NAME
 from .api import KubeAPIError, why_failed
 
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
@@ -23,13 +23,11 @@ ADMISSION_GATE = "kueue.x-k8s.io/admission"
 GROUP, VERSION = "kueue.x-k8s.io", "v1beta1"
 VISIBILITY_GROUP = "visibility.kueue.x-k8s.io"
 GPU_RESOURCE_PREFIX = "nvidia.com/"
-#: A LocalQueue name: a Kubernetes object name (DNS-1123 subdomain) as a label value allows.
-QUEUE_NAME = re.compile(r"[a-z0-9]([-a-z0-9.]{0,61}[a-z0-9])?")
 
 
 def check_queue_name(name: Any, where: str) -> str:
     """A LocalQueue name, or ValueError naming ``where``."""
-    if not isinstance(name, str) or not QUEUE_NAME.fullmatch(name):
+    if not isinstance(name, str) or not KUEUE_QUEUE_NAME.fullmatch(name):
         raise ValueError(f"{where} {name!r} must be a LocalQueue name (lowercase letters, digits, '-' and '.', "
                          "at most 63 characters)")
     return name
