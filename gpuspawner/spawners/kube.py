@@ -602,7 +602,7 @@ class GPUKubeSpawner(GPUSpawnerMixin, KubeSpawner):
         following = asyncio.ensure_future(events.__anext__())
         try:
             while True:
-                await asyncio.wait({following}, timeout=self.kueue_poll_interval if self._kueue_queue else None)
+                await asyncio.wait({following}, timeout=self.kueue_poll_interval)  # Kueue's news between events
                 for message in self._kueue_messages[sent:]:
                     sent += 1
                     yield {"progress": 40, "message": message}
