@@ -157,12 +157,6 @@ class KueueReader:
                 response.release()
         return await asyncio.wait_for(call(), self.timeout)
 
-    async def local_queue(self, namespace: str, name: str) -> dict[str, Any]:
-        return await self._get(f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/localqueues/{name}")
-
-    async def cluster_queue(self, name: str) -> dict[str, Any]:
-        return await self._get(f"/apis/{GROUP}/{VERSION}/clusterqueues/{name}")
-
     async def pending_workloads(self, namespace: str, queue: str) -> dict[str, Any]:
         return await self._get(f"/apis/{VISIBILITY_GROUP}/{VERSION}/namespaces/{namespace}"
                                f"/localqueues/{queue}/pendingworkloads")
@@ -170,14 +164,34 @@ class KueueReader:
     async def workloads(self, namespace: str) -> list[dict[str, Any]]:
         return (await self._get(f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/workloads")).get("items") or []
 
-    async def quota_line(self, namespace: str, queue: str) -> str:
-        """``"team-a: 6 of 8 GPUs in use"`` for the LocalQueue's ClusterQueue, or why it is unknown."""
+    async def quota_lines(self, namespace: str, queues: Iterable[str]) -> dict[str, str]:
+        """Each LocalQueue's ClusterQueue GPU line (:func:`quota_lines`), from one list of each; or why unknown."""
+        queues = sorted(set(queues))
+        if not queues:
+            return {}
         try:
-            local = await self.local_queue(namespace, queue)
-            name = (local.get("spec") or {}).get("clusterQueue") or queue
-            return cluster_queue_quota(await self.cluster_queue(name)).line
+            local = (await self._get(f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/localqueues")).get("items")
+            cluster = (await self._get(f"/apis/{GROUP}/{VERSION}/clusterqueues")).get("items")
         except Exception as e:  # noqa: BLE001 - the form still renders; it says why the line is missing
-            return f"queue {queue}: GPU quota unknown ({why_failed(e)})"
+            return {q: f"queue {q}: GPU quota unknown ({why_failed(e)})" for q in queues}
+        return quota_lines(local or [], cluster or [], queues)
+
+
+def quota_lines(local_queues: Iterable[Mapping[str, Any]], cluster_queues: Iterable[Mapping[str, Any]],
+                queues: Iterable[str]) -> dict[str, str]:
+    """LocalQueue name -> its ClusterQueue's line (``"team-a: 6 of 8 GPUs in use"``), from listed objects."""
+    target = {(q.get("metadata") or {}).get("name"): (q.get("spec") or {}).get("clusterQueue")
+              for q in local_queues}
+    by_name = {(c.get("metadata") or {}).get("name"): c for c in cluster_queues}
+    lines = {}
+    for queue in queues:
+        if queue not in target:
+            lines[queue] = f"queue {queue}: no such LocalQueue in this namespace"
+        elif target[queue] not in by_name:
+            lines[queue] = f"queue {queue}: its ClusterQueue {target[queue]} does not exist"
+        else:
+            lines[queue] = cluster_queue_quota(by_name[target[queue]]).line
+    return lines
 
 
 __all__ = [
@@ -189,6 +203,7 @@ __all__ = [
     "cluster_queue_quota",
     "gated",
     "queue_position",
+    "quota_lines",
     "waiting_message",
     "workload_of",
     "workload_problem",

@@ -349,12 +349,11 @@ class GPUKubeSpawner(GPUSpawnerMixin, KubeSpawner):
             self.profiles, InventoryReading(), (), previous,
             availability=availability, unknown=reading.unknown,
         )
-        quota_lines: dict[str, str] = {}
+        queues = {p["profile"].slug: self.kueue_queue(p["profile"]) for p in context["profiles"]}
+        lines = await self.kueue_reader().quota_lines(self.namespace, [q for q in queues.values() if q])
         for p in context["profiles"]:
-            queue = self.kueue_queue(p["profile"])
-            if queue and queue not in quota_lines:
-                quota_lines[queue] = await self.kueue_reader().quota_line(self.namespace, queue)
-            p["kueue"] = quota_lines.get(queue) if queue else None
+            queue = queues[p["profile"].slug]
+            p["kueue"] = lines[queue] if queue else None
         for p in context["profiles"]:
             slug = p["profile"].slug
             prefix = f"profile-option-{slug}--"

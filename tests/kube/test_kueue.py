@@ -20,7 +20,14 @@ import pytest_asyncio
 from tornado.web import HTTPError
 from traitlets import TraitError
 
-from gpuspawner.kube.kueue import ADMISSION_GATE, QUEUE_LABEL, cluster_queue_quota, queue_position, workload_problem
+from gpuspawner.kube.kueue import (
+    ADMISSION_GATE,
+    QUEUE_LABEL,
+    cluster_queue_quota,
+    queue_position,
+    quota_lines,
+    workload_problem,
+)
 from gpuspawner.ledger import cluster_holdings
 from kubefixtures import PODS, WORKLOADS, load_object
 from profiles import A100, PROFILES, validate_pod
@@ -107,6 +114,13 @@ def test_recorded_objects_in_words():
     assert workload_problem(workload_with("jupyter-zoe"), "team-a") is None  # waiting for quota is no problem
 
 
+def test_quota_lines_name_a_missing_queue():
+    local, cluster = load_object("kueue/localqueue.json"), load_object("kueue/clusterqueue.json")
+    assert quota_lines([local], [cluster], ["team-a", "team-z"]) == {
+        "team-a": "team-a: 6 of 8 GPUs in use", "team-z": "queue team-z: no such LocalQueue in this namespace"}
+    assert quota_lines([local], [], ["team-a"]) == {"team-a": "queue team-a: its ClusterQueue team-a does not exist"}
+
+
 def test_usage_is_read_where_kueue_reports_no_reservation():
     queue = load_object("kueue/clusterqueue.json")
     del queue["status"]["flavorsReservation"]
@@ -178,11 +192,11 @@ async def test_form_shows_the_cluster_queues_gpu_quota(kueue, make_spawner):
     spawner = make_spawner(gpu_profiles=PROFILES, kueue_queue_name="team-a")
     words = text(await spawner._render_options_form())
     assert words.count("Kueue quota: team-a: 6 of 8 GPUs in use") == len(PROFILES)
-    assert len(kueue.requests("GET", "/clusterqueues/team-a")) == 1  # read once per form
+    assert len(kueue.requests("GET", "/clusterqueues")) == 1  # one list per form, however many profiles
 
 
 async def test_form_says_when_the_quota_cannot_be_read(kueue, make_spawner):
-    kueue.handler["get /apis/kueue.x-k8s.io/v1beta1/clusterqueues/team-a"] << 403 << {"kind": "Status", "code": 403}
+    kueue.handler["get /apis/kueue.x-k8s.io/v1beta1/clusterqueues"] << 403 << {"kind": "Status", "code": 403}
     spawner = make_spawner(gpu_profiles=PROFILES, kueue_queue_name="team-a")
     words = text(await spawner._render_options_form())
     assert "queue team-a: GPU quota unknown (Kubernetes API answered 403 Forbidden)" in words
