@@ -267,3 +267,10 @@ async def test_a_busy_cluster_is_left_to_kueue(kueue, make_spawner):
     await queued._run_apply_user_options(options)
     await queued.reserve_gpus()
     assert queued.extra_resource_limits == {"nvidia.com/gpu": "4"}
+    queued.release_gpus()
+    queued.restore_configured()
+    never = {"profile": "gpu", "gpus": 16, "gpu_model": A100}  # no node has 16: Kueue cannot help
+    queued.user_options = never
+    await queued._run_apply_user_options(never)
+    with pytest.raises(HTTPError, match="409"):
+        await queued.reserve_gpus()
