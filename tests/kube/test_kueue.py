@@ -239,6 +239,30 @@ async def test_a_gated_pod_shows_its_place_then_eviction_fails_the_spawn(kueue_w
     assert cluster.handler.objects[PODS, "jhub", spawner.pod_name].deleted
 
 
+async def test_an_admitted_pod_starts(kueue_webhook, make_spawner):
+    """Kueue admits the workload: the gate goes, the pod runs, the server starts and keeps its count."""
+    cluster = kueue_webhook
+    spawner = make_spawner("zoe", gpu_profiles=PROFILES, kueue_queue_name="team-a", kueue_poll_interval=0.05)
+    cluster.handler[f"get {PENDING}"] << load_object("kueue/pendingworkloads.json", spawner.pod_name)
+    cluster.handler.objects[WORKLOADS, "jhub", f"pod-{spawner.pod_name}-a41b8"] = workload_with(spawner.pod_name)
+    start = await start_task(spawner, GPU1)
+    await progress_until(spawner, "position 3")
+    image = cluster.handler.objects[PODS, "jhub", spawner.pod_name]["spec"]["containers"][0]["image"]
+    body = {"metadata": {"namespace": "jhub", "uid": "uid-zoe"}, "spec": {"schedulingGates": []},
+            "status": {"phase": "Running", "podIP": "10.244.9.9", "containerStatuses": [
+                {"name": "notebook", "ready": True, "restartCount": 0, "image": image, "imageID": image,
+                 "state": {"running": {}}}]}}
+    async with aiohttp.ClientSession() as session:
+        url = f"{cluster.url}/api/v1/namespaces/jhub/pods/{spawner.pod_name}"
+        async with session.patch(url, data=json.dumps(body),
+                                 headers={"Content-Type": "application/merge-patch+json"}) as response:
+            response.raise_for_status()
+    assert (await start).startswith("http://10.244.9.9:")
+    assert counted(spawner)["zoe/"] == {"nvidia.com/gpu": 1}
+    await spawner.stop(now=True)
+    assert "zoe/" not in counted(spawner)
+
+
 async def test_a_rejected_workload_fails_the_spawn_with_a_sentence(kueue_webhook, make_spawner):
     cluster = kueue_webhook
     spawner = make_spawner("zoe", gpu_profiles=PROFILES, kueue_queue_name="team-a", kueue_poll_interval=0.05)
