@@ -19,6 +19,8 @@ from ..profiles import KUEUE_QUEUE_NAME
 from .api import KubeAPIError, why_failed
 
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+#: On a pod's Workload (Kueue's pod integration): the pod's uid.
+JOB_UID_LABEL = "kueue.x-k8s.io/job-uid"
 ADMISSION_GATE = "kueue.x-k8s.io/admission"
 GROUP, VERSION = "kueue.x-k8s.io", "v1beta1"
 VISIBILITY_GROUP = "visibility.kueue.x-k8s.io"
@@ -143,10 +145,10 @@ class KueueReader:
         self.api_client = api_client  # kubernetes_asyncio.client.ApiClient
         self.timeout = timeout
 
-    async def _get(self, path: str) -> dict[str, Any]:
+    async def _get(self, path: str, query: list[tuple[str, str]] | None = None) -> dict[str, Any]:
         async def call() -> dict[str, Any]:
             response = await self.api_client.call_api(
-                path, "GET", header_params={"Accept": "application/json"},
+                path, "GET", query_params=query or [], header_params={"Accept": "application/json"},
                 auth_settings=["BearerToken"], _preload_content=False)
             response = response[0] if isinstance(response, tuple) else response
             try:
@@ -161,8 +163,11 @@ class KueueReader:
         return await self._get(f"/apis/{VISIBILITY_GROUP}/{VERSION}/namespaces/{namespace}"
                                f"/localqueues/{queue}/pendingworkloads")
 
-    async def workloads(self, namespace: str) -> list[dict[str, Any]]:
-        return (await self._get(f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/workloads")).get("items") or []
+    async def workloads(self, namespace: str, pod_uid: str | None = None) -> list[dict[str, Any]]:
+        """The namespace's Workloads; with ``pod_uid``, only that pod's (label ``kueue.x-k8s.io/job-uid``)."""
+        query = [("labelSelector", f"{JOB_UID_LABEL}={pod_uid}")] if pod_uid else None
+        path = f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/workloads"
+        return (await self._get(path, query)).get("items") or []
 
     async def quota_lines(self, namespace: str, queues: Iterable[str]) -> dict[str, str]:
         """Each LocalQueue's ClusterQueue GPU line (:func:`quota_lines`), from one list of each; or why unknown."""
@@ -196,6 +201,7 @@ def quota_lines(local_queues: Iterable[Mapping[str, Any]], cluster_queues: Itera
 
 __all__ = [
     "ADMISSION_GATE",
+    "JOB_UID_LABEL",
     "QUEUE_LABEL",
     "KueueReader",
     "QueueQuota",

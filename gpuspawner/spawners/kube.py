@@ -543,12 +543,14 @@ class GPUKubeSpawner(GPUSpawnerMixin, KubeSpawner):
 
     async def _kueue_verdict(self, reader: KueueReader, queue: str, last: str | None) -> str | None:
         """One look at the queued pod: a new waiting message is recorded; an eviction or rejection is returned."""
-        workloads = await reader.workloads(self.namespace)
-        workload = workload_of(workloads, self.pod_name)
+        pod = await read_pod(self.api, self.namespace, self.pod_name, self.k8s_api_request_timeout)
+        if pod is None:  # not created yet
+            return None
+        uid = (pod.get("metadata") or {}).get("uid")
+        workload = workload_of(await reader.workloads(self.namespace, uid), self.pod_name)
         problem = workload_problem(workload, queue) if workload else None
         if problem:
             return problem
-        pod = await read_pod(self.api, self.namespace, self.pod_name, self.k8s_api_request_timeout)
         if gated(pod):
             position = queue_position(await reader.pending_workloads(self.namespace, queue), self.pod_name)
             message = waiting_message(queue, position)

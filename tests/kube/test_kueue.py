@@ -33,6 +33,7 @@ from kubefixtures import PODS, WORKLOADS, load_object
 from profiles import A100, PROFILES, validate_pod
 
 GPU1 = {"profile": "gpu", "gpus": 1, "gpu_model": A100}
+POD_UID = "0c1d2e3f-0000-4000-8000-000000000003"
 PENDING = "/apis/visibility.kueue.x-k8s.io/v1beta1/namespaces/jhub/localqueues/team-a/pendingworkloads"
 
 
@@ -56,7 +57,8 @@ async def kueue_webhook(kueue):
                     if resource != PODS or obj.deleted or QUEUE_LABEL not in labels or name in gated:
                         continue
                     gated.add(name)
-                    body = {"spec": {"schedulingGates": [{"name": ADMISSION_GATE}]},
+                    # the uid the API server gives it (the recorded Workload's job-uid label and owner)
+                    body = {"metadata": {"uid": POD_UID}, "spec": {"schedulingGates": [{"name": ADMISSION_GATE}]},
                             "status": {"phase": "Pending", "conditions": [{
                                 "type": "PodScheduled", "status": "False", "reason": "SchedulingGated",
                                 "message": "Scheduling is blocked due to non-empty scheduling gates"}]}}
@@ -215,6 +217,9 @@ async def test_a_gated_pod_shows_its_place_then_eviction_fails_the_spawn(kueue_w
     assert "Asking Kubernetes for 1 x NVIDIA-A100-SXM4-80GB (nvidia.com/gpu) through the Kueue queue team-a" in messages
     assert not start.done()
     assert counted(spawner)["zoe/"] == {"nvidia.com/gpu": 1}
+    # the Workload is looked up by the pod's uid, as Kueue labels it (the test double ignores selectors)
+    lookups = cluster.requests("GET", "/workloads")
+    assert lookups and {r.url.query.get("labelSelector") for r in lookups} == {f"kueue.x-k8s.io/job-uid={POD_UID}"}
 
     # the two ahead are admitted: the pod moves up
     pending = {**pending, "items": pending["items"][2:]}
@@ -248,7 +253,7 @@ async def test_an_admitted_pod_starts(kueue_webhook, make_spawner):
     start = await start_task(spawner, GPU1)
     await progress_until(spawner, "position 3")
     image = cluster.handler.objects[PODS, "jhub", spawner.pod_name]["spec"]["containers"][0]["image"]
-    body = {"metadata": {"namespace": "jhub", "uid": "uid-zoe"}, "spec": {"schedulingGates": []},
+    body = {"metadata": {"namespace": "jhub"}, "spec": {"schedulingGates": []},
             "status": {"phase": "Running", "podIP": "10.244.9.9", "containerStatuses": [
                 {"name": "notebook", "ready": True, "restartCount": 0, "image": image, "imageID": image,
                  "state": {"running": {}}}]}}
