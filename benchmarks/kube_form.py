@@ -159,6 +159,7 @@ def main() -> None:
     kube = summary("form: capacity + render", timed(form))
     base = summary("baseline: local form from 8,000 GPU records", timed(baseline))
     print(f"  ratio form / baseline: {kube / base:.2f}x")
+    print("  pools: " + "; ".join(f"{p.slug} {p.free}/{p.total}" for p in found))
 
     local_queues, cluster_queues = make_queues(rng)
     kueue_profiles = [f"team-{i:03d}" for i in range(0, CLUSTER_QUEUES, CLUSTER_QUEUES // len(PROFILES))]
@@ -177,7 +178,6 @@ def main() -> None:
             timed(lambda: quota_lines(local_queues, cluster_queues, kueue_profiles)))
     summary("kueue form: capacity + quota lines + render", timed(kueue_form))
     assert "Kueue quota: team-000:" in kueue_form()  # the line is on the form (not a timing check)
-    print("  pools: " + "; ".join(f"{p.slug} {p.free}/{p.total}" for p in found))
 
 
 if __name__ == "__main__":
