@@ -13,7 +13,11 @@ Measured, each as median and p99 over repeated runs:
 2. render: form context + Jinja2 template from those pools;
 3. form: both together (capacity computation + template render);
 4. baseline in the same run: the local backend's form (form_context from
-   8,000 GPU records + the same template), for a ratio.
+   8,000 GPU records + the same template), for a ratio;
+5. the Kueue form: capacity, each profile's Kueue quota line from 100
+   LocalQueues and 100 ClusterQueues (shaped like tests/kube/fixtures/kueue,
+   3 GPU flavors each) and the template, as gpu-kube's form does after a
+   cache miss (JSON already decoded; the API round trips are not timed).
 """
 
 from __future__ import annotations
@@ -37,9 +41,11 @@ from gpuspawner.form import form_context  # noqa: E402
 from gpuspawner.gpu import GPU  # noqa: E402
 from gpuspawner.inventory import InventoryReading  # noqa: E402
 from gpuspawner.kube.capacity import cluster_inventory, pools  # noqa: E402
+from gpuspawner.kube.kueue import quota_lines  # noqa: E402
 from gpuspawner.profiles import load_profiles  # noqa: E402
 
 NODES = 1000
+CLUSTER_QUEUES = 100
 RUNS = 60
 FIXTURES = ROOT / "tests" / "kube" / "fixtures"
 TEMPLATES = Environment(loader=PackageLoader("gpuspawner", "templates"), autoescape=select_autoescape(["html"]))
@@ -76,6 +82,30 @@ def make_cluster(rng: random.Random) -> tuple[list[dict], list[dict]]:
             pod["spec"]["containers"][0]["resources"] = {"limits": {rng.choice(resources): "1"}}
             pods.append(pod)
     return nodes, pods
+
+
+def make_queues(rng: random.Random) -> tuple[list[dict], list[dict]]:
+    """100 LocalQueues (one per ClusterQueue, in the hub's namespace) and their ClusterQueues."""
+    local_template = json.loads((FIXTURES / "kueue" / "localqueue.json").read_text())
+    cluster_template = json.loads((FIXTURES / "kueue" / "clusterqueue.json").read_text())
+    local, cluster = [], []
+    for i in range(CLUSTER_QUEUES):
+        name = f"team-{i:03d}"
+        lq = copy.deepcopy(local_template)
+        lq["metadata"]["name"] = lq["spec"]["clusterQueue"] = name
+        cq = copy.deepcopy(cluster_template)
+        cq["metadata"]["name"] = name
+        flavors = cq["spec"]["resourceGroups"][0]["flavors"]
+        flavors.append(copy.deepcopy(flavors[0]))
+        flavors[2]["name"] = "t4-shared"
+        for f in flavors:
+            f["resources"][2]["nominalQuota"] = str(rng.choice([4, 8, 16]))
+        cq["status"]["flavorsReservation"] = [
+            {"name": f["name"], "resources": [{"name": "nvidia.com/gpu", "total": str(rng.randint(0, 4))}]}
+            for f in flavors]
+        local.append(lq)
+        cluster.append(cq)
+    return local, cluster
 
 
 def timed(fn, runs: int = RUNS) -> list[float]:
@@ -130,6 +160,24 @@ def main() -> None:
     base = summary("baseline: local form from 8,000 GPU records", timed(baseline))
     print(f"  ratio form / baseline: {kube / base:.2f}x")
     print("  pools: " + "; ".join(f"{p.slug} {p.free}/{p.total}" for p in found))
+
+    local_queues, cluster_queues = make_queues(rng)
+    kueue_profiles = [f"team-{i:03d}" for i in range(0, CLUSTER_QUEUES, CLUSTER_QUEUES // len(PROFILES))]
+
+    def kueue_form():
+        found = capacity()
+        lines = quota_lines(local_queues, cluster_queues, kueue_profiles)
+        context = form_context(PROFILES, InventoryReading(), (), {},
+                               availability=[p.availability() for p in found])
+        for p, queue in zip(context["profiles"], kueue_profiles, strict=True):
+            p["kueue"] = lines[queue]
+        return TEMPLATES.get_template("form.html").render(**context)
+
+    print(f"Kueue form, {CLUSTER_QUEUES} ClusterQueues and LocalQueues, one queue per profile:")
+    summary("quota lines (100 LocalQueues + 100 ClusterQueues)",
+            timed(lambda: quota_lines(local_queues, cluster_queues, kueue_profiles)))
+    summary("kueue form: capacity + quota lines + render", timed(kueue_form))
+    assert "Kueue quota: team-000:" in kueue_form()  # the line is on the form (not a timing check)
 
 
 if __name__ == "__main__":

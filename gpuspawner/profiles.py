@@ -58,6 +58,7 @@ class Profile:
     queue: bool = False  # when no GPU is free, wait in the hub's queue instead of being refused
     slurm: tuple[tuple[str, str], ...] = ()  # gpu-slurm job settings: (("partition", "gpu"), ("time", "8:00:00"))
     interconnect: str | None = None  # "nvlink": multi-GPU servers only on GPUs NVLink joins (placement)
+    kueue: str | None = None  # gpu-kube: the Kueue LocalQueue the profile's pods go to
 
     def visible_to(self, user_groups: Iterable[str]) -> bool:
         """Whether a member of ``user_groups`` may see and use this profile."""
@@ -119,11 +120,14 @@ DEFAULT_PROFILES: tuple[dict, ...] = (
 _PROFILE_KEYS = {
     "slug", "display_name", "description", "gpu_models", "gpu_counts", "default_gpus",
     "images", "cpu_limit", "mem_limit", "default", "capabilities", "groups", "queue", "slurm",
-    "interconnect",
+    "interconnect", "kueue",
     # KubeSpawner-style profile_list entries
     "kubespawner_override",
 }
 
+
+#: A Kueue LocalQueue name (a Kubernetes object name that is also a label value).
+KUEUE_QUEUE_NAME = re.compile(r"[a-z0-9]([-a-z0-9.]{0,61}[a-z0-9])?")
 
 #: Keys of a profile's ``slurm`` settings (gpu-slurm): each one an ``sbatch`` option.
 SLURM_KEYS = ("partition", "time", "qos", "account", "reservation", "constraint")
@@ -287,6 +291,10 @@ def profile_from_config(entry: Mapping, position: int = 0, honour_all: bool = Fa
     interconnect = values.get("interconnect")
     if interconnect is not None and interconnect not in INTERCONNECTS:
         raise OptionsError(where, f"interconnect {interconnect!r} must be one of {list(INTERCONNECTS)} or absent")
+    kueue = values.get("kueue")
+    if kueue is not None and (not isinstance(kueue, str) or not KUEUE_QUEUE_NAME.fullmatch(kueue)):
+        raise OptionsError(where, f"kueue {kueue!r} must be a LocalQueue name (lowercase letters, digits, "
+                                  "'-' and '.', at most 63 characters)")
     mem_limit = values.get("mem_limit")
     if mem_limit is not None and not (
         (type(mem_limit) is int and mem_limit > 0)
@@ -309,6 +317,7 @@ def profile_from_config(entry: Mapping, position: int = 0, honour_all: bool = Fa
         queue=queue,
         slurm=_slurm_settings(values.get("slurm", {}), where),
         interconnect=interconnect,
+        kueue=kueue,
     )
 
 

@@ -7,7 +7,7 @@ z2jh's ``singleuser.profileList``): entries with ``display_name``, ``slug``,
 validates and applies. gpuspawner adds to an entry:
 
 - GPU keys (``gpu_models``, ``gpu_counts``, ``default_gpus``, ``capabilities``,
-  ``groups``, ``queue``): the user picks a GPU count and model beside the
+  ``groups``, ``queue``, ``kueue``): the user picks a GPU count and model beside the
   entry's other options (user_options ``gpus`` and ``gpu_model``);
 - or, without them, the GPU the override asks for
   (``extra_resource_limits: {"nvidia.com/gpu": 1}``, a MIG resource such as
@@ -34,7 +34,7 @@ from ..profiles import DEFAULT_PROFILES, OptionsError, Profile, _slugify, profil
 #: KubeSpawner's profile_list entry keys (kubespawner 7).
 KUBE_KEYS = frozenset({"display_name", "slug", "description", "default", "kubespawner_override", "profile_options"})
 #: gpuspawner's keys an entry may add.
-GPU_KEYS = frozenset({"gpu_models", "gpu_counts", "default_gpus", "capabilities", "groups", "queue"})
+GPU_KEYS = frozenset({"gpu_models", "gpu_counts", "default_gpus", "capabilities", "groups", "queue", "kueue"})
 #: user_options gpuspawner adds beside a profile's options: no profile option may use these names.
 GPU_OPTIONS = ("gpus", "gpu_model")
 IMAGE_OPTION = "image"
@@ -63,6 +63,8 @@ def entry_from_gpu_profile(entry: Mapping[str, Any], position: int) -> dict[str,
         "groups": list(profile.groups),
         "queue": profile.queue,
     }
+    if profile.kueue:
+        out["kueue"] = profile.kueue
     override = copy.deepcopy(dict(entry.get("kubespawner_override") or {}))
     for key in ("cpu_limit", "mem_limit"):
         if key in entry:
@@ -155,7 +157,7 @@ def gpu_profile(entry: Mapping[str, Any], position: int) -> Profile:
     return dataclasses.replace(profile, slug=slug or profile.slug)
 
 
-def check_entries(entries: Sequence[Mapping]) -> tuple[Profile, ...]:
+def check_entries(entries: Sequence[Mapping], kueue_queue_name: str | None = None) -> tuple[Profile, ...]:
     """Check what gpu-kube offers: each entry, unique slugs, at most one default; the GPU part of each."""
     profiles = tuple(gpu_profile(e, n) for n, e in enumerate(entries))
     slugs = [p.slug for p in profiles]
@@ -165,18 +167,29 @@ def check_entries(entries: Sequence[Mapping]) -> tuple[Profile, ...]:
                                            f"repeated: {repeated}")
     if sum(bool(e.get("default")) for e in entries) > 1:
         raise OptionsError("profile_list", "at most one profile may be the default")
-    refuse_queue(profiles)
+    refuse_queue(profiles, kueue_queue_name)
     return profiles
 
 
-def refuse_queue(profiles: Sequence[Profile]) -> None:
-    """gpu-kube has no hub queue: a ``queue: true`` profile (in gpu_profiles or profile_list) is refused."""
-    queued = [p.slug for p in profiles if p.queue]
-    if queued:
+def refuse_queue(profiles: Sequence[Profile], kueue_queue_name: str | None = None) -> None:
+    """gpu-kube has no hub queue: a ``queue: true`` profile (in gpu_profiles or profile_list) is refused.
+
+    With Kueue (the profile's ``kueue`` or ``kueue_queue_name``) the sentence says that Kueue is the queue.
+    """
+    queued = [p for p in profiles if p.queue]
+    if not queued:
+        return
+    kueue = [p for p in queued if p.kueue or kueue_queue_name]
+    if kueue:
+        p = kueue[0]
         raise OptionsError(
-            ", ".join(f"profile {s!r}" for s in queued),
-            "sets 'queue': True, but gpu-kube has no hub queue: a GPU pod waits in the cluster's own "
-            "scheduler (or Kueue) until a GPU is free. Remove 'queue' from it.")
+            f"profile {p.slug!r}",
+            f"sets 'queue': True and sends its pods to the Kueue queue {p.kueue or kueue_queue_name!r}: "
+            "Kueue is the queue, and the hub never runs a queue of its own beside it. Remove 'queue' from it.")
+    raise OptionsError(
+        ", ".join(f"profile {p.slug!r}" for p in queued),
+        "sets 'queue': True, but gpu-kube has no hub queue: a GPU pod waits in the cluster's own "
+        "scheduler (or Kueue) until a GPU is free. Remove 'queue' from it.")
 
 
 __all__ = [

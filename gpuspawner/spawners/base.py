@@ -77,7 +77,11 @@ class GPUSpawnerMixin(GPUPolicyMixin, GPUHubSettings):
           profile (default: empty, everyone).
         - ``queue``: ``True`` to wait in the hub's GPU queue while no GPU is free instead
           of being refused (default ``False``; the wait is bounded by ``gpu_queue_timeout``).
-          Refused on gpu-kube, where the cluster's scheduler is the queue.
+          Refused on gpu-kube, where the cluster's scheduler (or Kueue) is the queue.
+        - ``kueue``: gpu-kube only: the Kueue LocalQueue (in the server's namespace) the
+          profile's pods go to, overriding ``GPUKubeSpawner.kueue_queue_name``; the pod gets
+          the label ``kueue.x-k8s.io/queue-name``, Kueue admits it against its ClusterQueue's
+          quota, and the form shows that quota. Other backends refuse it.
         - ``interconnect``: ``"nvlink"`` to give multi-GPU servers only GPUs that NVLink
           joins (all-to-all or through each other); refused with a sentence when no such
           set is free. gpu-local and gpu-docker only (there the hub picks the GPUs; every
@@ -117,6 +121,9 @@ class GPUSpawnerMixin(GPUPolicyMixin, GPUHubSettings):
         """,
     ).tag(config=True)
 
+    #: True where profiles' ``kueue`` queue names are applied (gpu-kube); elsewhere they are refused.
+    honours_kueue = False
+
     #: True where the hub picks the exact GPUs, so a profile's ``interconnect`` can be honoured
     #: (gpu-local, gpu-docker); where the cluster places (gpu-kube, gpu-slurm) it is refused.
     honours_interconnect = True
@@ -132,6 +139,11 @@ class GPUSpawnerMixin(GPUPolicyMixin, GPUHubSettings):
             if slurm:
                 raise TraitError(f"Invalid GPU profile configuration: profile '{slurm[0]}': 'slurm' settings "
                                  "are only applied by gpu-slurm")
+        if not self.honours_kueue:
+            queued = [p.slug for p in profiles if p.kueue]
+            if queued:
+                raise TraitError(f"Invalid GPU profile configuration: profile '{queued[0]}': 'kueue' queues "
+                                 "are only used by gpu-kube")
         if not self.honours_interconnect:
             linked = [p.slug for p in profiles if p.interconnect]
             if linked:

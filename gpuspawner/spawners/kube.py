@@ -24,6 +24,8 @@ owner ``user/job/<id>``) and run as pods with ``restartPolicy: Never``.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import copy
 import dataclasses
 import re
@@ -32,16 +34,26 @@ from typing import Any
 
 from jupyterhub.utils import maybe_future
 from kubespawner import KubeSpawner
-from traitlets import Dict, List, TraitError, Unicode, validate
+from traitlets import Dict, Float, List, TraitError, Unicode, validate
 
 from ..compat import CudaVersion, cuda_version_text, min_cuda
 from ..form import form_context
 from ..gpu import GPU
 from ..inventory import InventoryReading
-from ..kube.api import ClusterCapacity, ClusterReading, list_server_pods, why_failed
+from ..kube.api import ClusterCapacity, ClusterReading, list_server_pods, read_pod, why_failed
 from ..kube.capacity import GPU_RESOURCE, PRODUCT_LABEL, CapacityError, place, pools
 from ..kube.events import EventContext, explain_event
 from ..kube.holdings import USERNAME_ANNOTATION, server_holdings
+from ..kube.kueue import (
+    QUEUE_LABEL,
+    KueueReader,
+    check_queue_name,
+    gated,
+    queue_position,
+    waiting_message,
+    workload_of,
+    workload_problem,
+)
 from ..kube.podspec import (
     DEFAULT_TOLERATIONS,
     GPU_TRAITS,
@@ -105,6 +117,37 @@ class GPUKubeSpawner(GPUSpawnerMixin, KubeSpawner):
         """,
     ).tag(config=True)
 
+    kueue_queue_name = Unicode(
+        None, allow_none=True,
+        help="""
+        The Kueue LocalQueue (in the server's namespace) that GPU-profile pods go to, e.g.
+        ``"team-a"``; a profile's own ``kueue`` key (see ``gpu_profiles``; also a key of
+        ``profile_list`` entries) overrides it. Pods get the label
+        ``kueue.x-k8s.io/queue-name``; Kueue holds each pod with its scheduling gate
+        ``kueue.x-k8s.io/admission`` until the queue's ClusterQueue has quota for it, and
+        spawn progress says "waiting in queue team-a: position 3 (Kueue)" (the position from
+        Kueue's visibility API). The form shows the ClusterQueue's GPU quota and use
+        ("team-a: 6 of 8 GPUs in use"); a Workload Kueue rejects or evicts fails the spawn with
+        a sentence. The hub runs no queue of its own for these profiles (``queue: true`` is
+        refused) and does not refuse a request the cluster is too busy for now: Kueue queues
+        it. The hub's service account needs read access to Kueue's workloads, localqueues,
+        clusterqueues and the visibility API (Helm chart: ``kueue.enabled``). None: no Kueue.
+        """,
+    ).tag(config=True)
+
+    kueue_poll_interval = Float(
+        2.0, help="Seconds between reads of a queued pod's Kueue state (queue position, Workload verdict).",
+    ).tag(config=True)
+
+    @validate("kueue_queue_name")
+    def _check_kueue_queue_name(self, proposal):
+        if proposal["value"] is None:
+            return None
+        try:
+            return check_queue_name(proposal["value"], "kueue_queue_name")
+        except ValueError as e:
+            raise TraitError(str(e)) from e
+
     @validate("image_cuda")
     def _check_image_cuda(self, proposal):
         return checked_cuda_map(proposal)
@@ -114,13 +157,14 @@ class GPUKubeSpawner(GPUSpawnerMixin, KubeSpawner):
         """As for every backend, and no ``queue: true`` profile: the cluster's scheduler is the queue."""
         value = super()._check_profiles(proposal)
         try:
-            refuse_queue(load_profiles(value))
+            refuse_queue(load_profiles(value, honour_all=True), self.kueue_queue_name)
         except OptionsError as e:
             raise TraitError(f"Invalid GPU profile configuration: {e}") from e
         return value
 
     honours_kubespawner_override = True  # KubeSpawner applies every key
     honours_interconnect = False  # the cluster places the GPUs
+    honours_kueue = True  # a profile's kueue queue labels its pods
 
     gpu_job_runner = "gpuspawner.jobs.runners.KubeJobs"  # a notebook GPU job is a pod with restartPolicy Never
 
@@ -176,7 +220,7 @@ class GPUKubeSpawner(GPUSpawnerMixin, KubeSpawner):
 
     def _check_entries(self, listed, gpu_profiles) -> tuple[list[dict], tuple[Profile, ...]]:
         entries = self._get_initialized_profile_list(combined_entries(gpu_profiles, listed))
-        return entries, check_entries(entries)
+        return entries, check_entries(entries, self.kueue_queue_name)
 
     async def load_profiles(self) -> tuple[list[dict], tuple[Profile, ...]]:
         """KubeSpawner's initialised profile list (gpu_profiles, then profile_list) and each one's GPU part.
@@ -305,6 +349,11 @@ class GPUKubeSpawner(GPUSpawnerMixin, KubeSpawner):
             self.profiles, InventoryReading(), (), previous,
             availability=availability, unknown=reading.unknown,
         )
+        queues = {p["profile"].slug: self.kueue_queue(p["profile"]) for p in context["profiles"]}
+        lines = await self.kueue_reader().quota_lines(self.namespace, [q for q in queues.values() if q])
+        for p in context["profiles"]:
+            queue = queues[p["profile"].slug]
+            p["kueue"] = lines[queue] if queue else None
         for p in context["profiles"]:
             slug = p["profile"].slug
             prefix = f"profile-option-{slug}--"
@@ -372,7 +421,9 @@ class GPUKubeSpawner(GPUSpawnerMixin, KubeSpawner):
         cuda = self.cuda_requirement(self.image)
         capabilities = tuple(choice.profile.capabilities)
         try:
-            placement = place(reading.nodes, choice.models, choice.gpus, cuda, refuse_now=reading.unknown is None)
+            # with Kueue a request the cluster is too busy for now waits in Kueue's queue
+            refuse_now = reading.unknown is None and not self.kueue_queue(choice.profile)
+            placement = place(reading.nodes, choice.models, choice.gpus, cuda, refuse_now=refuse_now)
         except CapacityError:
             if reading.unknown is None:
                 raise
@@ -394,6 +445,10 @@ class GPUKubeSpawner(GPUSpawnerMixin, KubeSpawner):
         """
         choice = await self.load_spawn_options()  # this spawn's options, whatever JupyterHub ran before
         self._gpu_events = []
+        self._kueue_messages = []
+        queue = self._kueue_queue = self.kueue_queue(choice.profile)
+        if queue:
+            self.extra_labels = {**self.extra_labels, QUEUE_LABEL: queue}
         self.gpu_allocation = ()
         self.release_gpus()  # a failed earlier start of this server holds nothing
         if choice.gpus == 0:
@@ -426,7 +481,8 @@ class GPUKubeSpawner(GPUSpawnerMixin, KubeSpawner):
         self._apply_request(request)
         self._event_context = context
         where = f" on nodes with CUDA >= {cuda_version_text(request.cuda)}" if request.cuda else ""
-        self.gpu_event(f"Asking Kubernetes for {request.count} x {context.name} ({request.resource}){where}", 30)
+        via = f" through the Kueue queue {queue}" if queue else ""
+        self.gpu_event(f"Asking Kubernetes for {request.count} x {context.name} ({request.resource}){where}{via}", 30)
         return ()
 
     # ------------------------------------------------------------ the cluster's truth
@@ -473,19 +529,102 @@ class GPUKubeSpawner(GPUSpawnerMixin, KubeSpawner):
             self.log.warning("%s: GPUs of the hub's pods not counted yet: %s", self._log_name, why_failed(e))
         return await super().poll()
 
+    # ------------------------------------------------------------ Kueue
+
+    _kueue_queue: str | None = None
+    _kueue_messages: list[str] = []  # noqa: RUF012 - replaced per spawn, never appended to in place
+
+    def kueue_queue(self, profile: Profile) -> str | None:
+        """The Kueue LocalQueue of a profile's pods: its own ``kueue``, else ``kueue_queue_name``."""
+        return profile.kueue or self.kueue_queue_name
+
+    def kueue_reader(self) -> KueueReader:
+        return KueueReader(self.api.api_client, timeout=self.k8s_api_request_timeout)
+
+    async def _kueue_verdict(self, reader: KueueReader, queue: str, last: str | None) -> str | None:
+        """One look at the queued pod: a new waiting message is recorded; an eviction or rejection is returned."""
+        pod = await read_pod(self.api, self.namespace, self.pod_name, self.k8s_api_request_timeout)
+        if pod is None:  # not created yet
+            return None
+        uid = (pod.get("metadata") or {}).get("uid")
+        workload = workload_of(await reader.workloads(self.namespace, uid), self.pod_name)
+        problem = workload_problem(workload, queue) if workload else None
+        if problem:
+            return problem
+        if gated(pod):
+            position = queue_position(await reader.pending_workloads(self.namespace, queue), self.pod_name)
+            message = waiting_message(queue, position)
+            if message != last:
+                self._kueue_messages = [*self._kueue_messages, message]
+        return None
+
+    async def _watch_kueue(self, queue: str) -> str:
+        """Until cancelled: record the pod's place in the queue; return the sentence once Kueue evicts or rejects."""
+        reader = self.kueue_reader()
+        while True:
+            last = self._kueue_messages[-1] if self._kueue_messages else None
+            try:
+                problem = await self._kueue_verdict(reader, queue, last)
+            except Exception as e:  # noqa: BLE001 - the pod still starts; Kueue's state is only shown
+                self.log.warning("%s: Kueue state not read: %s", self._log_name, why_failed(e))
+                problem = None
+            if problem:
+                return problem
+            await asyncio.sleep(self.kueue_poll_interval)
+
+    async def _start(self):
+        """KubeSpawner's start; with Kueue, watched so an eviction or rejection fails it with a sentence."""
+        queue = self._kueue_queue
+        if not queue:
+            return await super()._start()
+        start = asyncio.ensure_future(super()._start())
+        watch = asyncio.ensure_future(self._watch_kueue(queue))
+        try:
+            await asyncio.wait({start, watch}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (start, watch):
+                if not task.done():
+                    task.cancel()
+        if start.done() and not start.cancelled():
+            return start.result()
+        problem = watch.result()
+        self.gpu_event(f"Refused: {problem}", 100)
+        raise user_error(409, problem)
+
     # ------------------------------------------------------------ progress
 
     async def progress(self):
-        """gpuspawner's own steps, then KubeSpawner's pod events in plain words."""
+        """gpuspawner's own steps, then KubeSpawner's pod events in plain words, with Kueue's queue position."""
         for event in list(getattr(self, "_gpu_events", [])):
             yield event
         context = self._event_context or EventContext("GPU", 0)
-        async for event in KubeSpawner.progress(self):
-            raw = event.get("raw_event")
-            plain = explain_event(raw, context) if isinstance(raw, dict) else None
-            if plain:
-                event = {**event, "message": plain}
-            yield event
+        events = KubeSpawner.progress(self).__aiter__()
+        sent = 0
+        following = asyncio.ensure_future(events.__anext__())
+        try:
+            while True:
+                await asyncio.wait({following}, timeout=self.kueue_poll_interval)  # Kueue's news between events
+                for message in self._kueue_messages[sent:]:
+                    sent += 1
+                    yield {"progress": 40, "message": message}
+                if not following.done():
+                    continue
+                try:
+                    event = following.result()
+                except StopAsyncIteration:
+                    break
+                raw = event.get("raw_event")
+                plain = explain_event(raw, context) if isinstance(raw, dict) else None
+                if plain:
+                    event = {**event, "message": plain}
+                yield event
+                following = asyncio.ensure_future(events.__anext__())
+        finally:
+            if not following.done():
+                following.cancel()
+                with contextlib.suppress(asyncio.CancelledError, StopAsyncIteration):
+                    await following
+            await events.aclose()
 
 
 def _option_context(field: str, name: str, spec: Mapping, chosen: Mapping) -> dict:

@@ -154,3 +154,15 @@ async def kubelet(cluster):
     task.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await task
+
+
+@pytest.fixture
+def kueue(cluster):
+    """Kueue's resources on the API test double, with the recorded LocalQueue and ClusterQueue ``team-a``."""
+    from kubefixtures import CLUSTERQUEUES, LOCALQUEUES, WORKLOADS, load_object
+
+    for resource, namespaced in ((LOCALQUEUES, True), (CLUSTERQUEUES, False), (WORKLOADS, True)):
+        cluster.handler.resources[f"{resource.group}/{resource.version}/{resource.plural}"] = {"namespaced": namespaced}
+    cluster.handler.objects[LOCALQUEUES, "jhub", "team-a"] = load_object("kueue/localqueue.json")
+    cluster.handler.objects[CLUSTERQUEUES, None, "team-a"] = load_object("kueue/clusterqueue.json")
+    return cluster

@@ -12,11 +12,21 @@ FIXTURES = Path(__file__).resolve().parent / "fixtures"
 EVENTS = kmock.resource("", "v1", "events")
 NODES = kmock.resource("", "v1", "nodes")
 PODS = kmock.resource("", "v1", "pods")
+# Kueue's resources (kueue.x-k8s.io/v1beta1), served by the emulator once registered (see the kueue fixture)
+LOCALQUEUES = kmock.resource("kueue.x-k8s.io", "v1beta1", "localqueues")
+CLUSTERQUEUES = kmock.resource("kueue.x-k8s.io", "v1beta1", "clusterqueues")
+WORKLOADS = kmock.resource("kueue.x-k8s.io", "v1beta1", "workloads")
 
 
 def load(name: str) -> list[dict]:
     """The items of a recorded object list in tests/kube/fixtures."""
     return json.loads((FIXTURES / name).read_text())["items"]
+
+
+def load_object(name: str, pod_name: str = "POD") -> dict:
+    """A recorded object in tests/kube/fixtures, the placeholder pod name ``POD`` replaced."""
+    return json.loads((FIXTURES / name).read_text().replace('"POD"', json.dumps(pod_name))
+                      .replace("pod-POD-", f"pod-{pod_name}-"))
 
 
 def write_kubeconfig(path: Path, url: str) -> Path:

@@ -80,11 +80,39 @@ def test_rbac(helm):
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "jhub-gpuspawner-hub", "namespace": "gpu-hub"}]
 
 
+KUEUE_RULES = [{"apiGroups": ["kueue.x-k8s.io"], "resources": ["workloads", "localqueues"],
+                "verbs": ["get", "list", "watch"]},
+               {"apiGroups": ["visibility.kueue.x-k8s.io"], "resources": ["localqueues/pendingworkloads"],
+                "verbs": ["get"]}]
+KUEUE_CLUSTER_RULE = {"apiGroups": ["kueue.x-k8s.io"], "resources": ["clusterqueues"],
+                      "verbs": ["get", "list", "watch"]}
+
+
+def test_kueue_rbac_only_when_enabled(helm):
+    kinds = by_kind(render(helm))
+    rules = kinds["Role"][0]["rules"] + kinds["ClusterRole"][0]["rules"]
+    assert not [r for r in rules if any("kueue" in g for g in r["apiGroups"])]
+    docs = render(helm, "--set", "kueue.enabled=true", "--set", "kueue.queueName=team-a")
+    for doc in docs:
+        kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+    kinds = by_kind(docs)
+    assert all(rule in kinds["Role"][0]["rules"] for rule in KUEUE_RULES)
+    assert KUEUE_CLUSTER_RULE in kinds["ClusterRole"][0]["rules"]
+    assert all(set(r["verbs"]) <= {"get", "list", "watch"} for r in kinds["ClusterRole"][0]["rules"])
+
+
+def test_a_kueue_queue_without_kueue_rbac_is_refused(helm):
+    result = run(helm, "template", "jhub", str(CHART), "--set", "kueue.queueName=team-a")
+    assert result.returncode != 0
+    assert "kueue.queueName is set but kueue.enabled is false" in result.stderr
+
+
 def test_hub_config_from_values_loads(helm, tmp_path, monkeypatch):
     """The ConfigMap's jupyterhub_config.py, loaded the way JupyterHub loads it, configures gpu-kube from values."""
     docs = render(helm, "--set", "gpu.runtimeClassName=nvidia",
                   "--set-string", "gpu.imageCuda.ghcr\\.io/example/torch=12.4",
-                  "--set", "hub.extraConfig=c.JupyterHub.shutdown_on_logout = True")
+                  "--set", "hub.extraConfig=c.JupyterHub.shutdown_on_logout = True",
+                  "--set", "kueue.enabled=true", "--set", "kueue.queueName=team-a")
     configmap = by_kind(docs)["ConfigMap"][0]
     for name, text in configmap["data"].items():
         (tmp_path / name).write_text(text)
@@ -98,6 +126,7 @@ def test_hub_config_from_values_loads(helm, tmp_path, monkeypatch):
     assert [p.slug for p in load_profiles(config.GPUSpawnerMixin.gpu_profiles)] == ["cpu", "gpu", "mig", "shared"]
     assert config.GPUKubeSpawner.gpu_runtime_class == "nvidia"
     assert config.GPUKubeSpawner.image_cuda == {"ghcr.io/example/torch": "12.4"}
+    assert config.GPUKubeSpawner.kueue_queue_name == "team-a"
     assert config.KubeSpawner.namespace == "gpu-hub"
     assert config.ConfigurableHTTPProxy.api_url == "http://jhub-gpuspawner-proxy-api:8001"
     assert config.JupyterHub.shutdown_on_logout is True
@@ -125,6 +154,8 @@ def test_other_values_render_valid_manifests(helm):
     (["--set-string", "hub.image.tag="], "tag"),
     (["--set", "gpu.profile=typo"], "profile"),
     (["--set", "gpu.profiles[0].display_name=null"], "display_name"),
+    (["--set", "kueue.enabled=true", "--set", "kueue.queueName=Team A"], "queueName"),
+    (["--set", "gpu.profiles[1].kueue=team_b"], "kueue"),
 ])
 def test_bad_values_are_rejected(helm, args, field):
     result = run(helm, "template", "jhub", str(CHART), *args)
