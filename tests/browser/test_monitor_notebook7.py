@@ -12,6 +12,7 @@ import json
 import pytest
 
 import fakenvml
+import needs
 from chromium import ARTIFACTS, NEEDS_BROWSER, checkout_extension_env, playwright_sync_api
 from jupyter_server_proc import JupyterServer
 
@@ -21,6 +22,7 @@ pytestmark = [
 ]
 
 sync_api = playwright_sync_api()
+needs.module("notebook.app", "needs Notebook 7 (pip install -e .[test])")
 
 
 def notebook7(tmp_path, env, monkeypatch) -> JupyterServer:
