@@ -30,6 +30,22 @@ NEEDS_LABEXTENSION = pytest.mark.usefixtures("labextension_built")
 NEEDS_BROWSER = [NEEDS_CHROMIUM, NEEDS_LABEXTENSION]
 
 
+def checkout_extension_env(tmp_path: Path) -> dict[str, str]:
+    """Environment for a Jupyter server that loads the extension built in this checkout.
+
+    pip copies the built extension into the venv only when it installs the package, so
+    that copy lags behind a rebuild (and belongs to whichever checkout installed it). A
+    ``labextensions`` folder on JUPYTER_PATH comes first, so the server finds this
+    checkout's gpuspawner/labextension there.
+    """
+    data = tmp_path / "jupyter-data"
+    (data / "labextensions").mkdir(parents=True, exist_ok=True)
+    link = data / "labextensions" / "gpuspawner-monitor"
+    if not link.exists():
+        link.symlink_to(BUILT.parents[1], target_is_directory=True)
+    return {"JUPYTER_PATH": str(data)}
+
+
 def playwright_sync_api():
     """``playwright.sync_api``; where Playwright is missing, skips the calling module (fails it in CI)."""
     __tracebackhide__ = True

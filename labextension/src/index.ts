@@ -4,7 +4,7 @@
  * in the command palette and the launcher), and notices for the user (e.g. the
  * GPU idle culler's warning) as notifications and in the panel.
  */
-import { ILayoutRestorer, JupyterFrontEnd, JupyterFrontEndPlugin } from '@jupyterlab/application';
+import { ILabShell, ILayoutRestorer, JupyterFrontEnd, JupyterFrontEndPlugin } from '@jupyterlab/application';
 import { ICommandPalette, WidgetTracker } from '@jupyterlab/apputils';
 import { ILauncher } from '@jupyterlab/launcher';
 import { IStatusBar } from '@jupyterlab/statusbar';
@@ -20,13 +20,14 @@ const plugin: JupyterFrontEndPlugin<void> = {
   id: 'gpuspawner-monitor:plugin',
   description: 'Live GPU statistics: status bar and GPU panel',
   autoStart: true,
-  optional: [IStatusBar, ICommandPalette, ILauncher, ILayoutRestorer],
+  optional: [IStatusBar, ICommandPalette, ILauncher, ILayoutRestorer, ILabShell],
   activate: (
     app: JupyterFrontEnd,
     statusBar: IStatusBar | null,
     palette: ICommandPalette | null,
     launcher: ILauncher | null,
-    restorer: ILayoutRestorer | null
+    restorer: ILayoutRestorer | null,
+    labShell: ILabShell | null
   ) => {
     const stream = new GPUStream(app.serviceManager.serverSettings);
     stream.start();
@@ -44,7 +45,8 @@ const plugin: JupyterFrontEndPlugin<void> = {
           void tracker.add(panel);
         }
         if (!panel.isAttached) {
-          app.shell.add(panel, 'main');
+          // Notebook 7's shell keeps one document per page in 'main': there the panel is a side panel
+          app.shell.add(panel, labShell ? 'main' : 'right', { rank: 1000 });
         }
         app.shell.activateById(panel.id);
       }
@@ -54,9 +56,13 @@ const plugin: JupyterFrontEndPlugin<void> = {
     if (restorer) {
       void restorer.restore(tracker, { command: COMMAND, name: () => 'gpu-panel' });
     }
+    const item = new GPUStatusItem(stream, () => void app.commands.execute(COMMAND));
     if (statusBar) {
-      const item = new GPUStatusItem(stream, () => void app.commands.execute(COMMAND));
       statusBar.registerStatusItem('gpuspawner-monitor:status', { item, align: 'left', rank: 5 });
+    } else {
+      // Notebook 7 has no status bar: the item goes in the top bar, on every page
+      item.addClass('jp-gpuspawner-TopItem');
+      app.shell.add(item, 'top', { rank: 900 });
     }
   }
 };

@@ -13,7 +13,7 @@ import re
 import pytest
 
 import fakenvml
-from chromium import ARTIFACTS, NEEDS_BROWSER, playwright_sync_api
+from chromium import ARTIFACTS, NEEDS_BROWSER, checkout_extension_env, playwright_sync_api
 from jupyter_server_proc import JupyterServer
 
 pytestmark = [
@@ -29,7 +29,8 @@ sync_api = playwright_sync_api()
 def lab(tmp_path, env, monkeypatch) -> JupyterServer:
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     monkeypatch.delenv("NVIDIA_VISIBLE_DEVICES", raising=False)
-    return JupyterServer(tmp_path / "lab", env, ["--GPUMonitor.interval=0.5"], app="jupyterlab")
+    return JupyterServer(tmp_path / "lab", {**env, **checkout_extension_env(tmp_path)}, ["--GPUMonitor.interval=0.5"],
+                         app="jupyterlab")
 
 
 def canvas_images(page) -> list[str]:
