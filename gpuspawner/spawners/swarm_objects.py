@@ -39,7 +39,7 @@ def node_gpus(nodes: Iterable[Mapping], label: str = MODEL_LABEL) -> tuple[GPU, 
 def task_gpus(task: Mapping) -> tuple[str, ...]:
     """The GPU UUIDs Swarm assigned to a task (empty before it is assigned)."""
     return tuple(
-        r["NamedResourceSpec"]["Value"] for r in task.get("AssignedGenericResources") or []
+        r["NamedResourceSpec"]["Value"] for r in task.get("GenericResources") or []
         if (r.get("NamedResourceSpec") or {}).get("Kind") == RESOURCE_KIND
     )
 

@@ -20,7 +20,7 @@ from engine import process_environ
 
 pytestmark = pytest.mark.docker
 
-GPU = {"profile": "gpu", "gpus": 2, "gpu_model": "a100"}
+GPU = {"profile": "gpu", "gpus": 2, "gpu_model": "a100-sxm4-80gb"}
 PROFILES = [
     {"slug": "cpu", "display_name": "CPU only", "gpu_counts": [0]},
     {"slug": "gpu", "display_name": "GPU notebook", "gpu_models": ["a100"],
@@ -64,7 +64,7 @@ def task_gpus(hub, user: str) -> set[str]:
     container = client.containers.get(tasks[0]["Status"]["ContainerStatus"]["ContainerID"])
     values = {v for k, v in process_environ(container) if k == "DOCKER_RESOURCE_NVIDIA-GPU"}
     assert len(values) == 1, f"{user}: DOCKER_RESOURCE_NVIDIA-GPU missing or ambiguous: {values}"
-    assigned = {r["NamedResourceSpec"]["Value"] for r in tasks[0].get("AssignedGenericResources") or []}
+    assigned = {r["NamedResourceSpec"]["Value"] for r in tasks[0].get("GenericResources") or []}
     gpus = set(values.pop().split(","))
     assert gpus == assigned, f"{user}: the process has {gpus}, Swarm assigned {assigned}"
     return gpus
@@ -91,7 +91,7 @@ def test_three_users_two_gpus_each_on_four_then_hub_killed(swarm_hub):
 
     r = hub.spawn("carol", GPU)
     assert r.status_code == 409, r.text
-    assert "No GPU is free right now: 0 of 4 free" in r.json()["message"], r.json()["message"]
+    assert r.json()["message"] == "No NVIDIA A100-SXM4-80GB is free right now: 0 of 4 free. Try again later."
     assert hub.user("carol")["servers"] == {}
     assert services(hub) == [f"{hub.prefix}-alice", f"{hub.prefix}-bob"]
 
