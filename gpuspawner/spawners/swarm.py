@@ -209,6 +209,17 @@ class GPUSwarmSpawner(GPUDockerSpawner, SwarmSpawner):
             self.port = random_port()  # every server shares the node's network: a port of its own
         return await super().start()
 
+    def get_state(self) -> dict:
+        state = super().get_state()
+        if self.network_name == "host" and self.object_id:
+            state["host_port"] = self.port  # a restarted hub asks the server there (get_url)
+        return state
+
+    def load_state(self, state: dict) -> None:
+        super().load_state(state)
+        if state.get("host_port"):
+            self.port = int(state["host_port"])
+
     async def get_ip_and_port(self):
         if self.network_name == "host":
             return self.host_ip, self.port

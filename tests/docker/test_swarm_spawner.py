@@ -103,6 +103,8 @@ def test_three_users_two_gpus_each_on_four_then_hub_killed(swarm_hub):
     assert r.status_code == 409, r.text
     assert task_gpus(hub, "alice") == alice and task_gpus(hub, "bob") == bob
 
+    for user in ("alice", "bob"):  # the restarted hub checks the servers it finds before they can be stopped
+        assert hub.wait_ready(user, timeout=300)["pending"] is None
     hub.stop_server("alice")
     assert services(hub) == [f"{hub.prefix}-bob"]
     carol = start(hub, "carol")
