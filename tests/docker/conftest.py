@@ -97,3 +97,27 @@ PROFILES = [
     {"slug": "gpu", "display_name": "GPU notebook", "gpu_models": ["any"],
      "gpu_counts": [1, 2, 4], "default_gpus": 1, "default": True},
 ]
+
+
+@pytest.fixture(scope="session")
+def swarm_engine(fakenvml_libdir):
+    """A second private dockerd, a one-node swarm on loopback whose node advertises 4 A100s
+    as generic resources ``NVIDIA-GPU=GPU-<uuid>`` (its own engine: the other Docker tests'
+    engine changes its GPUs per test, a node's generic resources are fixed when dockerd starts)."""
+    from gpuspawner.simulation import simulated_devices
+
+    reason = unavailable_reason()
+    if reason:
+        missing(f"no Docker engine can run here: {reason}")
+    config = {**gpu_config(4), "devices": simulated_devices(a100=4, t4=0)}
+    args = [a for d in config["devices"] for a in ("--node-generic-resource", f"NVIDIA-GPU={d['uuid']}")]
+    eng = Engine(args)
+    try:
+        eng.start()
+        fakenvml.write_config(eng.gpus_path, config)
+        eng.init_swarm(config["devices"][0]["name"])
+        eng.build_image()
+        eng.gpu_config = config
+        yield eng
+    finally:
+        eng.stop()

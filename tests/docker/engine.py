@@ -71,7 +71,8 @@ def _free_subnet() -> ipaddress.IPv4Network:
 class Engine:
     """One private dockerd and its bridge network."""
 
-    def __init__(self) -> None:
+    def __init__(self, extra_args: list[str] | tuple[str, ...] = ()) -> None:
+        self.extra_args = list(extra_args)  # more dockerd flags (e.g. --node-generic-resource)
         self.dir = Path(tempfile.mkdtemp(prefix="gsd-", dir="/tmp"))  # short: socket paths are limited
         self.socket = self.dir / "docker.sock"
         self.url = f"unix://{self.socket}"
@@ -99,6 +100,7 @@ class Engine:
                 "-H", self.url,
                 "--pidfile", str(self.pidfile),
                 "--bridge=none", "--iptables=false", "--ip-masq=false", "--ip-forward=false",
+                *self.extra_args,
             ],
             env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
         )
@@ -123,6 +125,16 @@ class Engine:
             options={"com.docker.network.bridge.name": self.network[:15]},
         )
         return self
+
+    def init_swarm(self, model: str) -> None:
+        """Make this engine a one-node swarm on loopback whose node label names its GPUs' model."""
+        from gpuspawner.spawners.swarm_objects import MODEL_LABEL
+
+        self.client.swarm.init(advertise_addr="127.0.0.1", listen_addr="127.0.0.1:0")
+        node = self.client.nodes.list()[0]
+        spec = dict(node.attrs["Spec"])
+        spec["Labels"] = {**(spec.get("Labels") or {}), MODEL_LABEL: model}
+        node.update(spec)
 
     def env(self) -> dict[str, str]:
         """Variables that point docker clients (and DockerSpawner) at this engine."""

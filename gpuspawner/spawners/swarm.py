@@ -1,0 +1,226 @@
+"""``gpu-swarm``: each user's server is a Swarm service that reserves its GPUs.
+
+:class:`GPUDockerSpawner`'s behaviour (form, checks, CUDA check, errors,
+reconciliation, stop) on DockerSpawner's :class:`~dockerspawner.SwarmSpawner`.
+What differs is who picks the GPUs: every Swarm node advertises its GPUs as
+named generic resources (``NVIDIA-GPU=GPU-<uuid>``) and its model as the node
+label ``org.gpuspawner.gpu-model``; a server becomes a service reserving
+``NVIDIA-GPU=N`` and constrained to nodes of the chosen model, and Swarm hands
+the task its own GPUs in ``DOCKER_RESOURCE_NVIDIA-GPU`` (which the NVIDIA
+runtime maps to the visible devices with ``swarm-resource`` in its config).
+
+The hub's inventory is the nodes' generic resources; the ledger holds the GPUs
+Swarm assigned to this hub's live tasks (read from the tasks, so it survives a
+hub restart: the services carry the owner in their labels). Between placing
+and Swarm's assignment the ledger holds the hub's own pick of that model, so
+counts stay right; once the task is assigned it holds Swarm's.
+"""
+
+from __future__ import annotations
+
+from dockerspawner import SwarmSpawner
+from jupyterhub.utils import random_port
+from traitlets import Unicode
+
+from ..inventory import InventoryReading
+from .docker import GPUDockerSpawner
+from .docker_objects import GPUS, HUB, allocation_labels, reconcile
+from .swarm_objects import (
+    MODEL_LABEL,
+    add_gpu_reservation,
+    as_container,
+    node_gpus,
+    task_gpus,
+    waiting_words,
+)
+
+
+class SwarmInventory:
+    """The GPUs the swarm's ready nodes advertise (an inventory source, read in a thread)."""
+
+    def __init__(self, client, label: str = MODEL_LABEL) -> None:
+        self.client = client
+        self.label = label
+
+    def read(self) -> InventoryReading:
+        try:
+            nodes = self.client.nodes()
+        except Exception as e:  # the form still renders and says so
+            return InventoryReading(problems=(f"Swarm nodes cannot be listed: {e}",))
+        return InventoryReading(gpus=node_gpus(nodes, self.label))
+
+
+class GPUSwarmSpawner(GPUDockerSpawner, SwarmSpawner):
+    """SwarmSpawner whose services reserve ``NVIDIA-GPU=N`` of the chosen model."""
+
+    gpu_model_label = Unicode(
+        MODEL_LABEL,
+        help="""
+        The Swarm node label that names the model of the node's GPUs, as NVML names it
+        (``docker node update --label-add org.gpuspawner.gpu-model="NVIDIA A100 80GB PCIe"``).
+        A service asking for GPUs is constrained to nodes whose label is that model.
+        """,
+    ).tag(config=True)
+
+    honours_interconnect = False  # Swarm picks the GPUs
+
+    @property
+    def hub_state(self):
+        state = GPUDockerSpawner.hub_state.fget(self)
+        if not isinstance(state.inventory.source, SwarmInventory):
+            state.inventory.source = SwarmInventory(self.client, self.gpu_model_label)
+            state.inventory.invalidate()
+        return state
+
+    @hub_state.setter
+    def hub_state(self, state) -> None:
+        GPUDockerSpawner.hub_state.fset(self, state)
+
+    # ------------------------------------------------------------ the service
+
+    def get_env(self):
+        env = super().get_env()
+        if self.gpu_allocation:
+            # Swarm, not the hub, picks the GPUs: the task gets them in DOCKER_RESOURCE_NVIDIA-GPU
+            env.pop("NVIDIA_VISIBLE_DEVICES", None)
+        return env
+
+    def docker(self, method, *args, **kwargs):
+        """DockerSpawner's Docker call (in its worker thread), with the GPU reservation on create."""
+        if method == "create_service":
+            gpus = self.gpu_allocation
+            labels = allocation_labels(self.gpu_hub_id, self.gpu_owner, gpus)
+            labels.pop(GPUS, None)  # Swarm picks them: read from the task
+            kwargs["labels"] = {**(kwargs.get("labels") or {}), **labels}
+            kwargs["task_template"] = add_gpu_reservation(
+                kwargs["task_template"], len(gpus), gpus[0].name if gpus else None, self.gpu_model_label
+            )
+        return super().docker(method, *args, **kwargs)
+
+    async def _bind_cpus(self):
+        return None  # the node is Swarm's choice: its CPUs are not known here
+
+    # ------------------------------------------------------------ reconciliation
+
+    async def reconcile_allocations(self) -> None:
+        """Make the ledger hold exactly the GPUs Swarm assigned to this hub's live tasks."""
+        services = await self.docker("services", filters={"label": f"{HUB}={self.gpu_hub_id}"})
+        containers = []
+        for service in services:
+            tasks = await self.docker("tasks", filters={"service": service["ID"], "desired-state": "running"})
+            task = tasks[0] if tasks else None
+            containers.append(as_container(service, task, (service.get("Spec") or {}).get("Labels") or {}, GPUS))
+        ledger = self.ledger
+        before = ledger.allocations()
+        plan = reconcile(self.gpu_hub_id, containers, before)
+        for sentence in plan.conflicts:
+            self.log.error("gpu-swarm: %s", sentence)
+        for owner in before:
+            ledger.release(owner)
+        for owner, uuids in plan.holdings.items():
+            ledger.adopt(owner, uuids)
+        reading = await self.inventory.read()
+        known = {g.uuid: g for g in reading.gpus}
+        self.hub_state.found = {
+            owner: tuple(known[u] for u in plan.holdings.get(owner, ()) if u in known)
+            for owner in plan.allocations
+        }
+        self.log.info(
+            "gpu-swarm: ledger rebuilt from %d labelled service(s): %d server(s) hold %d GPU(s)",
+            len(services), len(plan.holdings), sum(len(u) for u in plan.holdings.values()),
+        )
+
+    # ------------------------------------------------------------ lifecycle
+
+    async def _remove_leftover(self) -> None:
+        obj = await self.get_object()
+        self._absent = True
+        if obj is None:
+            return
+        self.log.warning("%s: removing leftover service %s before placing GPUs", self._log_name, self.service_name)
+        await self.docker("remove_service", obj["ID"])
+        self.object_id = ""
+
+    async def _remove_failed_container(self) -> None:
+        if not self.object_id:
+            return
+        try:
+            await self.docker("remove_service", self.object_id)
+            self.log.info("%s: removed service %s of the failed start", self._log_name, self.service_name)
+        except Exception as e:
+            self.log.error("%s: could not remove service %s: %s", self._log_name, self.service_name, e)
+            return
+        self.object_id = ""
+
+    async def create_object(self):
+        gpus = len(self.gpu_allocation)
+        what = f"{gpus} {self.gpu_allocation[0].name} GPU(s)" if gpus else "no GPU"
+        self.gpu_event(f"Creating Swarm service {self.service_name} from {self.image} reserving {what}", 50)
+        return await SwarmSpawner.create_object(self)
+
+    async def get_task(self):
+        task = await super().get_task()
+        if task is not None and self.gpu_allocation and getattr(self, "_spawn_pending", False):
+            self._report_task(task)
+        return task
+
+    def _report_task(self, task) -> None:
+        model = self.gpu_allocation[0].name
+        words = waiting_words(task, len(self.gpu_allocation), model)
+        if words and words != getattr(self, "_last_wait", None):
+            self._last_wait = words
+            self.gpu_event(words, 55)
+        assigned = task_gpus(task)
+        if assigned and set(assigned) != set(self.gpu_uuids):
+            self._take_assigned(assigned)
+
+    def _take_assigned(self, assigned: tuple[str, ...]) -> None:
+        """Hold the GPUs Swarm gave the task instead of the hub's pick of the same model."""
+        reading = self.inventory.last_reading()
+        known = {g.uuid: g for g in (reading.gpus if reading else ())}
+        picked = self.gpu_uuids
+        self.ledger.release(self.gpu_owner)
+        refused = self.ledger.adopt(self.gpu_owner, assigned)
+        for uuid in refused:
+            # another server in flight holds the hub's pick that Swarm gave here: it gets ours
+            other = self.ledger.holder(uuid)
+            if other is None:
+                continue
+            theirs = [u for u in self.ledger.release(other) if u != uuid]
+            spare = [u for u in picked if u not in assigned and u not in theirs]
+            self.ledger.adopt(other, theirs + spare[:1])
+            self.ledger.adopt(self.gpu_owner, [uuid])
+        self.gpu_allocation = tuple(known[u] for u in assigned if u in known)
+        self.save_state()
+        names = ", ".join(assigned)
+        self.gpu_event(f"Swarm assigned GPU(s) {names}", 65)
+
+    async def start_object(self):
+        self.gpu_event(f"Waiting for Swarm to start service {self.service_name}", 60)
+        await SwarmSpawner.start_object(self)
+        task = await SwarmSpawner.get_task(self)
+        if task is not None:
+            assigned = task_gpus(task)
+            if assigned and set(assigned) != set(self.gpu_uuids):
+                self._take_assigned(assigned)
+
+    async def start(self):
+        if self.network_name == "host":
+            self.port = random_port()  # every server shares the node's network: a port of its own
+        return await super().start()
+
+    def get_state(self) -> dict:
+        state = super().get_state()
+        if self.network_name == "host" and self.object_id:
+            state["host_port"] = self.port  # a restarted hub asks the server there (get_url)
+        return state
+
+    def load_state(self, state: dict) -> None:
+        super().load_state(state)
+        if state.get("host_port"):
+            self.port = int(state["host_port"])
+
+    async def get_ip_and_port(self):
+        if self.network_name == "host":
+            return self.host_ip, self.port
+        return await SwarmSpawner.get_ip_and_port(self)

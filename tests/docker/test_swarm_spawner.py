@@ -1,0 +1,113 @@
+"""gpu-swarm on a real one-node Docker swarm: services reserve GPUs Swarm assigns.
+
+The swarm is a second private dockerd (see conftest's ``swarm_engine``) whose
+node advertises 4 A100s as generic resources ``NVIDIA-GPU=GPU-<uuid>`` and
+names their model in its label. A server's GPUs are read where a user's code
+meets them: ``DOCKER_RESOURCE_NVIDIA-GPU`` in its task's first process.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+
+import pytest
+
+import fakenvml
+from dockerhub import free_in_form
+from engine import process_environ
+
+pytestmark = pytest.mark.docker
+
+GPU = {"profile": "gpu", "gpus": 2, "gpu_model": "a100-sxm4-80gb"}
+PROFILES = [
+    {"slug": "cpu", "display_name": "CPU only", "gpu_counts": [0]},
+    {"slug": "gpu", "display_name": "GPU notebook", "gpu_models": ["a100"],
+     "gpu_counts": [1, 2, 4], "default_gpus": 1, "default": True},
+]
+
+
+@pytest.fixture
+def swarm_hub(swarm_engine, tmp_path, fakenvml_libdir):
+    from dockerhub import DockerHub
+
+    libdir = swarm_engine.dir / "fakenvml"
+    libdir.mkdir(mode=0o755, exist_ok=True)
+    shutil.copy(fakenvml_libdir / fakenvml.LIBRARY_NAME, libdir / fakenvml.LIBRARY_NAME)
+    hub = DockerHub(
+        tmp_path / "hub", swarm_engine, fakenvml.env(fakenvml_libdir, swarm_engine.gpus_path), libdir,
+        PROFILES, spawner_class="gpuspawner.spawners.swarm.GPUSwarmSpawner", check_cuda=False,
+    )
+    hub.settings["network"] = "host"  # tasks share the node's network; each server gets its own port
+    hub.env["GPUSPAWNER_TEST_HUB"] = json.dumps(hub.settings)
+    hub.start()
+    try:
+        yield hub
+    finally:
+        hub.close()
+        for service in swarm_engine.client.services.list():
+            if service.name.startswith(hub.prefix + "-"):
+                service.remove()
+
+
+def services(hub) -> list[str]:
+    return sorted(s.name for s in hub.engine.client.services.list() if s.name.startswith(hub.prefix + "-"))
+
+
+def task_gpus(hub, user: str) -> set[str]:
+    """DOCKER_RESOURCE_NVIDIA-GPU in the first process of the user's running task."""
+    client = hub.engine.client
+    service = client.services.get(f"{hub.prefix}-{user}")
+    tasks = [t for t in service.tasks(filters={"desired-state": "running"}) if t["Status"]["State"] == "running"]
+    assert len(tasks) == 1, tasks
+    container = client.containers.get(tasks[0]["Status"]["ContainerStatus"]["ContainerID"])
+    values = {v for k, v in process_environ(container) if k == "DOCKER_RESOURCE_NVIDIA-GPU"}
+    assert len(values) == 1, f"{user}: DOCKER_RESOURCE_NVIDIA-GPU missing or ambiguous: {values}"
+    assigned = {r["NamedResourceSpec"]["Value"] for r in tasks[0].get("GenericResources") or []}
+    gpus = set(values.pop().split(","))
+    assert gpus == assigned, f"{user}: the process has {gpus}, Swarm assigned {assigned}"
+    return gpus
+
+
+def start(hub, user: str, options=GPU) -> set[str]:
+    r = hub.spawn(user, options)
+    assert r.status_code in (201, 202), f"{r.status_code} {r.text}\n{hub.log()}"
+    hub.wait_ready(user, timeout=300)
+    return task_gpus(hub, user)
+
+
+def test_three_users_two_gpus_each_on_four_then_hub_killed(swarm_hub):
+    hub = swarm_hub
+    uuids = {d["uuid"] for d in hub.engine.gpu_config["devices"]}
+    hub.add_users("alice", "bob", "carol")
+    assert free_in_form(hub) == (4, 4)
+
+    alice = start(hub, "alice")
+    bob = start(hub, "bob")
+    assert len(alice) == len(bob) == 2
+    assert alice.isdisjoint(bob) and alice | bob == uuids
+    assert free_in_form(hub) == (0, 4)
+
+    r = hub.spawn("carol", GPU)
+    assert r.status_code == 409, r.text
+    assert r.json()["message"] == "No NVIDIA A100-SXM4-80GB is free right now: 0 of 4 free. Try again later."
+    assert hub.user("carol")["servers"] == {}
+    assert services(hub) == [f"{hub.prefix}-alice", f"{hub.prefix}-bob"]
+
+    # a hub killed and started again reads the GPUs back from the services' tasks
+    hub.stop(sig=signal.SIGKILL)
+    hub.start()
+    assert free_in_form(hub) == (0, 4)
+    r = hub.spawn("carol", GPU)
+    assert r.status_code == 409, r.text
+    assert task_gpus(hub, "alice") == alice and task_gpus(hub, "bob") == bob
+
+    for user in ("alice", "bob"):  # the restarted hub checks the servers it finds before they can be stopped
+        assert hub.wait_ready(user, timeout=300)["pending"] is None
+    hub.stop_server("alice")
+    assert services(hub) == [f"{hub.prefix}-bob"]
+    carol = start(hub, "carol")
+    assert carol == alice and carol.isdisjoint(task_gpus(hub, "bob"))
+    assert free_in_form(hub) == (0, 4)
+

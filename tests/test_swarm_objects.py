@@ -1,0 +1,65 @@
+"""gpu-swarm's pure pieces: node GPUs, the service's reservation, a task's GPUs, waiting words."""
+
+from __future__ import annotations
+
+from gpuspawner.spawners.swarm_objects import (
+    MODEL_LABEL,
+    add_gpu_reservation,
+    node_gpus,
+    task_gpus,
+    waiting_words,
+)
+
+
+def node(state="ready", availability="active", model="NVIDIA A100-SXM4-80GB", uuids=("GPU-a", "GPU-b")):
+    return {
+        "ID": "n1",
+        "Status": {"State": state},
+        "Spec": {"Availability": availability, "Labels": {MODEL_LABEL: model}},
+        "Description": {"Hostname": "gpu1", "Resources": {"GenericResources": [
+            *({"NamedResourceSpec": {"Kind": "NVIDIA-GPU", "Value": u}} for u in uuids),
+            {"DiscreteResourceSpec": {"Kind": "SSD", "Value": 1}},
+        ]}},
+    }
+
+
+def test_node_gpus_come_from_ready_active_nodes_named_by_their_label():
+    gpus = node_gpus([node(), node(state="down", uuids=("GPU-x",)), node(availability="drain", uuids=("GPU-y",))])
+    assert [(g.uuid, g.name, g.host, g.index, g.model) for g in gpus] == [
+        ("GPU-a", "NVIDIA A100-SXM4-80GB", "gpu1", 0, "a100-sxm4-80gb"),
+        ("GPU-b", "NVIDIA A100-SXM4-80GB", "gpu1", 1, "a100-sxm4-80gb"),
+    ]
+
+
+def test_reservation_and_constraint_replace_configured_ones():
+    template = {"ContainerSpec": {"Image": "x"},
+                "Resources": {"Reservations": {"GenericResources": [
+                    {"DiscreteResourceSpec": {"Kind": "NVIDIA-GPU", "Value": 8}},
+                    {"DiscreteResourceSpec": {"Kind": "SSD", "Value": 1}}]}},
+                "Placement": {"Constraints": ["node.role==worker", f"node.labels.{MODEL_LABEL}==Tesla T4"]}}
+    out = add_gpu_reservation(template, 2, "NVIDIA A100-SXM4-80GB")
+    assert out["Resources"]["Reservations"]["GenericResources"] == [
+        {"DiscreteResourceSpec": {"Kind": "SSD", "Value": 1}},
+        {"DiscreteResourceSpec": {"Kind": "NVIDIA-GPU", "Value": 2}},
+    ]
+    assert out["Placement"]["Constraints"] == ["node.role==worker", f"node.labels.{MODEL_LABEL}==NVIDIA A100-SXM4-80GB"]
+    cpu = add_gpu_reservation(template, 0, None)
+    ssd = {"DiscreteResourceSpec": {"Kind": "SSD", "Value": 1}}
+    assert cpu["Resources"]["Reservations"]["GenericResources"] == [ssd]
+
+
+def test_task_gpus_and_waiting_words():
+    task = {"Status": {"State": "running"}, "GenericResources": [
+        {"NamedResourceSpec": {"Kind": "NVIDIA-GPU", "Value": "GPU-a"}},
+        {"NamedResourceSpec": {"Kind": "OTHER", "Value": "z"}}]}
+    assert task_gpus(task) == ("GPU-a",)
+    assert task_gpus({"Status": {"State": "pending"}}) == ()
+    assert waiting_words(task, 1, "A100") is None
+    pending = {"Status": {"State": "pending", "Err": "no suitable node (insufficient resources on 1 node)"}}
+    assert waiting_words(pending, 2, "NVIDIA A100-SXM4-80GB") == (
+        "Waiting for a node with 2 free NVIDIA A100-SXM4-80GB GPU(s): every such GPU is in use "
+        "(Swarm: no suitable node (insufficient resources on 1 node))"
+    )
+    err = "no suitable node (scheduling constraints not satisfied on 1 node)"
+    unplaced = {"Status": {"State": "pending", "Err": err}}
+    assert waiting_words(unplaced, 1, "Tesla T4").startswith("Waiting: no Swarm node offers Tesla T4 GPUs right now")
