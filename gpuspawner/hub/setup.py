@@ -113,30 +113,34 @@ def _recover_jobs_at_start() -> None:
     """Once the hub that loads this configuration is up, watch (or record the end of) its jobs.
 
     JupyterHub loads its configuration inside its running event loop; the hub
-    application is the JupyterHub singleton. Outside a hub (a script importing
-    the configuration) nothing is scheduled.
+    application is the JupyterHub singleton. A timer looks every 0.2 s until the
+    hub's web application exists, then asks the hub's job manager (on its
+    :class:`~gpuspawner.state.HubState`, which keeps the recovery task) to recover.
+    Outside a hub (a script importing the configuration) nothing is scheduled.
     """
+    from jupyterhub.app import JupyterHub
+
     try:
         loop = asyncio.get_running_loop()
     except RuntimeError:
         return
+    if not JupyterHub.initialized():
+        return
+    app = JupyterHub.instance()
 
-    async def recover() -> None:
-        from jupyterhub.app import JupyterHub
-
-        if not JupyterHub.initialized():
+    def when_ready() -> None:
+        if getattr(app, "tornado_application", None) is None or "users" not in app.tornado_settings:
+            loop.call_later(0.2, when_ready)
             return
-        app = JupyterHub.instance()
-        while getattr(app, "tornado_application", None) is None or "users" not in app.tornado_settings:
-            await asyncio.sleep(0.2)
-        try:
-            await jobs.job_manager(app.tornado_settings).recovered()
-        except Exception:
-            app.log.exception("gpuspawner: recovering notebook GPU jobs failed")
+        recovery = jobs.job_manager(app.tornado_settings).recovered()
+        recovery.add_done_callback(_log_failure(app))
 
-    task = loop.create_task(recover())
-    _pending.add(task)
-    task.add_done_callback(_pending.discard)
+    loop.call_soon(when_ready)
 
 
-_pending: set = set()
+def _log_failure(app):
+    def done(future) -> None:
+        if not future.cancelled() and future.exception() is not None:
+            app.log.error("gpuspawner: recovering notebook GPU jobs failed", exc_info=future.exception())
+
+    return done
