@@ -42,7 +42,9 @@ from dataclasses import dataclass
 
 from sqlalchemy import Column, Float, Index, Integer, Text, Unicode, select
 from sqlalchemy.engine import Connection
-from sqlalchemy.orm import Session, declarative_base
+from sqlalchemy.orm import Session
+
+from .db import Base
 
 __all__ = ["Allocation", "UsageRecorder", "migrate", "owner_kind", "END_REASONS", "SCHEMA_VERSION"]
 
@@ -54,9 +56,6 @@ END_REASONS = ("stopped", "culled", "failed", "crashed")
 MAX_GAP = 300.0
 #: Seconds a reason told before a stop (the culler's) stays valid for that owner's release.
 REASON_TTL = 600.0
-
-Base = declarative_base()
-
 
 class Allocation(Base):
     """One allocation: an owner holding GPUs from ``started`` to ``ended``."""

@@ -16,7 +16,9 @@ from typing import Any
 
 from sqlalchemy import Column, Float, Integer, String, Text, create_engine, select
 from sqlalchemy.engine import Engine
-from sqlalchemy.orm import DeclarativeBase, sessionmaker
+from sqlalchemy.orm import sessionmaker
+
+from ..db import Base
 
 #: job states; the first three are "active" (the job holds or waits for GPUs)
 ACTIVE = ("queued", "starting", "running")
@@ -24,11 +26,7 @@ FINISHED = ("completed", "failed", "cancelled", "timed_out")
 STATES = ACTIVE + FINISHED
 
 
-class _Base(DeclarativeBase):
-    pass
-
-
-class JobRow(_Base):
+class JobRow(Base):
     __tablename__ = "gpuspawner_jobs"
 
     id = Column(String(32), primary_key=True)
@@ -81,7 +79,7 @@ class JobStore:
 
     def __init__(self, engine: Engine) -> None:
         self._engine = engine
-        _Base.metadata.create_all(engine, tables=[JobRow.__table__])
+        JobRow.__table__.create(engine, checkfirst=True)
         self._sessions = sessionmaker(bind=engine, expire_on_commit=False)
 
     @classmethod
