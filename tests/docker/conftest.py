@@ -101,23 +101,44 @@ PROFILES = [
 
 @pytest.fixture(scope="session")
 def swarm_engine(fakenvml_libdir):
-    """A second private dockerd, a one-node swarm on loopback whose node advertises 4 A100s
-    as generic resources ``NVIDIA-GPU=GPU-<uuid>`` (its own engine: the other Docker tests'
-    engine changes its GPUs per test, a node's generic resources are fixed when dockerd starts)."""
+    """A two-node swarm of two more private dockerds on loopback, each node (its own hostname)
+    advertising 2 A100s as generic resources ``NVIDIA-GPU=GPU-<uuid>``, and the stand-in
+    ``nvidia-container-runtime`` as each node's default runtime, which gives a task the GPUs Swarm
+    assigned it (its own engines: a node's generic resources are fixed when its dockerd starts).
+
+    Yields the manager's engine; ``.nodes`` maps each node's ID to its engine, ``.gpu_config``
+    lists all 4 GPUs (each node's device file holds its own two).
+    """
+    import shutil
+
     from gpuspawner.simulation import simulated_devices
 
     reason = unavailable_reason()
     if reason:
         missing(f"no Docker engine can run here: {reason}")
-    config = {**gpu_config(4), "devices": simulated_devices(a100=4, t4=0)}
-    args = [a for d in config["devices"] for a in ("--node-generic-resource", f"NVIDIA-GPU={d['uuid']}")]
-    eng = Engine(args)
+    devices = simulated_devices(a100=4, t4=0)
+    model = devices[0]["name"]
+    engines = []
     try:
-        eng.start()
-        fakenvml.write_config(eng.gpus_path, config)
-        eng.init_swarm(config["devices"][0]["name"])
-        eng.build_image()
-        eng.gpu_config = config
-        yield eng
+        for n, (address, mine) in enumerate((("127.0.0.1", devices[:2]), ("127.0.0.2", devices[2:]))):
+            args = [a for d in mine for a in ("--node-generic-resource", f"NVIDIA-GPU={d['uuid']}")]
+            eng = Engine(args, hostname=f"gpunode-{n + 1}", nvidia_runtime=True)
+            engines.append(eng)
+            fakenvml.write_config(eng.gpus_path, {**gpu_config(2), "devices": mine})
+            libdir = eng.dir / "fakenvml"
+            libdir.mkdir(mode=0o755)
+            libdir.chmod(0o755)
+            shutil.copy(fakenvml_libdir / fakenvml.LIBRARY_NAME, libdir / fakenvml.LIBRARY_NAME)
+            eng.start()
+            if n == 0:
+                eng.init_swarm(model)
+            else:
+                eng.join_swarm(engines[0], address, model)
+            eng.build_image()
+        manager = engines[0]
+        manager.nodes = {eng.node_id(): eng for eng in engines}
+        manager.gpu_config = {**gpu_config(4), "devices": devices}
+        yield manager
     finally:
-        eng.stop()
+        for eng in reversed(engines):
+            eng.stop()

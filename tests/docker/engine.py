@@ -7,6 +7,9 @@ never meets another engine on the machine. The stand-in
 ``nvidia-container-runtime-hook`` (``tests/docker/hook/``) is first on its
 PATH, which makes dockerd register its ``nvidia`` device driver; the hook
 checks requested GPUs against the stand-in NVML device file ``gpus_path``.
+With ``nvidia_runtime=True`` the stand-in ``nvidia-container-runtime`` (same
+folder) is the default runtime, as on a Swarm GPU node; with ``hostname`` the
+engine runs in its own UTS namespace under that name (a swarm node of its own).
 
 :func:`unavailable_reason` says why no engine can run here (then tests skip, or fail in CI).
 """
@@ -18,6 +21,7 @@ import os
 import random
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -51,6 +55,12 @@ def unavailable_reason() -> str | None:
 
 
 
+def free_port(address: str) -> int:
+    with socket.socket() as s:
+        s.bind((address, 0))
+        return s.getsockname()[1]
+
+
 def _free_subnet() -> ipaddress.IPv4Network:
     """A /24 under 10.200.0.0/13 that no route of this machine uses."""
     out = subprocess.run(["ip", "-4", "route"], capture_output=True, text=True).stdout
@@ -71,8 +81,13 @@ def _free_subnet() -> ipaddress.IPv4Network:
 class Engine:
     """One private dockerd and its bridge network."""
 
-    def __init__(self, extra_args: list[str] | tuple[str, ...] = ()) -> None:
+    def __init__(
+        self, extra_args: list[str] | tuple[str, ...] = (), *, hostname: str | None = None,
+        nvidia_runtime: bool = False,
+    ) -> None:
         self.extra_args = list(extra_args)  # more dockerd flags (e.g. --node-generic-resource)
+        self.hostname = hostname  # dockerd in its own UTS namespace with this name (a swarm node's name)
+        self.nvidia_runtime = nvidia_runtime  # the stand-in nvidia-container-runtime as default runtime
         self.dir = Path(tempfile.mkdtemp(prefix="gsd-", dir="/tmp"))  # short: socket paths are limited
         self.socket = self.dir / "docker.sock"
         self.url = f"unix://{self.socket}"
@@ -89,17 +104,27 @@ class Engine:
             **os.environ,
             "PATH": f"{HOOK_DIR}:{os.environ.get('PATH', '/usr/sbin:/usr/bin:/sbin:/bin')}",
             "FAKENVML_CONFIG": str(self.gpus_path),  # what the stand-in hook checks devices against
+            "FAKENVML_LIBRARY": str(self.dir / "fakenvml" / "libnvidia-ml.so.1"),  # what the runtime mounts
         }
         env.pop("DOCKER_HOST", None)
+        runtime = []
+        if self.nvidia_runtime:
+            runtime = ["--add-runtime", f"nvidia={HOOK_DIR / 'nvidia-container-runtime'}",
+                       "--default-runtime", "nvidia"]
+        node = []
+        if self.hostname:  # unshare execs sh, which execs dockerd: the pid stays dockerd's
+            node = ["unshare", "--uts", "--", "sh", "-c", 'hostname "$0" && exec "$@"', self.hostname]
         log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
             [
+                *node,
                 "dockerd",
                 "--data-root", str(self.dir / "data"),
                 "--exec-root", str(self.dir / "exec"),
                 "-H", self.url,
                 "--pidfile", str(self.pidfile),
                 "--bridge=none", "--iptables=false", "--ip-masq=false", "--ip-forward=false",
+                *runtime,
                 *self.extra_args,
             ],
             env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
@@ -128,10 +153,32 @@ class Engine:
 
     def init_swarm(self, model: str) -> None:
         """Make this engine a one-node swarm on loopback whose node label names its GPUs' model."""
+        self.client.swarm.init(advertise_addr="127.0.0.1", listen_addr=f"127.0.0.1:{free_port('127.0.0.1')}")
+        self.label_node(model)
+
+    def join_swarm(self, manager: Engine, address: str, model: str) -> None:
+        """Join ``manager``'s swarm as a worker listening on ``address`` (another loopback address)."""
+        token = manager.client.swarm.attrs["JoinTokens"]["Worker"]
+        managers = [n.attrs["ManagerStatus"]["Addr"] for n in manager.client.nodes.list(filters={"role": "manager"})]
+        self.client.swarm.join(remote_addrs=managers, join_token=token,
+                               listen_addr=f"{address}:{free_port(address)}", advertise_addr=address)
+        self.manager = manager
+        self.label_node(model)
+
+    def node_id(self) -> str:
+        return self.client.info()["Swarm"]["NodeID"]
+
+    def label_node(self, model: str) -> None:
+        """Name this node's GPU model in its label (set through a manager) and wait until it is ready."""
         from gpuspawner.spawners.swarm_objects import MODEL_LABEL
 
-        self.client.swarm.init(advertise_addr="127.0.0.1", listen_addr="127.0.0.1:0")
-        node = self.client.nodes.list()[0]
+        manager = getattr(self, "manager", self)
+        deadline = time.monotonic() + 60
+        while True:
+            node = manager.client.nodes.get(self.node_id())
+            if node.attrs["Status"]["State"] == "ready" or time.monotonic() > deadline:
+                break
+            time.sleep(0.3)
         spec = dict(node.attrs["Spec"])
         spec["Labels"] = {**(spec.get("Labels") or {}), MODEL_LABEL: model}
         node.update(spec)

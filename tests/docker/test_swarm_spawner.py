@@ -1,9 +1,12 @@
-"""gpu-swarm on a real one-node Docker swarm: services reserve GPUs Swarm assigns.
+"""gpu-swarm on a real two-node Docker swarm: services reserve GPUs Swarm assigns.
 
-The swarm is a second private dockerd (see conftest's ``swarm_engine``) whose
-node advertises 4 A100s as generic resources ``NVIDIA-GPU=GPU-<uuid>`` and
-names their model in its label. A server's GPUs are read where a user's code
-meets them: ``DOCKER_RESOURCE_NVIDIA-GPU`` in its task's first process.
+The swarm is two more private dockerds on loopback (see conftest's
+``swarm_engine``), each node advertising 2 A100s as generic resources
+``NVIDIA-GPU=GPU-<uuid>`` and naming their model in its label, with the
+stand-in NVIDIA runtime as default runtime (``swarm-resource``). A server's
+GPUs are read where a user meets them: ``DOCKER_RESOURCE_NVIDIA-GPU`` in its
+task's first process, and the GPUs its notebook's GPU monitor shows (NVML in
+the task, through the hub's proxy).
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import shutil
 import signal
 
 import pytest
+import requests
 
 import fakenvml
 from dockerhub import free_in_form
@@ -40,6 +44,8 @@ def swarm_hub(swarm_engine, tmp_path, fakenvml_libdir):
         PROFILES, spawner_class="gpuspawner.spawners.swarm.GPUSwarmSpawner", check_cuda=False,
     )
     hub.settings["network"] = "host"  # tasks share the node's network; each server gets its own port
+    hub.settings["volumes"] = {}  # each node's runtime mounts its own driver and devices into GPU tasks
+    hub.settings["container_env"] = {}
     hub.env["GPUSPAWNER_TEST_HUB"] = json.dumps(hub.settings)
     hub.start()
     try:
@@ -55,19 +61,33 @@ def services(hub) -> list[str]:
     return sorted(s.name for s in hub.engine.client.services.list() if s.name.startswith(hub.prefix + "-"))
 
 
-def task_gpus(hub, user: str) -> set[str]:
-    """DOCKER_RESOURCE_NVIDIA-GPU in the first process of the user's running task."""
-    client = hub.engine.client
-    service = client.services.get(f"{hub.prefix}-{user}")
+def running_task(hub, user: str) -> dict:
+    service = hub.engine.client.services.get(f"{hub.prefix}-{user}")
     tasks = [t for t in service.tasks(filters={"desired-state": "running"}) if t["Status"]["State"] == "running"]
     assert len(tasks) == 1, tasks
-    container = client.containers.get(tasks[0]["Status"]["ContainerStatus"]["ContainerID"])
+    return tasks[0]
+
+
+def task_gpus(hub, user: str) -> set[str]:
+    """The user's GPUs: DOCKER_RESOURCE_NVIDIA-GPU in the first process of their running task,
+    checked against what Swarm assigned and what the notebook's GPU monitor shows."""
+    task = running_task(hub, user)
+    node = hub.engine.nodes[task["NodeID"]]
+    container = node.client.containers.get(task["Status"]["ContainerStatus"]["ContainerID"])
     values = {v for k, v in process_environ(container) if k == "DOCKER_RESOURCE_NVIDIA-GPU"}
     assert len(values) == 1, f"{user}: DOCKER_RESOURCE_NVIDIA-GPU missing or ambiguous: {values}"
-    assigned = {r["NamedResourceSpec"]["Value"] for r in tasks[0].get("GenericResources") or []}
+    assigned = {r["NamedResourceSpec"]["Value"] for r in task.get("GenericResources") or []}
     gpus = set(values.pop().split(","))
     assert gpus == assigned, f"{user}: the process has {gpus}, Swarm assigned {assigned}"
+    r = requests.get(f"{hub.url}/user/{user}/api/gpus", headers={"Authorization": f"token {hub.token}"}, timeout=60)
+    assert r.status_code == 200, r.text
+    shown = {g["uuid"] for g in r.json()["gpus"]}
+    assert shown == gpus, f"{user}: the GPU monitor shows {shown}, the task was given {gpus}"
     return gpus
+
+
+def node_of(hub, user: str) -> str:
+    return hub.engine.client.nodes.get(running_task(hub, user)["NodeID"]).attrs["Description"]["Hostname"]
 
 
 def start(hub, user: str, options=GPU) -> set[str]:
@@ -87,6 +107,7 @@ def test_three_users_two_gpus_each_on_four_then_hub_killed(swarm_hub):
     bob = start(hub, "bob")
     assert len(alice) == len(bob) == 2
     assert alice.isdisjoint(bob) and alice | bob == uuids
+    assert {node_of(hub, "alice"), node_of(hub, "bob")} == {"gpunode-1", "gpunode-2"}  # 2 GPUs per node
     assert free_in_form(hub) == (0, 4)
 
     r = hub.spawn("carol", GPU)
