@@ -18,6 +18,9 @@ counts stay right; once the task is assigned it holds Swarm's.
 
 from __future__ import annotations
 
+import asyncio
+import time
+
 from dockerspawner import SwarmSpawner
 from jupyterhub.utils import random_port
 from traitlets import Unicode
@@ -26,6 +29,7 @@ from ..inventory import InventoryReading
 from .docker import GPUDockerSpawner
 from .docker_objects import GPUS, HUB, allocation_labels, reconcile
 from .swarm_objects import (
+    LIVE_STATES,
     MODEL_LABEL,
     add_gpu_reservation,
     as_container,
@@ -33,6 +37,9 @@ from .swarm_objects import (
     task_gpus,
     waiting_words,
 )
+
+#: seconds stop() waits for Swarm to shut a removed service's task down (and free its GPUs)
+TASK_SHUTDOWN_WAIT = 60
 
 
 class SwarmInventory:
@@ -151,6 +158,27 @@ class GPUSwarmSpawner(GPUDockerSpawner, SwarmSpawner):
             self.log.error("%s: could not remove service %s: %s", self._log_name, self.service_name, e)
             return
         self.object_id = ""
+
+    async def remove_object(self):
+        """Remove the service, then wait until Swarm has shut its task down.
+
+        Swarm frees a task's generic resources only once the task is down; the GPUs
+        go back to the hub's ledger after that, so the next server placed on them is
+        not left pending on "insufficient resources".
+        """
+        tasks = await self.docker("tasks", filters={"service": self.object_id})
+        await SwarmSpawner.remove_object(self)
+        ids = [t["ID"] for t in tasks if (t.get("Status") or {}).get("State") in LIVE_STATES]
+        deadline = time.monotonic() + TASK_SHUTDOWN_WAIT
+        while ids:  # (a removed service's tasks are found by their own IDs only)
+            tasks = await self.docker("tasks", filters={"id": ids})
+            ids = [t["ID"] for t in tasks if (t.get("Status") or {}).get("State") in LIVE_STATES]
+            if ids and time.monotonic() > deadline:
+                self.log.warning("%s: the task of removed service %s is still live after %d s",
+                                 self._log_name, self.service_name, TASK_SHUTDOWN_WAIT)
+                return
+            if ids:
+                await asyncio.sleep(0.2)
 
     async def create_object(self):
         gpus = len(self.gpu_allocation)

@@ -29,7 +29,10 @@ PROFILES = [
     {"slug": "cpu", "display_name": "CPU only", "gpu_counts": [0]},
     {"slug": "gpu", "display_name": "GPU notebook", "gpu_models": ["a100"],
      "gpu_counts": [1, 2, 4], "default_gpus": 1, "default": True},
+    {"slug": "queued", "display_name": "GPU notebook, waits its turn", "gpu_models": ["a100"],
+     "gpu_counts": [2], "default_gpus": 2, "queue": True},
 ]
+QUEUED = {"profile": "queued", "gpus": 2, "gpu_model": "a100-sxm4-80gb"}
 
 
 @pytest.fixture
@@ -132,3 +135,51 @@ def test_three_users_two_gpus_each_on_four_then_hub_killed(swarm_hub):
     assert carol == alice and carol.isdisjoint(task_gpus(hub, "bob"))
     assert free_in_form(hub) == (0, 4)
 
+
+
+def test_two_gpus_split_over_nodes_are_refused_then_a_queued_request_waits_for_a_whole_node(swarm_hub):
+    hub = swarm_hub
+    hub.add_users("alice", "bob", "carol")
+    one = {**GPU, "gpus": 1}
+    alice, bob = start(hub, "alice", one), start(hub, "bob", one)
+    alice_node = running_task(hub, "alice")["NodeID"]
+    # Swarm spreads tasks over nodes: one free A100 is left on each
+    assert alice_node != running_task(hub, "bob")["NodeID"], "Swarm placed both 1-GPU servers on one node"
+    assert free_in_form(hub) == (2, 4)
+
+    r = hub.spawn("carol", GPU)  # 2 free in all, but not on one node: Swarm could never place it
+    assert r.status_code == 409, r.text
+    assert r.json()["message"].startswith(
+        "2 x NVIDIA A100-SXM4-80GB were requested but at most 1 is free on one machine (2 of 4 free in all)."
+    ), r.text
+    assert hub.user("carol")["servers"] == {} and services(hub) == [f"{hub.prefix}-alice", f"{hub.prefix}-bob"]
+
+    r = hub.spawn("carol", QUEUED)
+    assert r.status_code in (201, 202) and hub.user("carol")["servers"][""]["pending"] == "spawn", r.text
+    messages, ready, stopped = [], False, False
+    with hub.api("GET", "/users/carol/server/progress", stream=True) as stream:
+        for line in stream.iter_lines(decode_unicode=True):
+            if not line.startswith("data:"):
+                continue
+            event = json.loads(line[5:])
+            messages.append(event.get("message", ""))
+            if not stopped and "in the queue" in messages[-1]:
+                assert services(hub) == [f"{hub.prefix}-alice", f"{hub.prefix}-bob"]  # nothing made while waiting
+                hub.stop_server("alice", timeout=120)
+                stopped = True
+            if event.get("ready") or event.get("failed"):
+                ready = bool(event.get("ready"))
+                break
+    text = "\n".join(messages)
+    assert ready and stopped, text
+    assert "Waiting for a free GPU: number 1 in the queue" in text, text
+    node = hub.engine.nodes[alice_node]
+    assert f"Reserved 2 GPU(s) on {node.hostname}" in text and f"Creating Swarm service {hub.prefix}-carol" in text
+    # alice's GPUs went back to the hub only once Swarm had shut her task down: carol's never waits on Swarm
+    assert "insufficient resources" not in text, text
+
+    node_gpus = {d["uuid"] for d in json.loads(node.gpus_path.read_text())["devices"]}
+    carol = task_gpus(hub, "carol")
+    assert alice < carol == node_gpus and carol.isdisjoint(task_gpus(hub, "bob"))
+    assert running_task(hub, "carol")["NodeID"] == alice_node
+    assert free_in_form(hub) == (1, 4)
