@@ -1,0 +1,246 @@
+"""What gpu-swarm costs on a real one-node Docker swarm: ``.venv/bin/python benchmarks/spawn_swarm.py``.
+
+Starts a private dockerd whose node advertises 4 stand-in A100s as generic
+resources ``NVIDIA-GPU=GPU-<uuid>`` and names their model in its node label, as
+the Swarm tests do (tests/docker/conftest.py ``swarm_engine``), builds or loads
+the single-user image, and prints figures only (asserts nothing about timing):
+
+spawn-to-ready, median over ``--rounds`` spawns each, of gpu-swarm (1 GPU of the
+A100 profile) and of DockerSpawner's plain ``SwarmSpawner`` with the same generic
+resource request (a service reserving ``NVIDIA-GPU=1``, constrained to nodes
+labelled with that model), on the same engine and image, interleaved (who goes
+first rotates every round; round 0 warms both up and is not counted), and the
+ratio of gpu-swarm to plain (goal: 1.05 or less). Both hubs' tasks use the
+node's ``host`` network: plain SwarmSpawner configured as dockerspawner
+documents for host networking (``get_ip_and_port`` overridden to answer
+``self.host_ip, self.port``, in the hub's config; one fixed port, free when the
+benchmark starts, since one server runs at a time), gpu-swarm with a port of
+its own per server. A spawn is timed from the REST POST until the Jupyter server
+in the task answers (``/user/NAME/api`` at 127.0.0.1 and the port the service's
+``JUPYTERHUB_SERVICE_URL`` names, polled every 20 ms), and until the hub marks
+it ready (polled at 20 ms once the server answers; the hub's own check backs off with random jitter and
+SwarmSpawner waits for the task with a 1 s backoff, so that figure is coarser).
+Between spawns each stopped service's task containers are waited out, untimed.
+
+Needs root (dockerd), docker.io and mmdebstrap (scripts/setup installs them).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import requests
+
+ROOT = Path(__file__).resolve().parent.parent
+# the test helpers (as pytest's pythonpath in pyproject.toml has them) and this checkout's gpuspawner
+sys.path[:0] = [str(ROOT / "tests" / d) for d in ("", "integration", "docker")] + [str(ROOT)]
+
+import fakenvml  # noqa: E402
+from dockerhub import DockerHub  # noqa: E402
+from engine import Engine, gpu_config, unavailable_reason  # noqa: E402  (tests/docker/engine.py)
+from gpuspawner.simulation import simulated_devices  # noqa: E402
+from gpuspawner.spawners.swarm_objects import MODEL_LABEL, RESOURCE_KIND  # noqa: E402
+from hub import free_port  # noqa: E402
+
+PROFILES = [{"slug": "gpu", "display_name": "GPU notebook", "gpu_models": ["a100"], "gpu_counts": [1],
+             "default_gpus": 1, "default": True}]
+GPU_BODY = {"profile": "gpu", "gpus": 1, "gpu_model": "a100-sxm4-80gb"}
+
+# Plain SwarmSpawner on the host network, as its get_ip_and_port docstring says to configure it,
+# with the service reserving the same generic resource on nodes of the same model as gpu-swarm's.
+PLAIN_CONFIG = f"""
+from dockerspawner import SwarmSpawner
+
+
+class HostNetworkSwarmSpawner(SwarmSpawner):
+    async def get_ip_and_port(self):
+        return self.host_ip, self.port
+
+
+c.JupyterHub.spawner_class = HostNetworkSwarmSpawner
+c.SwarmSpawner.port = settings["plain_port"]
+c.SwarmSpawner.extra_resources_spec = {{"generic_resources": {{"{RESOURCE_KIND}": 1}}}}
+c.SwarmSpawner.extra_placement_spec = {{"constraints": ["node.labels.{MODEL_LABEL}==" + settings["gpu_model"]]}}
+"""
+
+
+def machine() -> str:
+    load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
+    return (f"# {platform.node()}, {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, "
+            f"Python {platform.python_version()}; load average {load}")
+
+
+def service_port(hub: DockerHub, name: str) -> int | None:
+    """The port the user's service tells its server to listen on (its JUPYTERHUB_SERVICE_URL)."""
+    service_name = f"{hub.prefix}-{name}"
+    for service in hub.engine.client.services.list(filters={"name": service_name}):
+        spec = service.attrs["Spec"]
+        if spec["Name"] != service_name:
+            continue
+        for entry in spec["TaskTemplate"]["ContainerSpec"].get("Env") or []:
+            key, _, value = entry.partition("=")
+            if key == "JUPYTERHUB_SERVICE_URL":
+                return int(value.split("://", 1)[1].split("/", 1)[0].rsplit(":", 1)[1])
+    return None
+
+
+def service_request(hub: DockerHub, name: str) -> str:
+    """What the user's service reserves and where it may run, in words (the same for both, or unfair)."""
+    spec = hub.engine.client.services.get(f"{hub.prefix}-{name}").attrs["Spec"]["TaskTemplate"]
+    reserved = [f"{r['DiscreteResourceSpec']['Kind']}={r['DiscreteResourceSpec']['Value']}"
+                for r in (spec.get("Resources") or {}).get("Reservations", {}).get("GenericResources") or []
+                if "DiscreteResourceSpec" in r]
+    networks = [hub.engine.client.networks.get(n["Target"]).name for n in spec.get("Networks") or []]
+    constraints = (spec.get("Placement") or {}).get("Constraints") or []
+    return f"reserves {', '.join(reserved) or 'nothing'}; constraints {constraints}; networks {networks}"
+
+
+def timed_spawn(hub: DockerHub, name: str, body) -> tuple[float, float]:
+    """Seconds from the POST until (the server in the task answers, the hub says ready)."""
+    t0 = time.perf_counter()
+    r = hub.spawn(name, body)
+    if r.status_code not in (201, 202):
+        raise RuntimeError(f"{name}: {r.status_code} {r.text}\n{hub.log()}")
+    answered = ready = None
+    url = None
+    deadline = time.monotonic() + 300
+    while (answered is None or ready is None) and time.monotonic() < deadline:
+        if answered is None:
+            if url is None:
+                port = service_port(hub, name)
+                url = f"http://127.0.0.1:{port}/user/{name}/api" if port else None
+            if url:
+                try:
+                    if requests.get(url, timeout=1).status_code == 200:
+                        answered = time.perf_counter() - t0
+                except requests.RequestException:
+                    pass
+        if ready is None and answered is not None:
+            server = hub.user(name)["servers"].get("")
+            if server and server.get("ready"):
+                ready = time.perf_counter() - t0
+        time.sleep(0.02)
+    if answered is None or ready is None:
+        raise RuntimeError(f"{name} not ready:\n{hub.log()}")
+    return answered, ready
+
+
+def wait_tasks_gone(hub: DockerHub, name: str, timeout: float = 120) -> None:
+    """Wait until the stopped service's task containers are gone (its port is free again)."""
+    label = f"com.docker.swarm.service.name={hub.prefix}-{name}"
+    deadline = time.monotonic() + timeout
+    while hub.engine.containers(label=label):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{name}'s task containers still there after {timeout}s")
+        time.sleep(0.2)
+
+
+def spawn_to_ready(hubs: dict[str, DockerHub], rounds: int) -> tuple[dict[str, list[float]], dict[str, str]]:
+    times: dict[str, list[float]] = {}
+    requests_made: dict[str, str] = {}
+    for n in range(rounds + 1):  # round 0 warms both up and is not counted
+        name = f"r{n:02d}"
+        order = list(hubs.items())
+        order = order[n % len(order):] + order[:n % len(order)]  # rotate who goes first
+        for key, hub in order:
+            hub.add_users(name)
+            body = GPU_BODY if key == "gpu" else ""
+            answered, ready = timed_spawn(hub, name, body)
+            if not n:
+                requests_made[key] = service_request(hub, name)
+            if n:
+                times.setdefault(key, []).append(answered)
+                times.setdefault(key + "_hub", []).append(ready)
+            hub.stop_server(name, timeout=120)
+            wait_tasks_gone(hub, name)
+    return times, requests_made
+
+
+def remove_services(engine: Engine, prefix: str) -> None:
+    for service in engine.client.services.list():
+        if service.name.startswith(prefix + "-"):
+            try:
+                service.remove()
+            except Exception:
+                pass
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=10, help="timed spawns per spawner (default 10)")
+    args = parser.parse_args()
+    reason = unavailable_reason()
+    if reason:
+        print(f"cannot run: {reason}")
+        return 1
+    print(machine())
+    work = Path(tempfile.mkdtemp(prefix="bench-swarm-"))
+    config = {**gpu_config(4), "devices": simulated_devices(a100=4, t4=0)}
+    model = config["devices"][0]["name"]
+    engine = Engine([a for d in config["devices"] for a in ("--node-generic-resource", f"NVIDIA-GPU={d['uuid']}")])
+    hubs: list[DockerHub] = []
+    try:
+        engine.start()
+        fakenvml.write_config(engine.gpus_path, config)
+        engine.init_swarm(model)
+        engine.build_image()
+        libdir = fakenvml.build(ROOT / "build" / "fakenvml")
+        container_libdir = engine.dir / "fakenvml"  # containers' users must read it (0755)
+        container_libdir.mkdir(mode=0o755)
+        shutil.copy(libdir / fakenvml.LIBRARY_NAME, container_libdir / fakenvml.LIBRARY_NAME)
+        (container_libdir / fakenvml.LIBRARY_NAME).chmod(0o755)
+        env = fakenvml.env(libdir, engine.gpus_path)
+
+        def hub(name: str, spawner_class: str, extra_config: str = "", **settings) -> DockerHub:
+            h = DockerHub(work / name, engine, env, container_libdir, PROFILES, spawner_class=spawner_class,
+                          slow_spawn_timeout=0)
+            hubs.append(h)
+            h.settings.update(network="host", **settings)  # tasks share the node's network
+            h.env["GPUSPAWNER_TEST_HUB"] = json.dumps(h.settings)
+            if extra_config:
+                with open(h.dir / "jupyterhub_config.py", "a") as f:
+                    f.write(extra_config)
+            h.start(timeout=120)
+            return h
+
+        spawners = {
+            "plain": hub("plain", "docker", PLAIN_CONFIG, plain_port=free_port(), gpu_model=model),
+            "gpu": hub("gpu", "gpuspawner.spawners.swarm.GPUSwarmSpawner"),
+        }
+        t, made = spawn_to_ready(spawners, args.rounds)
+        labels = {"plain": f"SwarmSpawner, {RESOURCE_KIND}=1 reserved", "gpu": "gpu-swarm, 1 GPU"}
+        print("the services (round 0):")
+        for key, label in labels.items():
+            print(f"  {label}: {made[key]}")
+        print(f"spawn-to-ready, median of {args.rounds} each (same swarm and image, host network, interleaved):")
+        for title, suffix in (("until the server in the task answers", ""),
+                              ("until the hub says ready (its checks back off)", "_hub")):
+            print(f"  {title}:")
+            for key, label in labels.items():
+                v = t[key + suffix]
+                print(f"    {label:36s} {statistics.median(v):6.3f} s (min {min(v):.3f}, max {max(v):.3f})")
+            ratio = statistics.median(t["gpu" + suffix]) / statistics.median(t["plain" + suffix])
+            print(f"    ratio gpu-swarm / SwarmSpawner with the same generic resource request: "
+                  f"{ratio:.3f} (goal <= 1.05)")
+    finally:
+        for h in hubs:
+            h.close()
+            if engine.client is not None:
+                remove_services(engine, h.prefix)
+        engine.stop()
+        shutil.rmtree(work, ignore_errors=True)
+    print(machine())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
