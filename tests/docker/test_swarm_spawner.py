@@ -142,6 +142,7 @@ def test_two_gpus_split_over_nodes_are_refused_then_a_queued_request_waits_for_a
     hub.add_users("alice", "bob", "carol")
     one = {**GPU, "gpus": 1}
     alice, bob = start(hub, "alice", one), start(hub, "bob", one)
+    assert len(alice) == len(bob) == 1 and alice.isdisjoint(bob)
     alice_node = running_task(hub, "alice")["NodeID"]
     # Swarm spreads tasks over nodes: one free A100 is left on each
     assert alice_node != running_task(hub, "bob")["NodeID"], "Swarm placed both 1-GPU servers on one node"
