@@ -23,6 +23,7 @@ both behave as jupyter-scheduler's defaults.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import urllib.error
@@ -111,9 +112,9 @@ def find_compute_type(types: list[dict], chosen: str | None) -> dict | None:
 class GPUEnvironments(CondaEnvironmentManager):
     """This server's Python environment(s), with the hub's GPU choices as compute types."""
 
-    def list_environments(self):
+    async def list_environments(self):  # awaited by jupyter-scheduler's handler
         environments = super().list_environments()
-        types = HubJobs().compute_types()
+        types = await asyncio.to_thread(HubJobs().compute_types)
         if types:
             labels = [label(t) for t in types]
             default_type = next((label(t) for t in types if t["gpus"] > 0 and t.get("fits_now")), labels[0])
@@ -209,32 +210,44 @@ class GPUScheduler(Scheduler):
             # jupyter-scheduler shows a status message as an alert: only for jobs that did not complete
             job.status_message = None if answer["state"] == "completed" else answer["reason"]
 
-    def _sync(self) -> None:
+    async def _sync(self) -> None:
+        """Bring the active jobs' states from the hub (its calls in threads, side by side)."""
         hub = self.hub
         if not hub.available:
             return
         with self.db_session() as session:
             active = session.query(Job).filter(Job.status.in_([Status.QUEUED, Status.IN_PROGRESS, Status.STOPPING,
                                                                 Status.CREATED])).all()
-            for job in active:
-                hub_id = self._hub_id(job)
-                if not hub_id:
+            ids = {job.job_id: self._hub_id(job) for job in active}
+        ids = {job_id: hub_id for job_id, hub_id in ids.items() if hub_id}
+        answers = await asyncio.gather(*(asyncio.to_thread(hub.call, "GET", f"gpu-jobs/{h}") for h in ids.values()),
+                                       return_exceptions=True)
+        with self.db_session() as session:
+            for job_id, reply in zip(ids, answers, strict=True):
+                if isinstance(reply, OSError):  # the hub out of reach: the list shows what it last knew
+                    self.log.warning("The hub's job API cannot be reached: %s", reply)
                     continue
-                code, answer = hub.call("GET", f"gpu-jobs/{hub_id}")
-                if code == 200:
+                if isinstance(reply, BaseException):
+                    raise reply
+                code, answer = reply
+                job = session.query(Job).filter(Job.job_id == job_id).one_or_none()
+                if code == 200 and job is not None:
                     self._apply(session, job, answer)
             session.commit()
 
-    def list_jobs(self, query):
-        self._sync()
+    # jupyter-scheduler's handlers await these (ensure_async): the job list's polling never
+    # waits on the hub inside the server's event loop
+
+    async def list_jobs(self, query):
+        await self._sync()
         return super().list_jobs(query)
 
-    def get_job(self, job_id: str, job_files: bool | None = True):
-        self._sync()
+    async def get_job(self, job_id: str, job_files: bool | None = True):
+        await self._sync()
         return super().get_job(job_id, job_files)
 
-    def count_jobs(self, query) -> int:
-        self._sync()
+    async def count_jobs(self, query) -> int:
+        await self._sync()
         return super().count_jobs(query)
 
     def stop_job(self, job_id: str) -> None:
