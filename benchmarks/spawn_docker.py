@@ -33,11 +33,11 @@ import time
 from collections import Counter
 from pathlib import Path
 
-import requests
-
 ROOT = Path(__file__).resolve().parent.parent
 # the test helpers (as pytest's pythonpath in pyproject.toml has them) and this checkout's gpuspawner
 sys.path[:0] = [str(ROOT / "tests" / d) for d in ("", "integration", "docker")] + [str(ROOT)]
+
+from spawn_timing import timed_spawn  # noqa: E402  (beside this script)
 
 import fakenvml  # noqa: E402
 from dockerhub import DockerHub  # noqa: E402
@@ -52,42 +52,13 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(round(q / 100 * (len(ordered) - 1))))]
 
 
-def timed_spawn(hub: DockerHub, name: str, body) -> tuple[float, float]:
-    """Seconds from the POST until (the server in the container answers, the hub says ready).
-
-    The first is polled every 20 ms at the container's own address; the second is the
-    hub's readiness (its own check backs off with jitter, so it is coarser), polled at 50 ms.
-    """
-    t0 = time.perf_counter()
-    r = hub.spawn(name, body)
-    if r.status_code not in (201, 202):
-        raise RuntimeError(f"{name}: {r.status_code} {r.text}\n{hub.log()}")
-    answered = ready = None
-    url = None
-    deadline = time.monotonic() + 300
-    while (answered is None or ready is None) and time.monotonic() < deadline:
-        if answered is None:
-            if url is None:
-                try:
-                    c = hub.container(name)
-                    ip = c.attrs["NetworkSettings"]["Networks"][hub.engine.network]["IPAddress"]
-                    url = f"http://{ip}:8888/user/{name}/api" if ip else None
-                except Exception:
-                    url = None
-            if url:
-                try:
-                    if requests.get(url, timeout=1).status_code == 200:
-                        answered = time.perf_counter() - t0
-                except requests.RequestException:
-                    pass
-        if ready is None and answered is not None:
-            server = hub.user(name)["servers"].get("")
-            if server and server.get("ready"):
-                ready = time.perf_counter() - t0
-        time.sleep(0.02)
-    if answered is None or ready is None:
-        raise RuntimeError(f"{name} not ready:\n{hub.log()}")
-    return answered, ready
+def container_url(hub: DockerHub, name: str) -> str | None:
+    try:
+        c = hub.container(name)
+        ip = c.attrs["NetworkSettings"]["Networks"][hub.engine.network]["IPAddress"]
+    except Exception:
+        return None
+    return f"http://{ip}:8888/user/{name}/api" if ip else None
 
 
 def spawn_to_ready(hubs: dict[str, DockerHub], rounds: int) -> dict[str, list[float]]:
@@ -99,7 +70,7 @@ def spawn_to_ready(hubs: dict[str, DockerHub], rounds: int) -> dict[str, list[fl
         for key, hub in order:
             hub.add_users(name)
             body = {"profile": "gpu", "gpus": 1} if key == "gpu" else ""
-            answered, ready = timed_spawn(hub, name, body)
+            answered, ready = timed_spawn(hub, name, body, lambda h=hub, n=name: container_url(h, n))
             if n:
                 times.setdefault(key, []).append(answered)
                 times.setdefault(key + "_hub", []).append(ready)

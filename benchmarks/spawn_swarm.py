@@ -38,11 +38,11 @@ import tempfile
 import time
 from pathlib import Path
 
-import requests
-
 ROOT = Path(__file__).resolve().parent.parent
 # the test helpers (as pytest's pythonpath in pyproject.toml has them) and this checkout's gpuspawner
 sys.path[:0] = [str(ROOT / "tests" / d) for d in ("", "integration", "docker")] + [str(ROOT)]
+
+from spawn_timing import timed_spawn  # noqa: E402  (beside this script)
 
 import fakenvml  # noqa: E402
 from dockerhub import DockerHub  # noqa: E402
@@ -104,34 +104,9 @@ def service_request(hub: DockerHub, name: str) -> str:
     return f"reserves {', '.join(reserved) or 'nothing'}; constraints {constraints}; networks {networks}"
 
 
-def timed_spawn(hub: DockerHub, name: str, body) -> tuple[float, float]:
-    """Seconds from the POST until (the server in the task answers, the hub says ready)."""
-    t0 = time.perf_counter()
-    r = hub.spawn(name, body)
-    if r.status_code not in (201, 202):
-        raise RuntimeError(f"{name}: {r.status_code} {r.text}\n{hub.log()}")
-    answered = ready = None
-    url = None
-    deadline = time.monotonic() + 300
-    while (answered is None or ready is None) and time.monotonic() < deadline:
-        if answered is None:
-            if url is None:
-                port = service_port(hub, name)
-                url = f"http://127.0.0.1:{port}/user/{name}/api" if port else None
-            if url:
-                try:
-                    if requests.get(url, timeout=1).status_code == 200:
-                        answered = time.perf_counter() - t0
-                except requests.RequestException:
-                    pass
-        if ready is None and answered is not None:
-            server = hub.user(name)["servers"].get("")
-            if server and server.get("ready"):
-                ready = time.perf_counter() - t0
-        time.sleep(0.02)
-    if answered is None or ready is None:
-        raise RuntimeError(f"{name} not ready:\n{hub.log()}")
-    return answered, ready
+def task_url(hub: DockerHub, name: str) -> str | None:
+    port = service_port(hub, name)
+    return f"http://127.0.0.1:{port}/user/{name}/api" if port else None
 
 
 def wait_tasks_gone(hub: DockerHub, name: str, timeout: float = 120) -> None:
@@ -154,7 +129,7 @@ def spawn_to_ready(hubs: dict[str, DockerHub], rounds: int) -> tuple[dict[str, l
         for key, hub in order:
             hub.add_users(name)
             body = GPU_BODY if key == "gpu" else ""
-            answered, ready = timed_spawn(hub, name, body)
+            answered, ready = timed_spawn(hub, name, body, lambda h=hub, n=name: task_url(h, n))
             if not n:
                 requests_made[key] = service_request(hub, name)
             if n:

@@ -188,12 +188,12 @@ class GPUDockerSpawner(GPUSpawnerMixin, DockerSpawner):
 
     # ------------------------------------------------------------ reconciliation
 
+    backend_name = "gpu-docker"  # how this backend's log lines begin
+
     async def reconcile_allocations(self) -> None:
-        """Make the ledger hold exactly what this hub's running containers hold (their labels)."""
+        """Make the ledger hold exactly what this hub's live servers hold (from the engine)."""
         try:
-            containers = await self.docker(
-                "containers", all=True, filters={"label": [f"{HUB}={self.gpu_hub_id}"]}
-            )
+            containers = await self._labelled_servers()
         except Exception as e:
             if _is_unreachable(e):
                 raise self._unreachable(e, "No GPU was reserved.") from e
@@ -202,27 +202,38 @@ class GPUDockerSpawner(GPUSpawnerMixin, DockerSpawner):
         before = ledger.allocations()
         plan = reconcile(self.gpu_hub_id, containers, before)
         for sentence in plan.conflicts:
-            self.log.error("gpu-docker: %s", sentence)
+            self.log.error("%s: %s", self.backend_name, sentence)
         # Nothing is reserved before this runs (spawns wait for it), so what the ledger
         # holds now came from saved state: replace it with what the engine says.
         for owner in before:
             ledger.release(owner)
         for owner, uuids in plan.holdings.items():
             ledger.adopt(owner, uuids)
-        self.hub_state.found = {
+        self.hub_state.found = await self._found_gpus(plan)
+        for owner in plan.release:
+            self.log.warning(
+                "%s: %s's GPUs %s were freed: no running server holds them",
+                self.backend_name, owner, ", ".join(before[owner]),
+            )
+        self.log.info(
+            "%s: ledger rebuilt from %d labelled server(s) on %s: %d server(s) hold %d GPU(s)",
+            self.backend_name, len(containers), self.engine_url, len(plan.holdings),
+            sum(len(u) for u in plan.holdings.values()),
+        )
+        self._check_inventory_source()
+
+    async def _labelled_servers(self) -> list[dict]:
+        """This hub's containers (any state), as ``docker ps`` lists them."""
+        return await self.docker("containers", all=True, filters={"label": [f"{HUB}={self.gpu_hub_id}"]})
+
+    async def _found_gpus(self, plan) -> dict:
+        """Each found server's GPUs (as its labels describe them) that it still holds."""
+        return {
             owner: tuple(g for g in alloc.gpus if g.uuid in plan.holdings.get(owner, ()))
             for owner, alloc in plan.allocations.items()
         }
-        for owner in plan.release:
-            self.log.warning(
-                "gpu-docker: %s's GPUs %s were freed: no running container holds them",
-                owner, ", ".join(before[owner]),
-            )
-        self.log.info(
-            "gpu-docker: ledger rebuilt from %d labelled container(s) on %s: %d server(s) hold %d GPU(s)",
-            len(containers), self.engine_url, len(plan.holdings),
-            sum(len(u) for u in plan.holdings.values()),
-        )
+
+    def _check_inventory_source(self) -> None:
         if self.gpu_inventory == "nvml" and not self.engine_url.startswith("unix://"):
             self.log.warning(
                 "gpu-docker: the Docker engine %s may be on another host, but gpu_inventory is 'nvml' "

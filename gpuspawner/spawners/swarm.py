@@ -27,7 +27,7 @@ from traitlets import Unicode
 
 from ..inventory import InventoryReading
 from .docker import GPUDockerSpawner
-from .docker_objects import GPUS, HUB, allocation_labels, reconcile
+from .docker_objects import GPUS, HUB, allocation_labels
 from .swarm_objects import (
     LIVE_STATES,
     MODEL_LABEL,
@@ -109,33 +109,27 @@ class GPUSwarmSpawner(GPUDockerSpawner, SwarmSpawner):
 
     # ------------------------------------------------------------ reconciliation
 
-    async def reconcile_allocations(self) -> None:
-        """Make the ledger hold exactly the GPUs Swarm assigned to this hub's live tasks."""
+    backend_name = "gpu-swarm"
+
+    async def _labelled_servers(self) -> list[dict]:
+        """This hub's services with their live task, in the shape of ``docker ps`` (GPUs Swarm assigned)."""
         services = await self.docker("services", filters={"label": f"{HUB}={self.gpu_hub_id}"})
-        containers = []
+        found = []
         for service in services:
             tasks = await self.docker("tasks", filters={"service": service["ID"], "desired-state": "running"})
-            task = tasks[0] if tasks else None
-            containers.append(as_container(service, task, (service.get("Spec") or {}).get("Labels") or {}, GPUS))
-        ledger = self.ledger
-        before = ledger.allocations()
-        plan = reconcile(self.gpu_hub_id, containers, before)
-        for sentence in plan.conflicts:
-            self.log.error("gpu-swarm: %s", sentence)
-        for owner in before:
-            ledger.release(owner)
-        for owner, uuids in plan.holdings.items():
-            ledger.adopt(owner, uuids)
+            labels = (service.get("Spec") or {}).get("Labels") or {}
+            found.append(as_container(service, tasks[0] if tasks else None, labels, GPUS))
+        return found
+
+    async def _found_gpus(self, plan) -> dict:
+        """Each found server's GPUs, named from the nodes' inventory (labels carry no GPU list here)."""
         reading = await self.inventory.read()
         known = {g.uuid: g for g in reading.gpus}
-        self.hub_state.found = {
-            owner: tuple(known[u] for u in plan.holdings.get(owner, ()) if u in known)
-            for owner in plan.allocations
-        }
-        self.log.info(
-            "gpu-swarm: ledger rebuilt from %d labelled service(s): %d server(s) hold %d GPU(s)",
-            len(services), len(plan.holdings), sum(len(u) for u in plan.holdings.values()),
-        )
+        return {owner: tuple(known[u] for u in plan.holdings.get(owner, ()) if u in known)
+                for owner in plan.allocations}
+
+    def _check_inventory_source(self) -> None:
+        pass  # the nodes' generic resources are the inventory
 
     # ------------------------------------------------------------ lifecycle
 
