@@ -37,7 +37,7 @@ from typing import Any
 
 from ..availability import ModelAvailability, Tally
 from ..compat import CudaVersion, cuda_version_text
-from ..gpu import model_slug, slug_matches
+from ..gpu import GPU, model_slug, slug_matches
 from .cuda import node_cuda
 
 PRODUCT_LABEL = "nvidia.com/gpu.product"
@@ -367,3 +367,13 @@ def place(
         raise CapacityError(" ".join(state) + " Pick another model or try again later.", never=False)
     products = tuple(sorted({prod for p in fits_ever for prod in p.products}))
     return Placement(key[0], key[1], products, what, count)
+
+
+def offered_models(nodes: Iterable[NodeGPUs]) -> tuple[GPU, ...]:
+    """One entry per pool the cluster's nodes offer, named by its slug.
+
+    The hub's queue compares waiting requests by the GPU models they could use; on
+    Kubernetes the device plugin owns the GPUs themselves, so this is all it needs.
+    """
+    slugs = sorted({pool.slug for node in nodes for pool in node.pools})
+    return tuple(GPU(host="cluster", index=n, uuid=f"pool/{slug}", name=slug) for n, slug in enumerate(slugs))

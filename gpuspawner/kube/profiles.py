@@ -172,24 +172,16 @@ def check_entries(entries: Sequence[Mapping], kueue_queue_name: str | None = Non
 
 
 def refuse_queue(profiles: Sequence[Profile], kueue_queue_name: str | None = None) -> None:
-    """gpu-kube has no hub queue: a ``queue: true`` profile (in gpu_profiles or profile_list) is refused.
+    """A ``queue: true`` profile whose pods go to a Kueue queue is refused: Kueue is its queue.
 
-    With Kueue (the profile's ``kueue`` or ``kueue_queue_name``) the sentence says that Kueue is the queue.
+    Other ``queue: true`` profiles wait in the hub's queue until the cluster has room.
     """
-    queued = [p for p in profiles if p.queue]
-    if not queued:
-        return
-    kueue = [p for p in queued if p.kueue or kueue_queue_name]
-    if kueue:
-        p = kueue[0]
-        raise OptionsError(
-            f"profile {p.slug!r}",
-            f"sets 'queue': True and sends its pods to the Kueue queue {p.kueue or kueue_queue_name!r}: "
-            "Kueue is the queue, and the hub never runs a queue of its own beside it. Remove 'queue' from it.")
-    raise OptionsError(
-        ", ".join(f"profile {p.slug!r}" for p in queued),
-        "sets 'queue': True, but gpu-kube has no hub queue: a GPU pod waits in the cluster's own "
-        "scheduler (or Kueue) until a GPU is free. Remove 'queue' from it.")
+    for p in profiles:
+        if p.queue and (p.kueue or kueue_queue_name):
+            raise OptionsError(
+                f"profile {p.slug!r}",
+                f"sets 'queue': True and sends its pods to the Kueue queue {p.kueue or kueue_queue_name!r}: "
+                "Kueue is the queue, and the hub never runs a queue of its own beside it. Remove 'queue' from it.")
 
 
 __all__ = [

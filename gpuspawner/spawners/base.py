@@ -77,7 +77,7 @@ class GPUSpawnerMixin(GPUPolicyMixin, GPUHubSettings):
           profile (default: empty, everyone).
         - ``queue``: ``True`` to wait in the hub's GPU queue while no GPU is free instead
           of being refused (default ``False``; the wait is bounded by ``gpu_queue_timeout``).
-          Refused on gpu-kube, where the cluster's scheduler (or Kueue) is the queue.
+          Refused on gpu-slurm (Slurm is the queue) and with a Kueue queue on gpu-kube (Kueue is).
         - ``kueue``: gpu-kube only: the Kueue LocalQueue (in the server's namespace) the
           profile's pods go to, overriding ``GPUKubeSpawner.kueue_queue_name``; the pod gets
           the label ``kueue.x-k8s.io/queue-name``, Kueue admits it against its ClusterQueue's

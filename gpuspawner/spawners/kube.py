@@ -13,9 +13,10 @@ scheduler place it. The hub still counts each server's GPUs in its ledger (as
 cluster tokens, not exact GPUs), so the quotas apply as on the other backends:
 the quota check and the count are one step under the ledger's lock, the count
 is given back on stop and on every failed start, and after a hub restart it is
-rebuilt from the hub's live single-user pods. The hub's queue is not used: the
-cluster's scheduler (or Kueue) is the queue, so ``queue: true`` profiles are
-refused at configuration.
+rebuilt from the hub's live single-user pods. A ``queue: true`` profile waits in
+the hub's queue until the cluster has room (no pod exists meanwhile), with the
+same progress words as the other backends; a profile whose pods go to a Kueue
+queue waits in Kueue instead, so ``queue: true`` is refused beside Kueue.
 
 Notebook GPU jobs (:class:`~gpuspawner.jobs.runners.KubeJobs`) go through the
 same :meth:`~GPUKubeSpawner.reserve_gpus` (capacity check and quota claim,
@@ -29,6 +30,7 @@ import contextlib
 import copy
 import dataclasses
 import re
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -41,7 +43,7 @@ from ..form import form_context
 from ..gpu import GPU
 from ..inventory import InventoryReading
 from ..kube.api import ClusterCapacity, ClusterReading, list_server_pods, read_pod, why_failed
-from ..kube.capacity import GPU_RESOURCE, PRODUCT_LABEL, CapacityError, place, pools
+from ..kube.capacity import GPU_RESOURCE, PRODUCT_LABEL, CapacityError, offered_models, place, pools
 from ..kube.events import EventContext, explain_event
 from ..kube.holdings import USERNAME_ANNOTATION, server_holdings
 from ..kube.kueue import (
@@ -66,6 +68,7 @@ from ..kube.profiles import GPU_OPTIONS, UNLISTED, check_entries, combined_entri
 from ..ledger import cluster_tokens
 from ..placement import GPURequest, PlacementError
 from ..profiles import Choice, OptionsError, Profile, gpu_resource_choice, load_profiles, parse_options
+from ..quota import check
 from .base import GPUSpawnerMixin, checked_cuda_map, user_error
 
 # KubeSpawner settings gpu-kube cannot honour (it draws its own form): refused, never ignored.
@@ -154,7 +157,7 @@ class GPUKubeSpawner(GPUSpawnerMixin, KubeSpawner):
 
     @validate("gpu_profiles")
     def _check_profiles(self, proposal):
-        """As for every backend, and no ``queue: true`` profile: the cluster's scheduler is the queue."""
+        """As for every backend, and no ``queue: true`` beside a Kueue queue: Kueue is the queue."""
         value = super()._check_profiles(proposal)
         try:
             refuse_queue(load_profiles(value, honour_all=True), self.kueue_queue_name)
@@ -465,16 +468,12 @@ class GPUKubeSpawner(GPUSpawnerMixin, KubeSpawner):
                        "count your GPUs against the quotas. Nothing was started; try again in a minute.")
             self.gpu_event(f"Refused: {message}", 100)
             raise user_error(503, message) from e
-        reading = await self.cluster_capacity().read()
-        refusal: PlacementError | None = None
-        try:
-            request, context = self._request_for(choice, reading)
-        except CapacityError as e:
-            refusal = PlacementError(str(e), code=e.code, requested=choice.gpus, models=choice.models)
-            request, context = PodGPURequest(choice.gpus, GPU_RESOURCE), EventContext("GPU", choice.gpus)
         counted = GPURequest(owner=self.gpu_owner, count=choice.gpus, models=choice.models)
         try:
-            self.claim_cluster_gpus(counted, {request.resource: request.count}, refusal)
+            if choice.profile.queue:
+                request, context = await self._wait_for_room(choice, counted)
+            else:
+                request, context = self._claim_now(choice, counted, await self.cluster_capacity().read())
         except PlacementError as e:
             self.gpu_event(f"Refused: {e}", 100)
             raise user_error(409, str(e)) from e
@@ -484,6 +483,56 @@ class GPUKubeSpawner(GPUSpawnerMixin, KubeSpawner):
         via = f" through the Kueue queue {queue}" if queue else ""
         self.gpu_event(f"Asking Kubernetes for {request.count} x {context.name} ({request.resource}){where}{via}", 30)
         return ()
+
+    def _claim_now(
+        self, choice: Choice, counted: GPURequest, reading: ClusterReading,
+    ) -> tuple[PodGPURequest, EventContext]:
+        """Count the request as this server's if the quotas allow it and the cluster has room now."""
+        refusal: PlacementError | None = None
+        try:
+            request, context = self._request_for(choice, reading)
+        except CapacityError as e:
+            refusal = PlacementError(str(e), code=e.code, requested=choice.gpus, models=choice.models)
+            request, context = PodGPURequest(choice.gpus, GPU_RESOURCE), EventContext("GPU", choice.gpus)
+        if refusal is None and not self.kueue_queue(choice.profile):
+            try:  # Kueue's own queue aside, requests of the hub's queue go first
+                self.refuse_queue_jumping(counted, offered_models(reading.nodes))
+            except PlacementError as e:
+                refusal = e
+        self.claim_cluster_gpus(counted, {request.resource: request.count}, refusal)
+        return request, context
+
+    async def _wait_for_room(self, choice: Choice, counted: GPURequest) -> tuple[PodGPURequest, EventContext]:
+        """A ``queue: true`` profile: wait in the hub's queue until the cluster has room, then count it.
+
+        The cluster is read again whenever the hub's servers give GPUs back and every
+        ``gpu_queue_recheck`` seconds (other workloads free GPUs too); no pod exists meanwhile.
+        """
+        state = self.hub_state
+        quota = self.gpu_quota()
+        latest: list[ClusterReading] = []
+        started = time.monotonic()
+
+        async def read() -> tuple[GPU, ...]:
+            latest[:] = [await self.cluster_capacity().read()]
+            return offered_models(latest[0].nodes)
+
+        def place(_models: tuple[GPU, ...]) -> tuple[PodGPURequest, EventContext]:
+            try:
+                request, context = self._request_for(choice, latest[0])
+            except CapacityError as e:  # "none_free" waits; a request no node can ever take ends the wait
+                raise PlacementError(str(e), code=e.code, requested=choice.gpus, models=choice.models) from e
+            state.ledger.claim(counted.owner, {request.resource: request.count},
+                               admit=lambda held: check(quota, counted.count, held, counted.owner))
+            return request, context
+
+        try:
+            result = await self.wait_in_queue(counted, choice.profile.slug, read, place)
+        except PlacementError as e:
+            state.metrics.refused(e.code, time.monotonic() - started)
+            raise
+        state.metrics.placed(time.monotonic() - started)
+        return result
 
     # ------------------------------------------------------------ the cluster's truth
 

@@ -7,14 +7,15 @@ reservation as one step under the ledger's lock; waiting in the hub's queue
 for ``queue: true`` profiles) and :meth:`gpu_released` after giving GPUs back.
 Backends whose cluster places the GPUs (gpu-kube) call
 :meth:`GPUPolicyMixin.claim_cluster_gpus` instead: the same quota check, under
-the same lock, recording counts rather than exact GPUs.
+the same lock, recording counts rather than exact GPUs; their ``queue: true``
+profiles wait through :meth:`GPUPolicyMixin.wait_in_queue` as well.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, TypeVar
 
 from tornado import web
 from traitlets import Dict, Float, Int, TraitError, validate
@@ -25,6 +26,8 @@ from ..inventory import InventoryReading
 from ..placement import GPURequest, PlacementError
 from ..profiles import Choice, Profile
 from ..quota import Quota, check
+
+T = TypeVar("T")
 
 
 def _forbidden(message: str) -> web.HTTPError:
@@ -132,7 +135,7 @@ class GPUPolicyMixin(Configurable):
     async def place_request(self, reading: InventoryReading, request: GPURequest, choice: Choice) -> tuple[GPU, ...]:
         """Reserve GPUs within the quotas; wait in the hub's queue for ``queue: true`` profiles."""
         state = self.hub_state
-        ledger, inventory, queue, metrics = state.ledger, state.inventory, state.queue, state.metrics
+        ledger, inventory, metrics = state.ledger, state.inventory, state.metrics
         quota = self.gpu_quota()
         started = time.monotonic()
 
@@ -141,30 +144,12 @@ class GPUPolicyMixin(Configurable):
 
         try:
             if request.count and choice.profile.queue:
-                waiting: dict[str, int] = {}
-                for w in queue.waiters():
-                    waiting[w.user] = waiting.get(w.user, 0) + w.count
-                # refuse at once rather than after a wait; queued requests count against the quota
-                check(quota, request.count, ledger.allocations(), request.owner, waiting)
-                waiter = queue.join(request.owner, quota.user, request.count, request.models, choice.profile.slug)
-
                 async def read() -> tuple[GPU, ...]:
                     return (await inventory.read()).gpus
 
-                def report(position: int, text: str) -> None:
-                    self.gpu_event(text, 20)
-
-                chosen = await queue.serve(waiter, read, place, self.gpu_queue_timeout, report,
-                                           recheck=self.gpu_queue_recheck)
+                chosen = await self.wait_in_queue(request, choice.profile.slug, read, place)
             else:
-                waiting = queue.ahead(request.models, reading.gpus) if request.count else []
-                if waiting:
-                    users = len({w.user for w in waiting})
-                    raise PlacementError(
-                        f"{len(waiting)} queued request(s) from {users} user(s) are waiting for these GPUs; "
-                        "choose a profile that queues, or try again later.",
-                        code="queued_ahead", requested=request.count, models=request.models,
-                    )
+                self.refuse_queue_jumping(request, reading.gpus)
                 chosen = place(reading.gpus)
         except PlacementError as e:
             metrics.refused(e.code, time.monotonic() - started)
@@ -172,6 +157,42 @@ class GPUPolicyMixin(Configurable):
         if request.count:
             metrics.placed(time.monotonic() - started)
         return chosen
+
+    def refuse_queue_jumping(self, request: GPURequest, gpus: tuple[GPU, ...]) -> None:
+        """A request of a profile without ``queue`` never goes ahead of queued requests for the same models."""
+        waiting = self.hub_state.queue.ahead(request.models, gpus) if request.count else []
+        if waiting:
+            users = len({w.user for w in waiting})
+            raise PlacementError(
+                f"{len(waiting)} queued request(s) from {users} user(s) are waiting for these GPUs; "
+                "choose a profile that queues, or try again later.",
+                code="queued_ahead", requested=request.count, models=request.models,
+            )
+
+    async def wait_in_queue(
+        self,
+        request: GPURequest,
+        profile: str,
+        read: Callable[[], Awaitable[tuple[GPU, ...]]],
+        place: Callable[[tuple[GPU, ...]], T],
+    ) -> T:
+        """Wait in the hub's queue until ``place`` succeeds (``queue: true`` profiles), progress in words.
+
+        The quota is checked first, counting what this user's and group's queued requests
+        ask for, so a request that could never be admitted is refused at once.
+        """
+        queue = self.hub_state.queue
+        quota = self.gpu_quota()
+        waiting: dict[str, int] = {}
+        for w in queue.waiters():
+            waiting[w.user] = waiting.get(w.user, 0) + w.count
+        check(quota, request.count, self.ledger.allocations(), request.owner, waiting)
+        waiter = queue.join(request.owner, quota.user, request.count, request.models, profile)
+
+        def report(position: int, text: str) -> None:
+            self.gpu_event(text, 20)
+
+        return await queue.serve(waiter, read, place, self.gpu_queue_timeout, report, recheck=self.gpu_queue_recheck)
 
     def claim_cluster_gpus(
         self, request: GPURequest, holdings: Mapping[str, int], refusal: PlacementError | None = None,

@@ -42,6 +42,12 @@ class Cluster(SimpleNamespace):
             meta = pod["metadata"]
             self.handler.objects[PODS, meta["namespace"], meta["name"]] = copy.deepcopy(pod)
 
+    async def delete_pod(self, namespace: str, name: str) -> None:
+        """Delete a pod through the API, as its owner (a job controller, a user) would."""
+        async with aiohttp.ClientSession() as session:
+            async with session.delete(f"{self.url}/api/v1/namespaces/{namespace}/pods/{name}") as response:
+                response.raise_for_status()
+
     def requests(self, method: str = "", path_part: str = "") -> list:
         return [r for r in self.handler
                 if (not method or str(r.method.value).upper() == method.upper()) and path_part in r.url.path]

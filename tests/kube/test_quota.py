@@ -13,10 +13,10 @@ import copy
 
 import pytest
 from tornado.web import HTTPError
-from traitlets import TraitError
 
 from gpuspawner.kube.holdings import server_holdings
 from gpuspawner.ledger import cluster_holdings
+from kubefixtures import PODS
 from profiles import A100, PROFILES
 
 GPU1 = {"profile": "gpu", "gpus": 1, "gpu_model": A100}
@@ -245,19 +245,60 @@ async def test_no_pod_list_no_gpu_spawn_but_cpu_only_works(cluster, make_spawner
     assert counted(spawner) == {}
 
 
-# ------------------------------------------------------------ the queue is the cluster's
+# ------------------------------------------------------------ queue: true waits for room in the cluster
 
 
-def test_a_queue_profile_is_refused_at_configuration(cluster, make_spawner):
-    queued = [*PROFILES, {"slug": "wait", "display_name": "Wait for a GPU", "gpu_counts": [1], "queue": True}]
-    with pytest.raises(TraitError, match="profile 'wait': sets 'queue': True, but gpu-kube has no hub queue: "
-                                         "a GPU pod waits in the cluster's own scheduler \\(or Kueue\\)"):
-        make_spawner(gpu_profiles=queued)
+WAIT = {"slug": "wait", "display_name": "Four A100s, waits its turn", "gpu_models": ["a100"], "gpu_counts": [4],
+        "queue": True}
+FOUR_WAITING = {"profile": "wait", "gpus": 4, "gpu_model": A100}
 
 
-def test_a_queue_entry_in_profile_list_is_refused_too(cluster, make_spawner):
-    entry = {"display_name": "Wait for a GPU", "slug": "wait", "gpu_counts": [1], "queue": True,
-             "kubespawner_override": {"image": "quay.io/jupyter/base-notebook:2024-05-27"}}
-    with pytest.raises(TraitError, match="Invalid profile_list for gpu-kube: profile 'wait': sets 'queue': True"):
-        make_spawner(profile_list=[entry])
+def messages(spawner) -> list[str]:
+    return [e["message"] for e in getattr(spawner, "_gpu_events", [])]
 
+
+async def until(condition, timeout: float = 30):
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not condition():
+        assert asyncio.get_running_loop().time() < deadline, "timed out waiting"
+        await asyncio.sleep(0.05)
+
+
+async def test_a_queue_profile_waits_until_the_cluster_has_room_then_gets_its_pod(cluster, kubelet, make_spawner):
+    # 3 A100s are free, at most 2 on one node: 4 fit on a node (8 each) but not now
+    zoe = make_spawner("zoe", gpu_profiles=[*PROFILES, WAIT], gpu_inventory_ttl=0, gpu_queue_recheck=0.2)
+    waiting = asyncio.create_task(start(zoe, FOUR_WAITING))
+    await until(lambda: any(m.startswith("Waiting for a free GPU: number 1 in the queue") for m in messages(zoe)))
+    assert created_pods(cluster) == [] and "zoe/" not in counted(zoe)  # no pod, no count while waiting
+
+    # a profile without queue does not go ahead of her
+    eve = make_spawner("eve")
+    with pytest.raises(HTTPError) as e:
+        await start(eve, {"profile": "gpu", "gpus": 1, "gpu_model": A100})
+    assert e.value.status_code == 409
+    assert e.value.jupyterhub_message == (
+        "1 queued request(s) from 1 user(s) are waiting for these GPUs; choose a profile that queues, "
+        "or try again later.")
+
+    # a training job outside the hub ends: its node has room for 4, seen at the next look
+    await cluster.delete_pod("ml", "train-llm-7c9f8-x2kqz")
+    await asyncio.wait_for(waiting, 60)
+    assert created_pods(cluster) == [zoe.pod_name]
+    pod = cluster.handler.objects[PODS, "jhub", zoe.pod_name]
+    assert pod["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] in (4, "4")
+    assert counted(zoe)["zoe/"] == {"nvidia.com/gpu": 4}
+    steps = messages(zoe)
+    asking = next(i for i, m in enumerate(steps) if m.startswith("Asking Kubernetes for 4 x"))
+    assert asking > next(i for i, m in enumerate(steps) if m.startswith("Waiting for a free GPU"))
+    await zoe.stop(now=True)
+    assert "zoe/" not in counted(zoe)
+
+
+async def test_a_queued_request_no_node_can_ever_take_is_refused_at_once(cluster, make_spawner):
+    big = {**WAIT, "gpu_counts": [16]}
+    zoe = make_spawner("zoe", gpu_profiles=[*PROFILES, big], gpu_inventory_ttl=0)
+    with pytest.raises(HTTPError) as e:
+        await start(zoe, {"profile": "wait", "gpus": 16, "gpu_model": A100})
+    assert e.value.status_code == 409
+    assert e.value.jupyterhub_message.startswith("No node has 16 x NVIDIA-A100-SXM4-80GB: at most 8 on one node.")
+    assert len(zoe.hub_state.queue) == 0 and created_pods(cluster) == []
