@@ -26,6 +26,7 @@ from jupyterhub.utils import random_port
 from traitlets import Unicode
 
 from ..inventory import InventoryReading
+from .base import user_error
 from .docker import GPUDockerSpawner
 from .docker_objects import GPUS, HUB, allocation_labels
 from .swarm_objects import (
@@ -34,6 +35,7 @@ from .swarm_objects import (
     add_gpu_reservation,
     as_container,
     node_gpus,
+    start_failure,
     task_gpus,
     waiting_words,
 )
@@ -182,9 +184,26 @@ class GPUSwarmSpawner(GPUDockerSpawner, SwarmSpawner):
 
     async def get_task(self):
         task = await super().get_task()
-        if task is not None and self.gpu_allocation and getattr(self, "_spawn_pending", False):
-            self._report_task(task)
+        if task is not None and getattr(self, "_spawn_pending", False):
+            await self._check_start_failure()
+            if self.gpu_allocation:
+                self._report_task(task)
         return task
+
+    async def _check_start_failure(self) -> None:
+        """Fail the spawn at once when Swarm could not start a task of it (SwarmSpawner would
+        wait for its next try until start_timeout), with Swarm's reason."""
+        tasks = await self.docker("tasks", filters={"service": self.service_name})
+        failed = sorted((t for t in tasks if start_failure(t)), key=lambda t: t.get("UpdatedAt") or "")
+        if not failed:
+            return
+        task = failed[-1]
+        node = (task.get("NodeID") or "")[:12]
+        message = (f"Swarm could not start your server (service {self.service_name}, node {node}): "
+                   f"{start_failure(task)}. Ask an administrator to check that node's NVIDIA runtime "
+                   "if this happens again.")
+        self.gpu_event(f"Failed: {message}", 100)
+        raise user_error(500, message)
 
     def _report_task(self, task) -> None:
         model = self.gpu_allocation[0].name

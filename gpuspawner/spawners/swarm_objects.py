@@ -92,3 +92,14 @@ def waiting_words(task: Mapping, count: int, model: str) -> str | None:
         return f"Waiting: no Swarm node offers {model} GPUs right now (Swarm: {err})"
     return f"Waiting for Swarm to place the server ({err or 'pending'})"
 
+
+#: task states that end a task without it running: Swarm's own words for why are in Status.Err
+ENDED_STATES = frozenset({"rejected", "failed"})
+
+
+def start_failure(task: Mapping) -> str | None:
+    """Why Swarm could not start a task (e.g. the NVIDIA hook refusing a device), or None."""
+    status = task.get("Status") or {}
+    if status.get("State") not in ENDED_STATES:
+        return None
+    return status.get("Err") or status.get("Message") or status.get("State")

@@ -184,3 +184,30 @@ def test_two_gpus_split_over_nodes_are_refused_then_a_queued_request_waits_for_a
     assert alice < carol == node_gpus and carol.isdisjoint(task_gpus(hub, "bob"))
     assert running_task(hub, "carol")["NodeID"] == alice_node
     assert free_in_form(hub) == (1, 4)
+
+
+def test_a_task_the_nvidia_hook_refuses_fails_the_spawn_at_once_with_swarms_reason(swarm_hub):
+    hub = swarm_hub
+    hub.add_users("dave")
+    nodes = list(hub.engine.nodes.values())
+    configs = {node: json.loads(node.gpus_path.read_text()) for node in nodes}
+    try:
+        for node in nodes:  # the nodes still advertise their GPUs, but their drivers no longer see them
+            fakenvml.write_config(node.gpus_path, {**configs[node], "devices": []})
+        r = hub.spawn("dave", GPU)
+        if r.status_code in (201, 202):  # failed after JupyterHub's slow_spawn_timeout: the progress says it
+            with hub.api("GET", "/users/dave/server/progress", stream=True) as stream:
+                events = [json.loads(line[5:]) for line in stream.iter_lines(decode_unicode=True)
+                          if line.startswith("data:")]
+            message = next(e["message"] for e in events if e.get("failed"))
+        else:
+            assert r.status_code == 500, r.text
+            message = r.json()["message"]
+        assert message.startswith(f"Swarm could not start your server (service {hub.prefix}-dave, node "), message
+        assert "nvidia-container-cli: device error: GPU-" in message and "unknown device" in message, message
+        assert hub.user("dave")["servers"] == {} and services(hub) == []  # nothing left, no GPU held
+        assert free_in_form(hub) == (4, 4)
+    finally:
+        for node, config in configs.items():
+            fakenvml.write_config(node.gpus_path, config)
+    assert len(start(hub, "dave")) == 2
