@@ -6,6 +6,7 @@ from gpuspawner.spawners.swarm_objects import (
     MODEL_LABEL,
     add_gpu_reservation,
     node_gpus,
+    start_failure,
     task_gpus,
     waiting_words,
 )
@@ -63,3 +64,12 @@ def test_task_gpus_and_waiting_words():
     err = "no suitable node (scheduling constraints not satisfied on 1 node)"
     unplaced = {"Status": {"State": "pending", "Err": err}}
     assert waiting_words(unplaced, 1, "Tesla T4").startswith("Waiting: no Swarm node offers Tesla T4 GPUs right now")
+
+
+def test_start_failure_is_swarms_reason_for_a_rejected_or_failed_task():
+    hook = ("starting container failed: error running hook #0: exit status 1, stderr: "
+            "nvidia-container-cli: device error: GPU-1: unknown device")
+    assert start_failure({"Status": {"State": "rejected", "Err": hook}}) == hook
+    assert start_failure({"Status": {"State": "failed", "Message": "started"}}) == "started"
+    for state in ("pending", "running", "shutdown", "complete"):
+        assert start_failure({"Status": {"State": state, "Err": "no suitable node"}}) is None
