@@ -37,7 +37,7 @@ ROOT = Path(__file__).resolve().parent.parent
 # the test helpers (as pytest's pythonpath in pyproject.toml has them) and this checkout's gpuspawner
 sys.path[:0] = [str(ROOT / "tests" / d) for d in ("", "integration", "docker")] + [str(ROOT)]
 
-from spawn_timing import timed_spawn  # noqa: E402  (beside this script)
+from spawn_timing import interleaved, print_medians, timed_spawn  # noqa: E402  (beside this script)
 
 import fakenvml  # noqa: E402
 from dockerhub import DockerHub  # noqa: E402
@@ -62,20 +62,13 @@ def container_url(hub: DockerHub, name: str) -> str | None:
 
 
 def spawn_to_ready(hubs: dict[str, DockerHub], rounds: int) -> dict[str, list[float]]:
-    times: dict[str, list[float]] = {}
-    for n in range(rounds + 1):  # round 0 warms all up and is not counted
-        name = f"r{n:02d}"
-        order = list(hubs.items())
-        order = order[n % len(order):] + order[:n % len(order)]  # rotate who goes first
-        for key, hub in order:
-            hub.add_users(name)
-            body = {"profile": "gpu", "gpus": 1} if key == "gpu" else ""
-            answered, ready = timed_spawn(hub, name, body, lambda h=hub, n=name: container_url(h, n))
-            if n:
-                times.setdefault(key, []).append(answered)
-                times.setdefault(key + "_hub", []).append(ready)
-            hub.stop_server(name, timeout=120)
-    return times
+    def spawn(key: str, hub: DockerHub, name: str, round_: int) -> tuple[float, float]:
+        body = {"profile": "gpu", "gpus": 1} if key == "gpu" else ""
+        timed = timed_spawn(hub, name, body, lambda: container_url(hub, name))
+        hub.stop_server(name, timeout=120)
+        return timed
+
+    return interleaved(hubs, rounds, spawn)
 
 
 def storm(hub: DockerHub, count: int) -> dict:
@@ -176,9 +169,7 @@ def main() -> int:
         for title, suffix in (("until the server in the container answers", ""),
                               ("until the hub says ready (its check backs off with jitter)", "_hub")):
             print(f"  {title}:")
-            for key, label in labels.items():
-                v = t[key + suffix]
-                print(f"    {label:36s} {statistics.median(v):6.3f} s (min {min(v):.3f}, max {max(v):.3f})")
+            print_medians(t, labels, suffix)
             g = statistics.median(t["gpu" + suffix])
             print(f"    ratio gpu-docker / DockerSpawner with the same GPU request: "
                   f"{g / statistics.median(t['plain+gpu' + suffix]):.3f} (goal <= 1.03); "

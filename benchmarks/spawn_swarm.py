@@ -42,7 +42,7 @@ ROOT = Path(__file__).resolve().parent.parent
 # the test helpers (as pytest's pythonpath in pyproject.toml has them) and this checkout's gpuspawner
 sys.path[:0] = [str(ROOT / "tests" / d) for d in ("", "integration", "docker")] + [str(ROOT)]
 
-from spawn_timing import timed_spawn  # noqa: E402  (beside this script)
+from spawn_timing import interleaved, print_medians, timed_spawn  # noqa: E402  (beside this script)
 
 import fakenvml  # noqa: E402
 from dockerhub import DockerHub  # noqa: E402
@@ -120,24 +120,17 @@ def wait_tasks_gone(hub: DockerHub, name: str, timeout: float = 120) -> None:
 
 
 def spawn_to_ready(hubs: dict[str, DockerHub], rounds: int) -> tuple[dict[str, list[float]], dict[str, str]]:
-    times: dict[str, list[float]] = {}
     requests_made: dict[str, str] = {}
-    for n in range(rounds + 1):  # round 0 warms both up and is not counted
-        name = f"r{n:02d}"
-        order = list(hubs.items())
-        order = order[n % len(order):] + order[:n % len(order)]  # rotate who goes first
-        for key, hub in order:
-            hub.add_users(name)
-            body = GPU_BODY if key == "gpu" else ""
-            answered, ready = timed_spawn(hub, name, body, lambda h=hub, n=name: task_url(h, n))
-            if not n:
-                requests_made[key] = service_request(hub, name)
-            if n:
-                times.setdefault(key, []).append(answered)
-                times.setdefault(key + "_hub", []).append(ready)
-            hub.stop_server(name, timeout=120)
-            wait_tasks_gone(hub, name)
-    return times, requests_made
+
+    def spawn(key: str, hub: DockerHub, name: str, round_: int) -> tuple[float, float]:
+        timed = timed_spawn(hub, name, GPU_BODY if key == "gpu" else "", lambda: task_url(hub, name))
+        if not round_:
+            requests_made[key] = service_request(hub, name)
+        hub.stop_server(name, timeout=120)
+        wait_tasks_gone(hub, name)
+        return timed
+
+    return interleaved(hubs, rounds, spawn), requests_made
 
 
 def remove_services(engine: Engine, prefix: str) -> None:
@@ -200,9 +193,7 @@ def main() -> int:
         for title, suffix in (("until the server in the task answers", ""),
                               ("until the hub says ready (its checks back off)", "_hub")):
             print(f"  {title}:")
-            for key, label in labels.items():
-                v = t[key + suffix]
-                print(f"    {label:36s} {statistics.median(v):6.3f} s (min {min(v):.3f}, max {max(v):.3f})")
+            print_medians(t, labels, suffix)
             ratio = statistics.median(t["gpu" + suffix]) / statistics.median(t["plain" + suffix])
             print(f"    ratio gpu-swarm / SwarmSpawner with the same generic resource request: "
                   f"{ratio:.3f} (goal <= 1.05)")

@@ -1,9 +1,10 @@
-"""Timing one spawn from the hub's REST API, shared by the spawn benchmarks (prints nothing)."""
+"""Timing spawns from the hub's REST API and printing the medians, shared by the spawn benchmarks."""
 
 from __future__ import annotations
 
+import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import requests
 
@@ -39,3 +40,31 @@ def timed_spawn(hub, name: str, body, server_url: Callable[[], str | None]) -> t
     if answered is None or ready is None:
         raise RuntimeError(f"{name} not ready:\n{hub.log()}")
     return answered, ready
+
+
+def interleaved(hubs: Mapping[str, object], rounds: int,
+                spawn: Callable[[str, object, str, int], tuple[float, float]]) -> dict[str, list[float]]:
+    """``rounds`` timed spawns per hub, interleaved; ``times[key]`` and ``times[key + "_hub"]``.
+
+    ``spawn(key, hub, user, round)`` spawns, times (:func:`timed_spawn`) and stops one
+    server. Round 0 warms every hub up and is not counted; who goes first rotates every round.
+    """
+    times: dict[str, list[float]] = {}
+    for n in range(rounds + 1):
+        name = f"r{n:02d}"
+        order = list(hubs.items())
+        order = order[n % len(order):] + order[:n % len(order)]
+        for key, hub in order:
+            hub.add_users(name)
+            answered, ready = spawn(key, hub, name, n)
+            if n:
+                times.setdefault(key, []).append(answered)
+                times.setdefault(key + "_hub", []).append(ready)
+    return times
+
+
+def print_medians(times: Mapping[str, list[float]], labels: Mapping[str, str], suffix: str) -> None:
+    """One line per spawner: median, min and max of ``times[key + suffix]`` (seconds)."""
+    for key, label in labels.items():
+        v = times[key + suffix]
+        print(f"    {label:36s} {statistics.median(v):6.3f} s (min {min(v):.3f}, max {max(v):.3f})")
