@@ -6,6 +6,8 @@ declared on this one, on the same engine, and created by their modules at hub
 start (``checkfirst``), so they never touch JupyterHub's own schema.
 """
 
-from sqlalchemy.orm import declarative_base
+from sqlalchemy.orm import DeclarativeBase
 
-Base = declarative_base()
+
+class Base(DeclarativeBase):
+    """gpuspawner's tables (their metadata, separate from JupyterHub's)."""

@@ -120,12 +120,31 @@ class HubMetrics(Collector):
         yield from self.placement_seconds.collect()
 
     def register(self, registry: CollectorRegistry = REGISTRY) -> None:
-        """Serve these metrics from ``registry`` (JupyterHub's ``/hub/metrics`` serves the default one)."""
+        """Serve these metrics from ``registry`` (JupyterHub's ``/hub/metrics`` serves the default one).
+
+        A registry serves one hub state's metrics, the newest: the one it served before
+        (a test's earlier hub in the same process) is unregistered. The registry itself
+        records which one it serves.
+        """
         if self._registry is None:
+            stop_serving(registry)
             registry.register(self)
             self._registry = registry
+            setattr(registry, _SERVED, self)
 
     def unregister(self) -> None:
         if self._registry is not None:
             self._registry.unregister(self)
+            if getattr(self._registry, _SERVED, None) is self:
+                delattr(self._registry, _SERVED)
             self._registry = None
+
+
+_SERVED = "_gpuspawner_hub_metrics"  # the attribute of a registry naming the HubMetrics it serves
+
+
+def stop_serving(registry: CollectorRegistry = REGISTRY) -> None:
+    """Unregister the hub state metrics ``registry`` serves, if any."""
+    served = getattr(registry, _SERVED, None)
+    if served is not None:
+        served.unregister()

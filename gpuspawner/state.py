@@ -13,7 +13,7 @@ found again by :func:`hub_state`:
 - the admin overview's live readings and per-client caches (cluster capacity).
 
 Spawners and hub handlers both reach it through :func:`hub_state` with the
-hub's traitlets ``Config`` and spawner class, so the hub's GPU settings
+hub's traitlets ``Config`` (which keeps it: one hub, one ``Config`` object) and spawner class, so the hub's GPU settings
 (``c.GPUSpawnerMixin.gpu_inventory`` and friends, or the same traits set on the
 spawner class's own section) are read the way traitlets reads them for the
 spawners themselves. Nothing here imports a spawner backend or a hub handler.
@@ -34,11 +34,11 @@ from traitlets.config import Config, Configurable
 from .gpu import GPU
 from .inventory import CachedInventory, NVMLInventory, StaticInventory, gpus_from_config
 from .ledger import Ledger, cluster_resource
-from .metrics import HubMetrics
+from .metrics import HubMetrics, stop_serving
 from .queue import GPUQueue
 from .usage import UsageRecorder
 
-__all__ = ["GPUHubSettings", "HubState", "hub_state", "forget_hub_states"]
+__all__ = ["GPUHubSettings", "HubState", "hub_state", "stop_serving_hub_metrics"]
 
 
 class GPUHubSettings(Configurable):
@@ -228,8 +228,23 @@ class HubState:
         self.metrics.unregister()
 
 
-_states: dict[tuple[int, str], tuple[Config, HubState]] = {}
-_states_lock = threading.Lock()
+class _HubStates:
+    """The hub states of one hub's ``Config`` (one per GPU settings key; one in practice).
+
+    Kept on that ``Config`` object itself: every spawner and handler of a hub holds the
+    same one, and a new hub (a new ``Config``) starts with none.
+    """
+
+    ATTRIBUTE = "_gpuspawner_hub_states"  # in the Config's __dict__, never one of its sections
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()  # spawners, handlers and threads may ask at once
+        self.states: dict[str, HubState] = {}
+
+    @classmethod
+    def of(cls, config: Config) -> _HubStates:
+        held = config.__dict__.get(cls.ATTRIBUTE)
+        return held if held is not None else config.__dict__.setdefault(cls.ATTRIBUTE, cls())
 
 
 def hub_state(config: Config, spawner_class: type | None = None,
@@ -242,21 +257,16 @@ def hub_state(config: Config, spawner_class: type | None = None,
     """
     if settings is None:
         settings = settings_for(config, spawner_class)
-    key = (id(config), settings.state_key())
-    with _states_lock:
-        entry = _states.get(key)
-        if entry is None or entry[0] is not config:
-            for _config, old in _states.values():
-                old.close()
-            state = HubState(settings)
+    held = _HubStates.of(config)
+    key = settings.state_key()
+    with held.lock:
+        state = held.states.get(key)
+        if state is None:
+            state = held.states[key] = HubState(settings)
             state.metrics.register()
-            entry = _states[key] = (config, state)
-        return entry[1]
+        return state
 
 
-def forget_hub_states() -> None:
-    """Drop every hub state of this process (tests)."""
-    with _states_lock:
-        for _config, state in _states.values():
-            state.close()
-        _states.clear()
+def stop_serving_hub_metrics() -> None:
+    """Stop serving any hub state's metrics in this process (tests, between their hubs)."""
+    stop_serving()

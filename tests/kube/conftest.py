@@ -120,10 +120,10 @@ def make_spawner(cluster):
     or ``make_spawner(user="zoe", server="big", groups=[...], **settings)``; all
     spawners of one test share one hub state until ``make_spawner.restart()``.
     """
-    from gpuspawner.state import forget_hub_states
+    from gpuspawner.state import stop_serving_hub_metrics
 
     yield SpawnerMaker(cluster.url)
-    forget_hub_states()
+    stop_serving_hub_metrics()
 
 
 @pytest_asyncio.fixture

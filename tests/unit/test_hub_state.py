@@ -11,7 +11,7 @@ from prometheus_client import REGISTRY
 from traitlets.config import Config
 
 from gpuspawner.spawners.local import GPUSimpleLocalProcessSpawner
-from gpuspawner.state import HubState, forget_hub_states, hub_state
+from gpuspawner.state import HubState, hub_state, stop_serving_hub_metrics
 
 STATIC = [{"uuid": "GPU-a", "name": "Tesla T4", "host": "gpu-host-1"},
           {"uuid": "GPU-b", "name": "Tesla T4", "host": "gpu-host-1"}]
@@ -19,9 +19,9 @@ STATIC = [{"uuid": "GPU-a", "name": "Tesla T4", "host": "gpu-host-1"},
 
 @pytest.fixture(autouse=True)
 def fresh_states():
-    forget_hub_states()
+    stop_serving_hub_metrics()
     yield
-    forget_hub_states()
+    stop_serving_hub_metrics()
 
 
 def static_config(section: str = "GPUSimpleLocalProcessSpawner") -> Config:

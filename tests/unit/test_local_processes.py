@@ -13,7 +13,7 @@ from traitlets.config import Config
 
 from gpuspawner.spawners.local import GPUSimpleLocalProcessSpawner
 from gpuspawner.spawners.processes import alive, end_processes, find_servers
-from gpuspawner.state import forget_hub_states
+from gpuspawner.state import stop_serving_hub_metrics
 
 STATIC = [{"uuid": f"GPU-{i}", "name": "Tesla T4", "index": i} for i in range(4)]
 # a "server" that starts a "kernel" child, both sleeping; the child ignores SIGTERM like a stuck kernel
@@ -27,9 +27,9 @@ SERVER = (
 
 @pytest.fixture
 def hub_id():
-    forget_hub_states()
+    stop_serving_hub_metrics()
     yield "unit-" + secrets.token_hex(4)
-    forget_hub_states()
+    stop_serving_hub_metrics()
 
 
 @pytest.fixture
