@@ -62,3 +62,25 @@ def hub_login(browser, hub_url: str, name: str, password: str = "test-password")
     page.click("input[type=submit], button[type=submit]")
     page.wait_for_url(lambda url: "/hub/login" not in url)
     return page
+
+
+# ------------------------------------------------------------ the GPU monitor's pages (Lab and Notebook 7)
+
+#: the stand-in A100's first reading in the monitor's browser tests, and what the status item shows for it
+FIRST_READING = {"utilization_gpu": 73, "memory_used": int(12.1 * 2**30), "temperature": 55, "power_usage": 250_000}
+FIRST_STATUS = "GPU 73% | 12.1 / 80.0 GiB"
+FIRST_TITLE = "GPU 0 NVIDIA A100-SXM4-80GB: 73%, 12.1 / 80.0 GiB, 55 °C, 250 W"
+
+
+def one_gpu_file(path: Path, **reading) -> Path:
+    """Write a stand-in device file holding one A100 with ``reading`` (NVML fields)."""
+    import fakenvml
+
+    fakenvml.write_config(path, {"devices": [fakenvml.make_device(0, **reading)]})
+    return path
+
+
+def expect_first_status(sync_api, status) -> None:
+    """The status item shows the first reading, and its tooltip the GPU's details."""
+    sync_api.expect(status).to_have_text(FIRST_STATUS, timeout=120_000)
+    assert FIRST_TITLE in status.get_attribute("title")

@@ -13,7 +13,15 @@ import re
 import pytest
 
 import fakenvml
-from chromium import ARTIFACTS, NEEDS_BROWSER, checkout_extension_env, playwright_sync_api
+from chromium import (
+    ARTIFACTS,
+    FIRST_READING,
+    NEEDS_BROWSER,
+    checkout_extension_env,
+    expect_first_status,
+    one_gpu_file,
+    playwright_sync_api,
+)
 from jupyter_server_proc import JupyterServer
 
 pytestmark = [
@@ -40,18 +48,14 @@ def canvas_images(page) -> list[str]:
 
 
 def test_status_bar_and_panel_follow_the_stand_in(tmp_path, fakenvml_libdir, browser, monkeypatch):
-    path = tmp_path / "gpus.json"
-    device = fakenvml.make_device(0, utilization_gpu=73, memory_used=int(12.1 * 2**30), temperature=55,
-                                  power_usage=250_000)
-    fakenvml.write_config(path, {"devices": [device]})
+    path = one_gpu_file(tmp_path / "gpus.json", **FIRST_READING)
     ARTIFACTS.mkdir(exist_ok=True)
     with lab(tmp_path, fakenvml.env(fakenvml_libdir, path), monkeypatch) as server:
         page = browser.new_page(viewport={"width": 1400, "height": 900})
         page.set_default_timeout(120_000)
         page.goto(f"{server.url}lab?token={server.token}")
         status = page.locator("[data-gpuspawner=status]")
-        sync_api.expect(status).to_have_text("GPU 73% | 12.1 / 80.0 GiB", timeout=120_000)
-        assert "GPU 0 NVIDIA A100-SXM4-80GB: 73%, 12.1 / 80.0 GiB, 55 °C, 250 W" in status.get_attribute("title")
+        expect_first_status(sync_api, status)
 
         status.click()  # opens the GPU panel (command gpu:open-panel)
         card = page.locator(".jp-gpuspawner-Card[data-gpu-index='0']")

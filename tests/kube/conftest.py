@@ -8,10 +8,7 @@ kubernetes_asyncio client, configured by a kubeconfig file as in a hub.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import copy
-import json
 from types import SimpleNamespace
 
 import aiohttp
@@ -19,7 +16,7 @@ import kmock
 import pytest
 import pytest_asyncio
 
-from kubefixtures import NODES, PODS, load, write_kubeconfig
+from kubefixtures import NODES, PODS, load, pod_controller, write_kubeconfig
 
 
 @pytest.fixture
@@ -136,30 +133,19 @@ async def kubelet(cluster):
     reflector sees it start. (KubeSpawner's reflectors are stopped with ``cluster``.)
     """
 
-    async def run() -> None:
-        async with aiohttp.ClientSession() as session:
-            while True:
-                for (resource, namespace, name), obj in list(cluster.handler.objects.items()):
-                    if resource != PODS or obj.deleted or (obj.get("status") or {}).get("phase"):
-                        continue
-                    image = obj["spec"]["containers"][0].get("image", "")
-                    body = {
-                        "metadata": {"namespace": namespace, "uid": f"uid-{namespace}-{name}"},
-                        "status": {"phase": "Running", "podIP": "10.244.9.9", "containerStatuses": [
-                            {"name": "notebook", "ready": True, "restartCount": 0, "image": image,
-                             "imageID": image, "state": {"running": {}}}]},
-                    }
-                    url = f"{cluster.url}/api/v1/namespaces/{namespace}/pods/{name}"
-                    headers = {"Content-Type": "application/merge-patch+json"}
-                    async with session.patch(url, data=json.dumps(body), headers=headers) as response:
-                        response.raise_for_status()
-                await asyncio.sleep(0.05)
+    def run(namespace: str, name: str, pod: dict) -> dict | None:
+        if (pod.get("status") or {}).get("phase"):
+            return None
+        image = pod["spec"]["containers"][0].get("image", "")
+        return {
+            "metadata": {"namespace": namespace, "uid": f"uid-{namespace}-{name}"},
+            "status": {"phase": "Running", "podIP": "10.244.9.9", "containerStatuses": [
+                {"name": "notebook", "ready": True, "restartCount": 0, "image": image,
+                 "imageID": image, "state": {"running": {}}}]},
+        }
 
-    task = asyncio.ensure_future(run())
-    yield
-    task.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await task
+    async with pod_controller(cluster.url, cluster.handler, run, 0.05):
+        yield
 
 
 @pytest.fixture

@@ -1,8 +1,12 @@
 """Constants the gpu-kube tests share (a module of its own: every test folder has a conftest)."""
 
+import asyncio
+import contextlib
 import json
+from collections.abc import Callable
 from pathlib import Path
 
+import aiohttp
 import kmock
 import yaml
 
@@ -39,3 +43,31 @@ def write_kubeconfig(path: Path, url: str) -> Path:
         "current-context": "test",
     }))
     return path
+
+
+@contextlib.asynccontextmanager
+async def pod_controller(url: str, handler, change: Callable[[str, str, dict], dict | None], interval: float):
+    """While open, PATCHes through the API every live pod ``change(namespace, name, pod)``
+    returns a merge patch for, as a controller of the API server would (a kubelet, a webhook)."""
+
+    async def run() -> None:
+        async with aiohttp.ClientSession() as session:
+            while True:
+                for (resource, namespace, name), obj in list(handler.objects.items()):
+                    if resource != PODS or obj.deleted:
+                        continue
+                    body = change(namespace, name, obj)
+                    if body is None:
+                        continue
+                    async with session.patch(f"{url}/api/v1/namespaces/{namespace}/pods/{name}", data=json.dumps(body),
+                                             headers={"Content-Type": "application/merge-patch+json"}) as response:
+                        response.raise_for_status()
+                await asyncio.sleep(interval)
+
+    task = asyncio.ensure_future(run())
+    try:
+        yield
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task

@@ -10,7 +10,6 @@ adds the scheduling gate ``kueue.x-k8s.io/admission``.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import re
 
@@ -29,7 +28,7 @@ from gpuspawner.kube.kueue import (
     workload_problem,
 )
 from gpuspawner.ledger import cluster_holdings
-from kubefixtures import PODS, WORKLOADS, load_object
+from kubefixtures import PODS, WORKLOADS, load_object, pod_controller
 from profiles import A100, PROFILES, validate_pod
 
 GPU1 = {"profile": "gpu", "gpus": 1, "gpu_model": A100}
@@ -49,30 +48,19 @@ async def kueue_webhook(kueue):
     """Gates every created pod that carries Kueue's queue label, as Kueue's pod webhook does."""
     gated: set[str] = set()
 
-    async def run() -> None:
-        async with aiohttp.ClientSession() as session:
-            while True:
-                for (resource, namespace, name), obj in list(kueue.handler.objects.items()):
-                    labels = (obj.get("metadata") or {}).get("labels") or {}
-                    if resource != PODS or obj.deleted or QUEUE_LABEL not in labels or name in gated:
-                        continue
-                    gated.add(name)
-                    # the uid the API server gives it (the recorded Workload's job-uid label and owner)
-                    body = {"metadata": {"uid": POD_UID}, "spec": {"schedulingGates": [{"name": ADMISSION_GATE}]},
-                            "status": {"phase": "Pending", "conditions": [{
-                                "type": "PodScheduled", "status": "False", "reason": "SchedulingGated",
-                                "message": "Scheduling is blocked due to non-empty scheduling gates"}]}}
-                    url = f"{kueue.url}/api/v1/namespaces/{namespace}/pods/{name}"
-                    headers = {"Content-Type": "application/merge-patch+json"}
-                    async with session.patch(url, data=json.dumps(body), headers=headers) as response:
-                        response.raise_for_status()
-                await asyncio.sleep(0.02)
+    def gate(namespace: str, name: str, pod: dict) -> dict | None:
+        labels = (pod.get("metadata") or {}).get("labels") or {}
+        if QUEUE_LABEL not in labels or name in gated:
+            return None
+        gated.add(name)
+        # the uid the API server gives it (the recorded Workload's job-uid label and owner)
+        return {"metadata": {"uid": POD_UID}, "spec": {"schedulingGates": [{"name": ADMISSION_GATE}]},
+                "status": {"phase": "Pending", "conditions": [{
+                    "type": "PodScheduled", "status": "False", "reason": "SchedulingGated",
+                    "message": "Scheduling is blocked due to non-empty scheduling gates"}]}}
 
-    task = asyncio.ensure_future(run())
-    yield kueue
-    task.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await task
+    async with pod_controller(kueue.url, kueue.handler, gate, 0.02):
+        yield kueue
 
 
 def text(html: str) -> str:
