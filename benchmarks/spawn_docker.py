@@ -37,11 +37,11 @@ ROOT = Path(__file__).resolve().parent.parent
 # the test helpers (as pytest's pythonpath in pyproject.toml has them) and this checkout's gpuspawner
 sys.path[:0] = [str(ROOT / "tests" / d) for d in ("", "integration", "docker")] + [str(ROOT)]
 
-from spawn_timing import interleaved, print_medians, timed_spawn  # noqa: E402  (beside this script)
+from spawn_timing import interleaved, no_engine_here, print_medians, timed_spawn  # noqa: E402  (beside this script)
 
 import fakenvml  # noqa: E402
 from dockerhub import DockerHub  # noqa: E402
-from engine import Engine, gpu_config, unavailable_reason, visible_devices  # noqa: E402  (tests/docker/engine.py)
+from engine import Engine, gpu_config, visible_devices  # noqa: E402  (tests/docker/engine.py)
 
 GPU_PROFILE = [{"slug": "gpu", "display_name": "GPU", "gpu_models": ["any"], "gpu_counts": [1],
                 "default_gpus": 1, "default": True}]
@@ -131,9 +131,7 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=15, help="timed spawns per spawner (default 15)")
     parser.add_argument("--storm", type=int, default=40, help="concurrent spawns in the storm (default 40)")
     args = parser.parse_args()
-    reason = unavailable_reason()
-    if reason:
-        print(f"cannot run: {reason}")
+    if no_engine_here():
         return 1
     print(f"# {platform.node()}, {platform.processor() or platform.machine()}, Python {platform.python_version()}")
     work = Path(tempfile.mkdtemp(prefix="bench-docker-"))

@@ -42,11 +42,11 @@ ROOT = Path(__file__).resolve().parent.parent
 # the test helpers (as pytest's pythonpath in pyproject.toml has them) and this checkout's gpuspawner
 sys.path[:0] = [str(ROOT / "tests" / d) for d in ("", "integration", "docker")] + [str(ROOT)]
 
-from spawn_timing import interleaved, print_medians, timed_spawn  # noqa: E402  (beside this script)
+from spawn_timing import interleaved, no_engine_here, print_medians, timed_spawn  # noqa: E402  (beside this script)
 
 import fakenvml  # noqa: E402
 from dockerhub import DockerHub  # noqa: E402
-from engine import Engine, gpu_config, unavailable_reason  # noqa: E402  (tests/docker/engine.py)
+from engine import Engine, gpu_config  # noqa: E402  (tests/docker/engine.py)
 from gpuspawner.simulation import simulated_devices  # noqa: E402
 from gpuspawner.spawners.swarm_objects import MODEL_LABEL, RESOURCE_KIND  # noqa: E402
 from hub import free_port  # noqa: E402
@@ -146,9 +146,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=10, help="timed spawns per spawner (default 10)")
     args = parser.parse_args()
-    reason = unavailable_reason()
-    if reason:
-        print(f"cannot run: {reason}")
+    if no_engine_here():
         return 1
     print(machine())
     work = Path(tempfile.mkdtemp(prefix="bench-swarm-"))

@@ -68,3 +68,13 @@ def print_medians(times: Mapping[str, list[float]], labels: Mapping[str, str], s
     for key, label in labels.items():
         v = times[key + suffix]
         print(f"    {label:36s} {statistics.median(v):6.3f} s (min {min(v):.3f}, max {max(v):.3f})")
+
+
+def no_engine_here() -> bool:
+    """Say why no private Docker engine can run here (tests/docker/engine.py), if so."""
+    from engine import unavailable_reason
+
+    reason = unavailable_reason()
+    if reason:
+        print(f"cannot run: {reason}")
+    return bool(reason)

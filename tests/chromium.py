@@ -80,6 +80,14 @@ def one_gpu_file(path: Path, **reading) -> Path:
     return path
 
 
+def open_page(browser, url: str):
+    """A new 1400x900 page at ``url``, waiting up to 2 minutes for what it looks for."""
+    page = browser.new_page(viewport={"width": 1400, "height": 900})
+    page.set_default_timeout(120_000)
+    page.goto(url)
+    return page
+
+
 def expect_first_status(sync_api, status) -> None:
     """The status item shows the first reading, and its tooltip the GPU's details."""
     sync_api.expect(status).to_have_text(FIRST_STATUS, timeout=120_000)

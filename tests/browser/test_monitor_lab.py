@@ -12,24 +12,12 @@ import re
 
 import pytest
 
+import chromium
 import fakenvml
-from chromium import (
-    ARTIFACTS,
-    FIRST_READING,
-    NEEDS_BROWSER,
-    checkout_extension_env,
-    expect_first_status,
-    one_gpu_file,
-    playwright_sync_api,
-)
 from jupyter_server_proc import JupyterServer
 
-pytestmark = [
-    pytest.mark.monitor,
-    *NEEDS_BROWSER,
-]
-
-sync_api = playwright_sync_api()
+pytestmark = [pytest.mark.monitor, *chromium.NEEDS_BROWSER]
+sync_api = chromium.playwright_sync_api()
 
 
 
@@ -37,8 +25,8 @@ sync_api = playwright_sync_api()
 def lab(tmp_path, env, monkeypatch) -> JupyterServer:
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     monkeypatch.delenv("NVIDIA_VISIBLE_DEVICES", raising=False)
-    return JupyterServer(tmp_path / "lab", {**env, **checkout_extension_env(tmp_path)}, ["--GPUMonitor.interval=0.5"],
-                         app="jupyterlab")
+    return JupyterServer(tmp_path / "lab", {**env, **chromium.checkout_extension_env(tmp_path)},
+                         ["--GPUMonitor.interval=0.5"], app="jupyterlab")
 
 
 def canvas_images(page) -> list[str]:
@@ -48,14 +36,12 @@ def canvas_images(page) -> list[str]:
 
 
 def test_status_bar_and_panel_follow_the_stand_in(tmp_path, fakenvml_libdir, browser, monkeypatch):
-    path = one_gpu_file(tmp_path / "gpus.json", **FIRST_READING)
-    ARTIFACTS.mkdir(exist_ok=True)
+    path = chromium.one_gpu_file(tmp_path / "gpus.json", **chromium.FIRST_READING)
+    chromium.ARTIFACTS.mkdir(exist_ok=True)
     with lab(tmp_path, fakenvml.env(fakenvml_libdir, path), monkeypatch) as server:
-        page = browser.new_page(viewport={"width": 1400, "height": 900})
-        page.set_default_timeout(120_000)
-        page.goto(f"{server.url}lab?token={server.token}")
+        page = chromium.open_page(browser, f"{server.url}lab?token={server.token}")
         status = page.locator("[data-gpuspawner=status]")
-        expect_first_status(sync_api, status)
+        chromium.expect_first_status(sync_api, status)
 
         status.click()  # opens the GPU panel (command gpu:open-panel)
         card = page.locator(".jp-gpuspawner-Card[data-gpu-index='0']")
@@ -80,7 +66,7 @@ def test_status_bar_and_panel_follow_the_stand_in(tmp_path, fakenvml_libdir, bro
         after = canvas_images(page)
         assert len(after) == len(before) == 5, "the panel still shows its five charts"
         assert all(a != b for a, b in zip(before, after, strict=True)), "every chart drew the new values"
-        page.screenshot(path=str(ARTIFACTS / "monitor-lab-panel.png"))
+        page.screenshot(path=str(chromium.ARTIFACTS / "monitor-lab-panel.png"))
 
         # power reading stops being supported: the panel says N/A and why
         busy["faults"] = {"nvmlDeviceGetPowerUsage": "NOT_SUPPORTED"}
@@ -114,7 +100,7 @@ def test_panel_shows_the_link_matrix_and_nvlink_throughput(tmp_path, fakenvml_li
         sync_api.expect(card.locator("[data-field=nvlink]")).to_have_text(
             re.compile(r"NVLink \(6 links\): tx 1[12]\.\d · rx 0\.0 MB/s"))
         sync_api.expect(card.locator("[data-field=pcie]")).to_have_text("PCIe: tx 1.0 · rx 0.0 MB/s")
-        page.screenshot(path=str(ARTIFACTS / "monitor-lab-topology.png"))
+        page.screenshot(path=str(chromium.ARTIFACTS / "monitor-lab-topology.png"))
 
 
 def test_no_driver_is_said_plainly(tmp_path, fakenvml_libdir, browser, monkeypatch):
@@ -128,5 +114,5 @@ def test_no_driver_is_said_plainly(tmp_path, fakenvml_libdir, browser, monkeypat
         status.click()
         sync_api.expect(page.locator("[data-gpuspawner=panel-status]")).to_contain_text(
             "NVIDIA driver is not loaded. GPU statistics are not available on this server.")
-        ARTIFACTS.mkdir(exist_ok=True)
-        page.screenshot(path=str(ARTIFACTS / "monitor-lab-no-driver.png"))
+        chromium.ARTIFACTS.mkdir(exist_ok=True)
+        page.screenshot(path=str(chromium.ARTIFACTS / "monitor-lab-no-driver.png"))

@@ -11,25 +11,13 @@ import json
 
 import pytest
 
+import chromium
 import fakenvml
 import needs
-from chromium import (
-    ARTIFACTS,
-    FIRST_READING,
-    NEEDS_BROWSER,
-    checkout_extension_env,
-    expect_first_status,
-    one_gpu_file,
-    playwright_sync_api,
-)
 from jupyter_server_proc import JupyterServer
 
-pytestmark = [
-    pytest.mark.monitor,
-    *NEEDS_BROWSER,
-]
-
-sync_api = playwright_sync_api()
+pytestmark = [pytest.mark.monitor, *chromium.NEEDS_BROWSER]
+sync_api = chromium.playwright_sync_api()
 needs.module("notebook.app", "needs Notebook 7 (pip install -e .[test])")
 
 
@@ -43,20 +31,18 @@ def notebook7(tmp_path, env, monkeypatch) -> JupyterServer:
         "cells": [], "nbformat": 4, "nbformat_minor": 5,
         "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}},
     }))
-    return JupyterServer(workdir, {**env, **checkout_extension_env(tmp_path)}, ["--GPUMonitor.interval=0.5"],
+    return JupyterServer(workdir, {**env, **chromium.checkout_extension_env(tmp_path)}, ["--GPUMonitor.interval=0.5"],
                          app="notebook")
 
 
 @pytest.mark.parametrize("page_path", ["notebooks/train.ipynb", "tree"])
 def test_top_bar_item_and_panel_follow_the_stand_in(tmp_path, fakenvml_libdir, browser, monkeypatch, page_path):
-    path = one_gpu_file(tmp_path / "gpus.json", **FIRST_READING)
-    ARTIFACTS.mkdir(exist_ok=True)
+    path = chromium.one_gpu_file(tmp_path / "gpus.json", **chromium.FIRST_READING)
+    chromium.ARTIFACTS.mkdir(exist_ok=True)
     with notebook7(tmp_path, fakenvml.env(fakenvml_libdir, path), monkeypatch) as server:
-        page = browser.new_page(viewport={"width": 1400, "height": 900})
-        page.set_default_timeout(120_000)
-        page.goto(f"{server.url}{page_path}?token={server.token}")
+        page = chromium.open_page(browser, f"{server.url}{page_path}?token={server.token}")
         status = page.get_by_role("banner").locator("[data-gpuspawner=status]")  # the top bar
-        expect_first_status(sync_api, status)
+        chromium.expect_first_status(sync_api, status)
 
         status.click()  # opens the GPU panel (command gpu:open-panel) in the right side panel
         panel = page.locator("#gpuspawner-gpu-panel")
@@ -76,4 +62,4 @@ def test_top_bar_item_and_panel_follow_the_stand_in(tmp_path, fakenvml_libdir, b
         sync_api.expect(status).to_have_text("GPU 41% | 60.5 / 80.0 GiB")
         sync_api.expect(card.locator("[data-field=util]")).to_have_text("Utilisation: 41 / 100 %")
         sync_api.expect(card.locator("[data-field=temperature]")).to_have_text("Temperature: 71 °C")
-        page.screenshot(path=str(ARTIFACTS / f"monitor-notebook7-{page_path.split('/')[0]}.png"))
+        page.screenshot(path=str(chromium.ARTIFACTS / f"monitor-notebook7-{page_path.split('/')[0]}.png"))
