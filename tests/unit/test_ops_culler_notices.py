@@ -45,9 +45,9 @@ def test_each_start_of_a_server_is_tracked_apart():
     assert first != second and first == start_key({"owner": "a/", "since": 100.0, "state": "running"})
     t.observe(first, [(100, 1), (145, 1)], now=145)
     t.warned(first, 145)
-    assert t.observe(first, [(161, 1)], now=161)[0] == "stop"
+    assert t.observe(first, [(166, 1)], now=166)[0] == "stop"
     # the next start of the same server: its own idle time, and a warning before any stop
-    assert t.observe(second, [(131, 1), (162, 1)], now=162) == ("idle", 31)
+    assert t.observe(second, [(131, 1), (167, 1)], now=167) == ("idle", 36)
     assert t.observe(second, [(175, 1)], now=175) == ("warn", 44)
     t.forget_except({second})
     assert t.observe(first, [(180, 1)], now=180) == ("idle", 0)
