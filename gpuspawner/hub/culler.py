@@ -15,6 +15,14 @@ is still idle ``idle-timeout`` seconds in and at least ``warn-before`` seconds
 after the warning, it stops the server and logs why. Any GPU at or above the
 threshold starts the count again. Needs the scopes in ``setup.CULLER_SCOPES``.
 
+Tracking belongs to one start of one server: it is keyed by the server and the
+time its GPUs were taken (``since`` in ``/hub/api/gpus``), so a server stopped
+and started again, however quickly, begins with a clean record. A server is
+stopped only after a warning that its server accepted (a notice the server did
+not take is tried again the next round), and only while the start that was
+warned still holds the GPUs: the culler reads the overview again right before
+it stops a server, so a user who restarted meanwhile keeps the new server.
+
 Lifetime: one culler per hub, and none without its hub.
 
 - *It ends with its hub.* Every ``HUB_CHECK_INTERVAL`` second it compares its
@@ -90,20 +98,21 @@ class _Idle:
 
 @dataclass
 class IdleTracker:
-    """Pure bookkeeping: per server, since when its GPUs are idle and what to do now."""
+    """Pure bookkeeping: per server start (any hashable key), since when its GPUs are idle and
+    what to do now."""
 
     threshold: float
     idle_timeout: float
     warn_before: float
     _servers: dict[str, _Idle] = field(default_factory=dict)
 
-    def observe(self, owner: str, samples: list[tuple[float, float | None]], now: float) -> tuple[str, float]:
+    def observe(self, key: str, samples: list[tuple[float, float | None]], now: float) -> tuple[str, float]:
         """Feed (sample time, highest GPU utilisation) pairs; return (action, seconds idle).
 
         Actions: ``"busy"``, ``"idle"`` (not long enough yet), ``"warn"`` (warn now)
         and ``"stop"`` (warned long enough ago and still idle).
         """
-        state = self._servers.setdefault(owner, _Idle())
+        state = self._servers.setdefault(key, _Idle())
         for at, utilization in sorted(samples):
             if at <= state.last_sample:
                 continue
@@ -126,12 +135,18 @@ class IdleTracker:
             return "stop", idle_for
         return "idle", idle_for
 
-    def warned(self, owner: str, now: float) -> None:
-        self._servers.setdefault(owner, _Idle()).warned_at = now
+    def warned(self, key: str, now: float) -> None:
+        self._servers.setdefault(key, _Idle()).warned_at = now
 
-    def forget_except(self, owners: set[str]) -> None:
-        for gone in set(self._servers) - owners:
+    def forget_except(self, keys: set[str]) -> None:
+        for gone in set(self._servers) - keys:
             del self._servers[gone]
+
+
+def start_key(holder: dict) -> str:
+    """One start of one server: its owner and when it took its GPUs (``since`` on the overview)."""
+    since = holder.get("since")
+    return f"{holder['owner']}@{since!r}"
 
 
 def highest_utilization(sample: dict) -> float | None:
@@ -168,7 +183,11 @@ class Culler:
         return path if path.startswith("http") else self.args.url.rstrip("/") + path
 
     async def holders(self) -> dict[str, dict]:
-        """owner -> {user, server, url, uuids} for running servers holding GPUs."""
+        """start key -> {owner, user, server, since, url, uuids} for running servers holding GPUs.
+
+        The key (:func:`start_key`) names one start of one server, so that what is
+        tracked of an earlier start never carries over to the next.
+        """
         code, data = await self._call("GET", f"{self.api_url}/gpus")
         if code != 200 or not data:
             log.error("cannot read the GPU overview: HTTP %s %s", code, data)
@@ -179,11 +198,12 @@ class Culler:
             if holder and holder.get("kind") == "job":
                 continue  # a notebook job ends by itself (or at its time limit): never culled
             if holder and holder.get("state") == "running" and holder.get("url"):
-                entry = found.setdefault(holder["owner"], {**holder, "uuids": []})
+                entry = found.setdefault(start_key(holder), {**holder, "uuids": []})
                 entry["uuids"].append(gpu["uuid"])
         return found
 
-    async def check(self, owner: str, holder: dict, now: float) -> None:
+    async def check(self, key: str, holder: dict, now: float) -> None:
+        owner = holder["owner"]
         base = self._server_url(holder["url"]).rstrip("/")
         window = max(self.args.period * 3, 30)
         code, sample = await self._call("GET", f"{base}/api/gpus?history={window:g}")
@@ -193,7 +213,7 @@ class Culler:
         samples = [(s["time"], highest_utilization(s)) for s in sample.get("history", [])]
         samples.append((sample["time"], highest_utilization(sample)))
         await self.report(owner, samples=samples)
-        action, idle_for = self.tracker.observe(owner, samples, now)
+        action, idle_for = self.tracker.observe(key, samples, now)
         what = (f"its GPUs ({', '.join(holder['uuids'])}) stayed below {self.args.threshold:g}% utilisation "
                 f"for {_duration(idle_for)}")
         if action == "warn":
@@ -202,10 +222,16 @@ class Culler:
                        "Use them, or stop the server yourself to give them to others.")
             notice = {"id": NOTICE_ID, "level": "warning", "message": message, "source": "gpu-culler"}
             code, _ = await self._call("POST", f"{base}/api/gpus/notices", notice)
-            self.tracker.warned(owner, now)
+            if not 200 <= code < 300:  # not warned: no stop until a warning got through
+                log.warning("%s: its server did not take the warning (HTTP %s); trying again next round", owner, code)
+                return
+            self.tracker.warned(key, now)
             log.warning("warned %s (notice HTTP %s): %s; stopping it in %s unless they are used",
                         owner, code, what, _duration(self.args.warn_before))
         elif action == "stop":
+            if key not in await self.holders():
+                log.info("%s: not stopped: the start that was warned no longer holds its GPUs", owner)
+                return
             user, server = holder["user"], holder["server"]
             path = f"/users/{quote(user)}/servers/{quote(server)}" if server else f"/users/{quote(user)}/server"
             await self.report(owner, end_reason="culled")  # before the stop: the usage record says why it ended
@@ -226,7 +252,7 @@ class Culler:
         holders = await self.holders()
         self.tracker.forget_except(set(holders))
         now = time.time()
-        await asyncio.gather(*(self.check(o, h, now) for o, h in holders.items()), return_exceptions=False)
+        await asyncio.gather(*(self.check(k, h, now) for k, h in holders.items()), return_exceptions=False)
 
     async def run(self) -> None:
         log.info("GPU idle culler: every %ss, stop servers whose GPUs stay below %s%% for %ss (warning %ss before)",

@@ -69,10 +69,10 @@ def parse_time(text: str, name: str) -> float:
     return value
 
 
-def iso(epoch: float | None) -> str | None:
+def iso(epoch: float | None, timespec: str = "seconds") -> str | None:
     if epoch is None:
         return None
-    return datetime.fromtimestamp(epoch, timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
+    return datetime.fromtimestamp(epoch, timezone.utc).isoformat(timespec=timespec).replace("+00:00", "Z")
 
 
 @dataclass
@@ -142,7 +142,8 @@ def allocation_rows(parts: list[Share]) -> list[dict]:
             "id": row.id, "owner": row.owner, "user": row.user, "kind": row.kind,
             "groups": json.loads(row.groups or "[]"), "model": row.model, "host": row.host,
             "gpu_count": row.gpu_count, "uuids": [g["uuid"] for g in json.loads(row.gpus or "[]")],
-            "started": iso(row.started), "ended": iso(row.ended), "end_reason": row.end_reason,
+            "started": iso(row.started, "milliseconds"), "ended": iso(row.ended, "milliseconds"),
+            "end_reason": row.end_reason,
             "gpu_hours": _hours(part.held), "busy_gpu_hours": _hours(part.busy), "idle_gpu_hours": _hours(part.idle),
             "unsampled_gpu_hours": _hours(part.unsampled),
         })

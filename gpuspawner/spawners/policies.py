@@ -140,7 +140,8 @@ class GPUPolicyMixin(Configurable):
         started = time.monotonic()
 
         def place(gpus: tuple[GPU, ...]) -> tuple[GPU, ...]:
-            return ledger.reserve(gpus, request, admit=lambda held: check(quota, request.count, held, request.owner))
+            return ledger.reserve(gpus, request, admit=lambda held: check(
+                quota, request.count, held, request.owner, self.queued_gpus(request.owner)))
 
         try:
             if request.count and choice.profile.queue:
@@ -183,16 +184,25 @@ class GPUPolicyMixin(Configurable):
         """
         queue = self.hub_state.queue
         quota = self.gpu_quota()
-        waiting: dict[str, int] = {}
-        for w in queue.waiters():
-            waiting[w.user] = waiting.get(w.user, 0) + w.count
-        check(quota, request.count, self.ledger.allocations(), request.owner, waiting)
+        check(quota, request.count, self.ledger.allocations(), request.owner, self.queued_gpus(request.owner))
         waiter = queue.join(request.owner, quota.user, request.count, request.models, profile)
 
         def report(position: int, text: str) -> None:
             self.gpu_event(text, 20)
 
         return await queue.serve(waiter, read, place, self.gpu_queue_timeout, report, recheck=self.gpu_queue_recheck)
+
+    def queued_gpus(self, owner: str) -> dict[str, int]:
+        """user -> GPUs asked for by their spawns waiting in the hub's queue, ``owner``'s own left out.
+
+        Quotas count them beside what is held, in every check (a server, a job, a queued
+        spawn when it is served), so a user never holds and waits for more than the quota.
+        """
+        waiting: dict[str, int] = {}
+        for w in self.hub_state.queue.waiters():
+            if w.owner != owner:
+                waiting[w.user] = waiting.get(w.user, 0) + w.count
+        return waiting
 
     def claim_cluster_gpus(
         self, request: GPURequest, holdings: Mapping[str, int], refusal: PlacementError | None = None,
@@ -212,7 +222,7 @@ class GPUPolicyMixin(Configurable):
         started = time.monotonic()
 
         def admit(held: Mapping[str, tuple[str, ...]]) -> None:
-            check(quota, request.count, held, request.owner)
+            check(quota, request.count, held, request.owner, self.queued_gpus(request.owner))
             if refusal is not None:
                 raise refusal
 

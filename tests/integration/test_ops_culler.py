@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import re
+import signal
 import time
 
 import pytest
@@ -9,6 +12,7 @@ import requests
 
 from ops_hub import OpsHub
 from test_local_hub import TWO_GPUS, login, start
+from test_ops_culler_lifetime import cullers
 from test_ops_overview import user_token, wait_for
 
 pytestmark = pytest.mark.integration
@@ -33,7 +37,7 @@ def notices(hub, name: str, token: str) -> list[dict]:
     return r.json()["notices"] if r.status_code == 200 else []
 
 
-def test_only_the_idle_server_is_warned_then_stopped(ops_hub):
+def test_only_the_idle_server_is_warned_then_stopped_and_a_new_start_begins_clean(ops_hub):
     hub = ops_hub
     hub.add_users("alice", "bob")
     alice_gpus = start(hub, "alice", TWO_GPUS)
@@ -42,22 +46,48 @@ def test_only_the_idle_server_is_warned_then_stopped(ops_hub):
     alice_token = user_token(hub, login(hub, "alice"), "alice")
     bob_token = user_token(hub, login(hub, "bob"), "bob")
 
-    warning = wait_for(lambda: notices(hub, "bob", bob_token), timeout=120, interval=0.5)
+    warning = wait_for(lambda: notices(hub, "bob", bob_token), timeout=120, interval=0.2)
     assert warning, hub.log()
     assert warning[0]["level"] == "warning" and warning[0]["source"] == "gpu-culler"
     assert warning[0]["message"].startswith("This server will be stopped in 6 seconds because its GPUs are idle")
     assert hub.user("bob")["servers"][""]["ready"], "warned first, still running"
 
+    # Bob stops and starts his server within one culler period (the culler is held still meanwhile,
+    # as a culler with the usual period of a minute would be): the new start is tracked afresh, so
+    # it is warned in its turn before it is stopped, not stopped at the next round on the strength
+    # of the first start's idle time and warning.
+    (culler,) = cullers(hub)
+    os.kill(culler, signal.SIGSTOP)
+    try:
+        assert hub.api("DELETE", "/users/bob/server").status_code in (202, 204)
+        assert wait_for(lambda: not hub.user("bob")["servers"], timeout=60, interval=0.1)
+        restarted = time.time()
+        bob_gpus = start(hub, "bob", TWO_GPUS)
+        hub.set_utilization({u: 2 for u in bob_gpus})
+    finally:
+        os.kill(culler, signal.SIGCONT)
+
+    def warned_or_gone():
+        if not hub.user("bob")["servers"]:
+            return "stopped"
+        return "warned" if notices(hub, "bob", bob_token) else None
+
+    assert wait_for(warned_or_gone, timeout=120, interval=0.2) == "warned", (
+        "the new start was stopped without a warning of its own\n" + hub.log_path.read_text()[-4000:])
     assert wait_for(lambda: not hub.user("bob")["servers"], timeout=120), hub.log()
+    stopped = time.time()
     log = hub.log_path.read_text()
-    assert "warned bob/" in log
+    warned_lines = [line for line in log.splitlines() if "warned bob/" in line]
     stop_lines = [line for line in log.splitlines() if "stopping bob/ because its GPUs" in line]
-    assert stop_lines and "stayed below 10% utilisation" in stop_lines[0], log[-3000:]
-    assert all(u in stop_lines[0] for u in bob_gpus)
-    assert log.index("warned bob/") < log.index("stopping bob/")
+    assert len(warned_lines) == 2 and len(stop_lines) == 1, log[-4000:]
+    assert log.index(warned_lines[1]) < log.index(stop_lines[0])
+    assert "stayed below 10% utilisation" in stop_lines[0] and all(u in stop_lines[0] for u in bob_gpus)
+    # the idle time that got it stopped is the new start's own
+    idle = int(re.search(r"utilisation for (\d+) seconds", stop_lines[0]).group(1))
+    assert CULLER["idle_timeout"] <= idle <= stopped - restarted + 1, stop_lines[0]
 
     # the busy one keeps running, unwarned
-    time.sleep(CULLER["idle_timeout"])
+    time.sleep(CULLER["period"])
     assert hub.user("alice")["servers"][""]["ready"]
     assert notices(hub, "alice", alice_token) == []
     culler_lines = [line for line in log.splitlines() if "gpu-culler" in line]

@@ -7,7 +7,7 @@ import json
 import pytest
 from tornado import web
 
-from gpuspawner.hub.culler import IdleTracker, highest_utilization, parse_args
+from gpuspawner.hub.culler import IdleTracker, highest_utilization, parse_args, start_key
 from gpuspawner.monitor.notices import NoticeBoard, parse_notice
 
 
@@ -36,6 +36,21 @@ def test_any_busy_sample_starts_over_and_forgets_the_warning():
     t.warned("a/", 45)
     assert t.observe("a/", [(50, 80)], now=50) == ("busy", 0.0)
     assert t.observe("a/", [(55, 1), (70, 1)], now=70) == ("idle", 15)
+
+
+def test_each_start_of_a_server_is_tracked_apart():
+    t = tracker()
+    first = start_key({"owner": "a/", "since": 100.0})
+    second = start_key({"owner": "a/", "since": 130.5})
+    assert first != second and first == start_key({"owner": "a/", "since": 100.0, "state": "running"})
+    t.observe(first, [(100, 1), (145, 1)], now=145)
+    t.warned(first, 145)
+    assert t.observe(first, [(166, 1)], now=166)[0] == "stop"
+    # the next start of the same server: its own idle time, and a warning before any stop
+    assert t.observe(second, [(131, 1), (167, 1)], now=167) == ("idle", 36)
+    assert t.observe(second, [(175, 1)], now=175) == ("warn", 44)
+    t.forget_except({second})
+    assert t.observe(first, [(180, 1)], now=180) == ("idle", 0)
 
 
 def test_old_and_unknown_samples_are_ignored():

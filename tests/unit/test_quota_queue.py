@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from types import SimpleNamespace
 
 import pytest
 
 from gpuspawner.gpu import GPU
 from gpuspawner.ledger import Ledger
 from gpuspawner.placement import GPURequest, PlacementError
-from gpuspawner.profiles import OptionsError, load_profiles, profile_from_config
+from gpuspawner.profiles import Choice, OptionsError, load_profiles, profile_from_config
 from gpuspawner.queue import GPUQueue, QueueTimeout
 from gpuspawner.quota import Quota, QuotaError, check
+from gpuspawner.spawners.policies import GPUPolicyMixin
+from gpuspawner.state import GPUHubSettings, HubState
 
 A100 = "NVIDIA A100-SXM4-80GB"
 T4 = "Tesla T4"
@@ -183,6 +186,47 @@ async def test_a_refusal_a_wait_cannot_cure_ends_the_wait_at_once():
     with pytest.raises(QuotaError):
         await asyncio.wait_for(queue.serve(waiter, read, place, timeout=60), 5)
     assert len(queue) == 0
+
+
+class _Spawns(GPUPolicyMixin):
+    """The policies of one user's spawns on a hub state of static GPUs (no JupyterHub around)."""
+
+    def __init__(self, state: HubState, user: str, **config) -> None:
+        super().__init__(**config)
+        self.hub_state = state
+        self.user = SimpleNamespace(name=user, groups=[])
+        self.events: list[str] = []
+
+    @property
+    def ledger(self) -> Ledger:
+        return self.hub_state.ledger
+
+    def gpu_event(self, message: str, progress: int) -> None:
+        self.events.append(message)
+
+
+async def test_a_user_waiting_in_the_queue_cannot_also_hold_past_the_quota():
+    static = [{"uuid": "GPU-a", "name": A100}, {"uuid": "GPU-t", "name": T4}]
+    state = HubState(GPUHubSettings(gpu_inventory="static", static_gpus=static))
+    reading = await state.inventory.read()
+    queued = profile_from_config({"display_name": "A100, queued", "gpu_models": ["a100"], "gpu_counts": [1],
+                                  "queue": True})
+    plain = profile_from_config({"display_name": "T4", "gpu_models": ["t4"], "gpu_counts": [1]})
+    state.ledger.reserve(reading.gpus, GPURequest("bob/", 1, ("a100",)))
+    alice = _Spawns(state, "alice", gpu_quota_per_user=1, gpu_queue_recheck=0.05)
+    waiting = asyncio.ensure_future(alice.place_request(
+        reading, GPURequest("alice/a", 1, ("a100",)), Choice(queued, 1, "a100")))
+    while not state.queue.waiters():
+        await asyncio.sleep(0.01)
+    # a T4 is free, but alice already waits for her one GPU: the second server is refused
+    with pytest.raises(QuotaError) as refused:
+        await alice.place_request(reading, GPURequest("alice/t", 1, ("t4",)), Choice(plain, 1, "t4"))
+    assert "your queued spawns wait for 1" in str(refused.value)
+    assert state.ledger.holder("GPU-t") is None
+    state.ledger.release("bob/")
+    state.queue.wake()
+    assert [g.uuid for g in await asyncio.wait_for(waiting, 5)] == ["GPU-a"]  # served: its own wait not counted
+    assert state.ledger.allocations() == {"alice/a": ("GPU-a",)}
 
 
 # ---------------------------------------------------------------- profile keys
