@@ -151,6 +151,18 @@ class _Reason:
     at: float
 
 
+@dataclass(frozen=True)
+class _Waiting:
+    """An event from before :meth:`UsageRecorder.attach`: a ledger event, or a reason told."""
+
+    event: str  # "hold" | "release" | "reason"
+    owner: str
+    at: float  # when it happened
+    uuids: tuple[str, ...] = ()
+    since: float = 0.0
+    reason: str = ""
+
+
 GPUInfo = Callable[[str], dict]  # uuid -> {uuid, name, model, host, index}
 Groups = Callable[[Session, str], list[str]]  # (session, user) -> group names
 
@@ -171,8 +183,7 @@ class UsageRecorder:
         self._clock = clock
         self._groups = groups
         self.session: Session | None = None
-        #: events before attach(): (event, owner, uuids, since, when it happened)
-        self._waiting: list[tuple[str, str, tuple[str, ...], float, float]] = []
+        self._waiting: list[_Waiting] = []  # events before attach(), in order
         self._open: dict[str, int] = {}  # owner -> id of its open row
         self._reasons: dict[str, _Reason] = {}
         self._reconciling = 0
@@ -198,8 +209,11 @@ class UsageRecorder:
             self._from_before.add(row.owner)
         session.commit()
         waiting, self._waiting = self._waiting, []
-        for event, owner, uuids, since, at in waiting:
-            self._record(event, owner, uuids, since, at)
+        for w in waiting:
+            if w.event == "reason":
+                self._reasons[w.owner] = _Reason(w.reason, w.at)
+            else:
+                self._record(w.event, w.owner, w.uuids, w.since, w.at)
 
     # ------------------------------------------------------------ the ledger's events
 
@@ -207,7 +221,7 @@ class UsageRecorder:
         """The ledger's observer (see :data:`gpuspawner.ledger.Observer`)."""
         at = self._clock()
         if self.session is None:  # written with its own time once the hub's database is attached
-            self._waiting.append((event, owner, uuids, since, at))
+            self._waiting.append(_Waiting(event, owner, at, uuids, since))
             return
         self._record(event, owner, uuids, since, at)
 
@@ -281,17 +295,19 @@ class UsageRecorder:
         """
         if reason not in END_REASONS:
             raise ValueError(f"end reason must be one of {', '.join(END_REASONS)}, not {reason!r}")
-        if self.session is None:
+        if self.session is None:  # told in order with the ledger's events that wait for attach()
             if not self._waits_holding(owner):
                 return False
-        elif owner not in self._open:
+            self._waiting.append(_Waiting("reason", owner, self._clock(), reason=reason))
+            return True
+        if owner not in self._open:
             return self._correct_crashed(owner, reason)
         self._reasons[owner] = _Reason(reason, self._clock())
         return True
 
     def _waits_holding(self, owner: str) -> bool:
-        """Whether ``owner``'s last event waiting for attach() is a hold."""
-        last = next((event for event, who, *_ in reversed(self._waiting) if who == owner), None)
+        """Whether ``owner``'s last ledger event waiting for attach() is a hold."""
+        last = next((w.event for w in reversed(self._waiting) if w.owner == owner and w.event != "reason"), None)
         return last == "hold"
 
     def _correct_crashed(self, owner: str, reason: str) -> bool:
