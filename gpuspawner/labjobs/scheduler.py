@@ -30,7 +30,6 @@ import json
 import os
 import urllib.error
 import urllib.request
-import uuid
 from pathlib import Path
 
 from jupyter_scheduler.environments import CondaEnvironmentManager
@@ -159,7 +158,6 @@ class GPUScheduler(Scheduler):
             offered = [f for f in (model.output_formats or ["ipynb"]) if f in ("ipynb", "html")]
             model.output_formats = offered or ["ipynb"]
             job = Job(**model.dict(exclude_none=True, exclude={"input_uri"}))
-            job.job_id = uuid.uuid4().hex  # the hub's form of id: the hub's job gets this same one
             job.compute_type = chosen["label"]
             session.add(job)
             session.commit()
@@ -171,7 +169,7 @@ class GPUScheduler(Scheduler):
                 "outputs": {fmt: self._relative(staging[fmt]) for fmt in model.output_formats},
                 "log": self._relative(str(Path(staging["input"]).with_suffix(".log"))),
                 "parameters": {k: parameter_value(v) for k, v in (model.parameters or {}).items()},
-                "name": model.name, "id": job.job_id,
+                "name": model.name, "id": job.job_id,  # the hub's job gets the id the job list shows
             }
             code, answer = hub.call("POST", "gpu-jobs", body)
             if code != 201:
