@@ -285,13 +285,14 @@ class UsageRecorder:
 
     # ------------------------------------------------------------ reasons and reconciliation
 
-    def end_reason(self, owner: str, reason: str) -> bool:
+    def end_reason(self, owner: str, reason: str, replaces_crashed: bool = False) -> bool:
         """Say why ``owner``'s holding is about to end; False when it holds nothing recorded.
 
         Before the recorder is attached, a holding that waits to be written counts.
-        After a reconciliation closed ``owner``'s row as ``crashed`` (gone while the
-        hub was down), the reason told replaces ``crashed``: the hub has learnt how it
-        ended (a notebook job's outcome); its end time stays.
+        ``replaces_crashed``: the caller knows how it really ended (a notebook job's
+        outcome, read after a restart), so when a reconciliation closed ``owner``'s row
+        as ``crashed`` (gone while the hub was down), ``reason`` replaces ``crashed``;
+        its end time stays.
         """
         if reason not in END_REASONS:
             raise ValueError(f"end reason must be one of {', '.join(END_REASONS)}, not {reason!r}")
@@ -301,7 +302,7 @@ class UsageRecorder:
             self._waiting.append(_Waiting("reason", owner, self._clock(), reason=reason))
             return True
         if owner not in self._open:
-            return self._correct_crashed(owner, reason)
+            return replaces_crashed and self._correct_crashed(owner, reason)
         self._reasons[owner] = _Reason(reason, self._clock())
         return True
 

@@ -238,8 +238,9 @@ class JobManager:
             return
 
     def _finish(self, record: JobRecord, spawner: Any, state: str, reason: str, exit_code: int | None) -> None:
-        # the usage record ends with the job's own outcome (completed, failed, cancelled, timed_out)
-        self.state.usage.end_reason(spawner.gpu_owner, state)
+        # the usage record ends with the job's own outcome (completed, failed, cancelled, timed_out),
+        # also when the hub found it gone after a restart and only now read how it ended
+        self.state.usage.end_reason(spawner.gpu_owner, state, replaces_crashed=True)
         spawner.release_gpus()
         self._cancel.pop(record.id, None)
         self._save(record.changed(state=state, reason=reason, ended=time.time(), exit_code=exit_code))
