@@ -4,19 +4,31 @@ Every holder of GPUs goes through the hub's :class:`~gpuspawner.ledger.Ledger`
 (servers, notebook jobs, allocations adopted after a restart), and the
 :class:`UsageRecorder` of the hub's :class:`~gpuspawner.state.HubState`
 observes it: a hold opens a row, a release closes it with the reason it was
-told (``stopped`` by default). Rows live in the table
+told (``stopped`` by default). Each event is recorded with its own time, also
+when it happens before the recorder is attached to the hub's database (the
+hub attaches it as soon as it is up, see :mod:`gpuspawner.hub.setup`; events
+before that wait, with their times, and are written then). Rows live in the table
 ``gpuspawner_allocations`` of JupyterHub's own database, written through the
 hub's SQLAlchemy session (so SQLite never sees two writers of one process),
 with a declarative base of their own: JupyterHub's schema is not touched.
 
-End reasons:
+End reasons (:data:`END_REASONS`):
 
-- ``stopped``: the server (or job) was stopped by its user, an admin or the API;
+- ``stopped``: the server was stopped by its user, an admin or the API;
 - ``culled``: stopped by the GPU idle culler, which tells the hub before it stops
   the server (``POST /hub/api/gpus/usage/report``);
-- ``failed``: its start failed, or it exited on its own while the hub ran;
-- ``crashed``: the hub found, when it came back, that the server was gone
-  (its end is then its last utilisation sample, or the time the hub found out).
+- ``failed``: a server's start failed, or it exited on its own while the hub ran;
+  a notebook job that failed (its notebook raised, its process exited non-zero,
+  its backend ended it, or it could not be started);
+- ``crashed``: the hub found, when it came back, that the server (or job) was gone
+  (its end is then its last utilisation sample, or the time the hub found out);
+  a job whose outcome the hub learns afterwards gets that outcome instead;
+- ``completed``: a notebook job that ran to its end;
+- ``cancelled``: a notebook job cancelled by its user, an admin or the API;
+- ``timed_out``: a notebook job stopped at its time limit (the hub's or its backend's).
+
+A job's row has the owner ``user/job/<id>``, where ``<id>`` is the job's id in
+the job API (and in JupyterLab's job list, which uses the same id).
 
 Busy and idle: the culler reports each round the samples it read from the
 server's monitor (time, highest utilisation of the server's GPUs). The time
@@ -51,7 +63,8 @@ __all__ = ["Allocation", "UsageRecorder", "migrate", "owner_kind", "END_REASONS"
 log = logging.getLogger("gpuspawner.usage")
 
 SCHEMA_VERSION = 1
-END_REASONS = ("stopped", "culled", "failed", "crashed")
+#: why an allocation ended: servers' reasons, then notebook jobs' (a job's final state)
+END_REASONS = ("stopped", "culled", "failed", "crashed", "completed", "cancelled", "timed_out")
 #: Longest gap (seconds) between two utilisation samples that still counts as busy or idle.
 MAX_GAP = 300.0
 #: Seconds a reason told before a stop (the culler's) stays valid for that owner's release.
@@ -138,6 +151,18 @@ class _Reason:
     at: float
 
 
+@dataclass(frozen=True)
+class _Waiting:
+    """An event from before :meth:`UsageRecorder.attach`: a ledger event, or a reason told."""
+
+    event: str  # "hold" | "release" | "reason"
+    owner: str
+    at: float  # when it happened
+    uuids: tuple[str, ...] = ()
+    since: float = 0.0
+    reason: str = ""
+
+
 GPUInfo = Callable[[str], dict]  # uuid -> {uuid, name, model, host, index}
 Groups = Callable[[Session, str], list[str]]  # (session, user) -> group names
 
@@ -158,12 +183,13 @@ class UsageRecorder:
         self._clock = clock
         self._groups = groups
         self.session: Session | None = None
-        self._waiting: list[tuple[str, str, tuple[str, ...], float]] = []  # events before attach()
+        self._waiting: list[_Waiting] = []  # events before attach(), in order
         self._open: dict[str, int] = {}  # owner -> id of its open row
         self._reasons: dict[str, _Reason] = {}
         self._reconciling = 0
         self._gone: dict[str, float] = {}  # owner -> when a reconciliation released it
         self._from_before: set[str] = set()  # owners of rows left open by a previous hub process
+        self._found_gone: dict[str, int] = {}  # owner -> its row a reconciliation closed as crashed
         #: (user, "busy" | "idle") -> GPU-seconds counted by this hub process (Prometheus)
         self.gpu_seconds: dict[tuple[str, str], float] = defaultdict(float)
 
@@ -183,21 +209,28 @@ class UsageRecorder:
             self._from_before.add(row.owner)
         session.commit()
         waiting, self._waiting = self._waiting, []
-        for event in waiting:
-            self.observe(*event)
+        for w in waiting:
+            if w.event == "reason":
+                self._reasons[w.owner] = _Reason(w.reason, w.at)
+            else:
+                self._record(w.event, w.owner, w.uuids, w.since, w.at)
 
     # ------------------------------------------------------------ the ledger's events
 
     def observe(self, event: str, owner: str, uuids: tuple[str, ...], since: float) -> None:
         """The ledger's observer (see :data:`gpuspawner.ledger.Observer`)."""
-        if self.session is None:
-            self._waiting.append((event, owner, uuids, since))
+        at = self._clock()
+        if self.session is None:  # written with its own time once the hub's database is attached
+            self._waiting.append(_Waiting(event, owner, at, uuids, since))
             return
+        self._record(event, owner, uuids, since, at)
+
+    def _record(self, event: str, owner: str, uuids: tuple[str, ...], since: float, at: float) -> None:
         try:
             if event == "hold":
                 self._hold(owner, uuids, since)
             else:
-                self._release(owner)
+                self._release(owner, at)
         except Exception:  # accounting must never break a spawn or a stop
             log.exception("usage: could not record %s of %s", event, owner)
             self.session.rollback()
@@ -205,6 +238,7 @@ class UsageRecorder:
     def _hold(self, owner: str, uuids: tuple[str, ...], since: float) -> None:
         session = self.session
         self._gone.pop(owner, None)
+        self._found_gone.pop(owner, None)
         gpus = [self._gpu_info(u) for u in uuids]
         row = session.get(Allocation, self._open[owner]) if owner in self._open else None
         if row is not None:  # adopted after a restart, or more GPUs for the same holding
@@ -212,7 +246,9 @@ class UsageRecorder:
                 row.gpus, row.gpu_count = json.dumps(gpus), len(gpus)
                 session.commit()
             return
-        self._reasons.pop(owner, None)  # a reason told for an earlier holding
+        told = self._reasons.get(owner)
+        if told is not None and told.at < since:  # a reason told for an earlier holding
+            del self._reasons[owner]
         user = owner.split("/", 1)[0]
         row = Allocation(
             owner=owner, user=user, kind=owner_kind(owner), groups=json.dumps(self._groups(session, user)),
@@ -223,14 +259,13 @@ class UsageRecorder:
         session.commit()
         self._open[owner] = row.id
 
-    def _release(self, owner: str) -> None:
+    def _release(self, owner: str, at: float) -> None:
         if self._reconciling:
-            self._gone[owner] = self._clock()  # crashed, unless the reconciliation adopts it again
+            self._gone[owner] = at  # crashed, unless the reconciliation adopts it again
             return
         told = self._reasons.pop(owner, None)
-        now = self._clock()
-        reason = told.reason if told and now - told.at <= REASON_TTL else "stopped"
-        self._close(owner, now, reason)
+        reason = told.reason if told and at - told.at <= REASON_TTL else "stopped"
+        self._close(owner, at, reason)
 
     def _close(self, owner: str, at: float, reason: str) -> None:
         row_id = self._open.pop(owner, None)
@@ -250,13 +285,39 @@ class UsageRecorder:
 
     # ------------------------------------------------------------ reasons and reconciliation
 
-    def end_reason(self, owner: str, reason: str) -> bool:
-        """Say why ``owner``'s holding is about to end; False when it holds nothing recorded."""
+    def end_reason(self, owner: str, reason: str, replaces_crashed: bool = False) -> bool:
+        """Say why ``owner``'s holding is about to end; False when it holds nothing recorded.
+
+        Before the recorder is attached, a holding that waits to be written counts.
+        ``replaces_crashed``: the caller knows how it really ended (a notebook job's
+        outcome, read after a restart), so when a reconciliation closed ``owner``'s row
+        as ``crashed`` (gone while the hub was down), ``reason`` replaces ``crashed``;
+        its end time stays.
+        """
         if reason not in END_REASONS:
             raise ValueError(f"end reason must be one of {', '.join(END_REASONS)}, not {reason!r}")
+        if self.session is None:  # told in order with the ledger's events that wait for attach()
+            if not self._waits_holding(owner):
+                return False
+            self._waiting.append(_Waiting("reason", owner, self._clock(), reason=reason))
+            return True
         if owner not in self._open:
-            return False
+            return replaces_crashed and self._correct_crashed(owner, reason)
         self._reasons[owner] = _Reason(reason, self._clock())
+        return True
+
+    def _waits_holding(self, owner: str) -> bool:
+        """Whether ``owner``'s last ledger event waiting for attach() is a hold."""
+        last = next((w.event for w in reversed(self._waiting) if w.owner == owner and w.event != "reason"), None)
+        return last == "hold"
+
+    def _correct_crashed(self, owner: str, reason: str) -> bool:
+        row_id = self._found_gone.pop(owner, None)
+        row = self.session.get(Allocation, row_id) if row_id is not None else None
+        if row is None or row.end_reason != "crashed":
+            return False
+        row.end_reason = reason
+        self.session.commit()
         return True
 
     @contextmanager
@@ -277,7 +338,10 @@ class UsageRecorder:
                 gone, self._gone = self._gone, {}
                 for owner, at in gone.items():
                     if owner not in holding:
+                        row_id = self._open.get(owner)
                         self._close(owner, at, "crashed")
+                        if row_id is not None:
+                            self._found_gone[owner] = row_id
                 self._from_before.clear()
 
     # ------------------------------------------------------------ utilisation

@@ -25,6 +25,7 @@ from jupyterhub.scopes import has_scope
 from tornado import web
 
 from ..jobs.manager import JobManager
+from ..jobs.spec import JOB_ID
 from ..jobs.store import JobRecord, JobStore
 from ..state import HubState, hub_state, settings_for
 
@@ -162,5 +163,5 @@ def handlers() -> list[tuple[str, type]]:
     return [
         (user + r"/gpu-job-options", JobOptionsHandler),
         (user + r"/gpu-jobs", JobsHandler),
-        (user + r"/gpu-jobs/([0-9a-f]{32})", JobHandler),
+        (user + rf"/gpu-jobs/({JOB_ID.pattern})", JobHandler),
     ]

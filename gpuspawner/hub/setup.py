@@ -13,8 +13,10 @@ user read the overview; admins read it through their ``admin-ui`` scope,
 since JupyterHub's admin role cannot be changed), the notebook GPU job API
 ``/hub/api/users/NAME/gpu-jobs`` with its scope ``custom:gpu-jobs`` (given to
 every user for themselves, and to their servers' tokens, by adding
-``custom:gpu-jobs!user`` to the ``user`` and ``server`` roles), recovers the
-jobs a previous run of the hub left once the hub is up, creates the hub-internal
+``custom:gpu-jobs!user`` to the ``user`` and ``server`` roles), once the hub is up
+attaches usage accounting to the hub's database (so every allocation is recorded
+from the hub's start, whether or not a server spawns or a page is read) and
+recovers the jobs a previous run of the hub left, creates the hub-internal
 service ``gpuspawner-overview`` (scope ``access:servers``) whose token reads
 the servers' monitors, and, with ``culler``, starts the GPU idle culler as a
 managed service with the role it needs. The culler is told the pid of the
@@ -76,7 +78,7 @@ def configure(c: Any, *, culler: dict | None = None, python: str = sys.executabl
     if isinstance(roles, LazyConfigValue):  # not set yet (or only appended to): make it a list to look into
         roles = c.JupyterHub.load_roles = roles.get_value([])
     _grant_own_jobs(roles)
-    _recover_jobs_at_start()
+    _when_hub_is_up()
     roles.append({"name": OVERVIEW_SERVICE, "description": "Read the servers' GPU monitors",
                   "scopes": ["access:servers"], "services": [OVERVIEW_SERVICE]})
     if culler is not None:
@@ -109,13 +111,15 @@ def _grant_own_jobs(roles: list) -> None:
             scopes.append(f"{jobs.JOB_SCOPE}!user")
 
 
-def _recover_jobs_at_start() -> None:
-    """Once the hub that loads this configuration is up, watch (or record the end of) its jobs.
+def _when_hub_is_up() -> None:
+    """Once the hub that loads this configuration is up: record usage, watch (or record the end of) its jobs.
 
     JupyterHub loads its configuration inside its running event loop; the hub
     application is the JupyterHub singleton. A timer looks every 0.2 s until the
-    hub's web application exists, then asks the hub's job manager (on its
-    :class:`~gpuspawner.state.HubState`, which keeps the recovery task) to recover.
+    hub's web application exists, then attaches the usage recorder of the hub's
+    :class:`~gpuspawner.state.HubState` to the hub's database (what the ledger did
+    before, e.g. servers adopted at start, is written with its own times) and asks
+    the hub's job manager (which keeps the recovery task) to recover.
     Outside a hub (a script importing the configuration) nothing is scheduled.
     """
     from jupyterhub.app import JupyterHub
@@ -132,6 +136,7 @@ def _recover_jobs_at_start() -> None:
         if getattr(app, "tornado_application", None) is None or "users" not in app.tornado_settings:
             loop.call_later(0.2, when_ready)
             return
+        usage.attach_recorder(app.tornado_settings)
         recovery = jobs.job_manager(app.tornado_settings).recovered()
         recovery.add_done_callback(_log_failure(app))
 

@@ -29,6 +29,8 @@ from jupyterhub.handlers import BaseHandler
 from sqlalchemy import or_, select
 from tornado import web
 
+from ..jobs.spec import job_of_owner
+from ..state import hub_state
 from ..usage import END_REASONS, Allocation
 from .handlers import _Overview
 
@@ -41,8 +43,9 @@ TOP_IDLE = 10
 #: columns of the grouped CSV (and keys of each JSON row), in order
 SUMMARY_FIELDS = ("key", "gpu_hours", "busy_gpu_hours", "idle_gpu_hours", "unsampled_gpu_hours", "allocations")
 #: columns of ``by=allocation`` CSV (and keys of each JSON row), in order
-ALLOCATION_FIELDS = ("id", "owner", "user", "kind", "groups", "model", "host", "gpu_count", "uuids", "started",
-                     "ended", "end_reason", "gpu_hours", "busy_gpu_hours", "idle_gpu_hours", "unsampled_gpu_hours")
+ALLOCATION_FIELDS = ("id", "owner", "user", "kind", "job_id", "groups", "model", "host", "gpu_count", "uuids",
+                     "started", "ended", "end_reason", "gpu_hours", "busy_gpu_hours", "idle_gpu_hours",
+                     "unsampled_gpu_hours")
 
 
 class BadParameter(ValueError):
@@ -139,7 +142,7 @@ def allocation_rows(parts: list[Share]) -> list[dict]:
     for part in sorted(parts, key=lambda p: (p.row.started, p.row.id)):
         row = part.row
         out.append({
-            "id": row.id, "owner": row.owner, "user": row.user, "kind": row.kind,
+            "id": row.id, "owner": row.owner, "user": row.user, "kind": row.kind, "job_id": job_of_owner(row.owner),
             "groups": json.loads(row.groups or "[]"), "model": row.model, "host": row.host,
             "gpu_count": row.gpu_count, "uuids": [g["uuid"] for g in json.loads(row.gpus or "[]")],
             "started": iso(row.started, "milliseconds"), "ended": iso(row.ended, "milliseconds"),
@@ -302,6 +305,15 @@ class UsagePageHandler(_Usage, BaseHandler):
             "gpuspawner_usage.html", by_user=by_user, by_group=by_group, chart=_svg_bars(by_user["rows"]),
             since=self.get_argument("since", ""), until=self.get_argument("until", ""),
         ))
+
+
+def attach_recorder(settings: dict) -> None:
+    """Record usage in the hub's database from now on (``settings``: the hub's tornado settings).
+
+    The recorder writes through the hub's own session (``settings["db"]``, the one
+    JupyterHub's handlers use): one writer per process on SQLite.
+    """
+    hub_state(settings["config"], settings.get("spawner_class")).usage.attach(settings["db"])
 
 
 def handlers() -> list[tuple[str, type]]:

@@ -33,8 +33,8 @@ from traitlets.utils.importstring import import_item
 from ..gpu import GPU
 from ..profiles import OptionsError
 from .outcome import outcome_of
-from .spec import JobSpec, job_owner, parse_job
-from .store import ACTIVE, STATES, JobRecord, JobStore
+from .spec import JobSpec, job_owner, parse_job, requested_job_id
+from .store import ACTIVE, STATES, JobExists, JobRecord, JobStore
 
 log = logging.getLogger("gpuspawner.jobs")
 POLL = 0.25  # seconds between looks at a running job
@@ -44,6 +44,10 @@ def _error(status: int, message: str) -> web.HTTPError:
     error = web.HTTPError(status, "%s", message)
     error.jupyterhub_message = message
     return error
+
+
+def _taken(job_id: str) -> web.HTTPError:
+    return _error(409, f"id: a job with id {job_id} exists already; leave 'id' out and the hub makes a new one")
 
 
 def _gpu(record: dict) -> GPU:
@@ -66,6 +70,7 @@ class JobManager:
         self.runner = import_item(runner_path)() if runner_path else None
         self._tasks: dict[str, asyncio.Task] = {}
         self._cancel: dict[str, str] = {}  # job id -> "cancelled" | "timed_out"
+        self._submitting: set[str] = set()  # ids of jobs being submitted now
         self._states: dict[str, str] = {r.id: r.state for r in store.list(limit=100_000)}
         self._recovered: asyncio.Future | None = None
         self._closing = False
@@ -84,6 +89,15 @@ class JobManager:
 
     def _save(self, record: JobRecord) -> JobRecord:
         self.store.save(record)
+        self._states[record.id] = record.state
+        return record
+
+    def _add(self, record: JobRecord) -> JobRecord:
+        """A new job's first record (409 when its id was taken meanwhile)."""
+        try:
+            self.store.add(record)
+        except JobExists:
+            raise _taken(record.id) from None
         self._states[record.id] = record.state
         return record
 
@@ -113,9 +127,18 @@ class JobManager:
             raise _error(501, f"This hub's backend ({self.spawner_class.__name__}) does not run GPU jobs.")
         try:
             spec = parse_job(body, self.time_limit)
+            job_id = requested_job_id(body) or uuidlib.uuid4().hex
         except OptionsError as e:
             raise _error(400, str(e)) from e
-        job_id = uuidlib.uuid4().hex
+        if job_id in self._submitting or self.store.get(job_id) is not None:
+            raise _taken(job_id)
+        self._submitting.add(job_id)  # one submission per id at a time (they share a ledger owner)
+        try:
+            return await self._submit(user, spec, job_id)
+        finally:
+            self._submitting.discard(job_id)
+
+    async def _submit(self, user: Any, spec: JobSpec, job_id: str) -> JobRecord:
         owner = job_owner(user.name, job_id)
         spawner = self._spawner(user, owner)
         spawner.user_options = dict(spec.options)  # as JupyterHub sets them before apply_user_options
@@ -133,12 +156,12 @@ class JobManager:
             await spawner.reserve_gpus()  # a refusal is the 409 a server gets; nothing is saved
             record = record.changed(state="starting", gpus=tuple(g.to_dict() for g in spawner.gpu_allocation))
             try:
-                self._save(record)
+                self._add(record)
             except BaseException:
                 spawner.release_gpus()
                 raise
         else:
-            self._save(record)
+            self._add(record)
         self._start(record, spawner)
         return record
 
@@ -215,6 +238,9 @@ class JobManager:
             return
 
     def _finish(self, record: JobRecord, spawner: Any, state: str, reason: str, exit_code: int | None) -> None:
+        # the usage record ends with the job's own outcome (completed, failed, cancelled, timed_out),
+        # also when the hub found it gone after a restart and only now read how it ended
+        self.state.usage.end_reason(spawner.gpu_owner, state, replaces_crashed=True)
         spawner.release_gpus()
         self._cancel.pop(record.id, None)
         self._save(record.changed(state=state, reason=reason, ended=time.time(), exit_code=exit_code))
@@ -256,9 +282,13 @@ class JobManager:
                 continue
             spawner = self._spawner(user, job_owner(record.user, record.id))
             spawner.gpu_allocation = tuple(_gpu(g) for g in record.gpus)
-            if record.gpus:
+            launched = not (record.state in ("queued", "starting") and not record.handle)
+            # a launched job holds its GPUs only while it still runs (the reconciliation has kept them
+            # then): one that ended while the hub was down is recorded with its outcome, holding nothing
+            runs = launched and await self.runner.running(spawner, record.id, record.handle)
+            if record.gpus and (runs or not launched):
                 self.state.ledger.adopt(spawner.gpu_owner, [g["uuid"] for g in record.gpus])
-            if record.state in ("queued", "starting") and not record.handle:  # not launched yet
+            if not launched:
                 spawner.user_options = dict(record.spec.get("options", {}))
                 try:
                     await spawner._apply_gpu_options(spawner.user_options)
@@ -269,7 +299,7 @@ class JobManager:
                 record = self._save(record.changed(state="queued", gpus=()))
                 log.info("job %s of %s: waiting for GPUs again after the hub's restart", record.id, record.user)
                 self._start(record, spawner)
-            elif await self.runner.running(spawner, record.id, record.handle):
+            elif runs:
                 log.info("job %s of %s still runs (or waits in its backend's queue): watching it again",
                          record.id, record.user)
                 self._start(record, spawner, resume=True)

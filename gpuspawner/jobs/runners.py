@@ -9,6 +9,12 @@ restart, is the same as for servers: ``GPUSPAWNER_HUB``/``SERVER``/``SPAWN``
 in the process environment (the ledger owner ``user/job/<id>`` and the job id),
 or the container labels.
 
+A job's environment is its server's: :func:`server_environment` is the
+backend's own ``get_env`` (``env_keep``, ``environment``, the user's HOME, its
+GPUs, the hub's marks; in the runnable default with simulated GPUs, the
+stand-in NVML's variables), less what makes a server the hub's server. gpu-slurm
+submits through batchspawner, which uses the same ``get_env``.
+
 A runner's ``handle`` (saved in the job's record) says where the job runs.
 gpu-slurm's runner is :class:`gpuspawner.slurm.notebookjobs.SlurmJobs`.
 """
@@ -30,7 +36,20 @@ from .outcome import Ended, outcome_of  # noqa: F401 (what runners answer, re-ex
 from .spec import JobSpec
 
 EXECUTOR = ["-m", "gpuspawner.jobs.execute"]
-_KEEP_ENV = ("PATH", "LANG", "LC_ALL", "TZ", "PYTHONPATH", "JUPYTER_PATH", "LD_LIBRARY_PATH", "GPUSPAWNER_FAKE_NVML")
+#: what JupyterHub puts in a server's environment to connect it to the hub as that server (its URLs,
+#: OAuth client and API token): a job is no server of the hub and gets none of it
+SERVER_ONLY_PREFIXES = ("JUPYTERHUB_", "JPY_")
+
+
+def server_environment(spawner: Any) -> dict[str, str]:
+    """The environment a server of ``spawner`` (the job's own spawner object) would get, for its job.
+
+    The one source of truth is the backend's ``get_env``: whatever a site or the runnable
+    default gives servers (``env_keep``, ``environment`` with its callables, the GPU variables)
+    a job gets too, less :data:`SERVER_ONLY_PREFIXES`.
+    """
+    return {k: v for k, v in spawner.get_env().items()
+            if isinstance(v, str) and not k.startswith(SERVER_ONLY_PREFIXES)}
 
 
 def status_path(spec: JobSpec, job_id: str) -> str:
@@ -97,13 +116,10 @@ class LocalJobs:
         return await asyncio.to_thread(notebook_problem, self.root_dir(spawner), spec)
 
     def _env(self, spawner: Any, job_id: str, owner: str, home: str) -> dict[str, str]:
-        from ..spawners.local import visible_devices
-
-        env = {k: os.environ[k] for k in _KEEP_ENV if k in os.environ}
-        env.update({k: v for k, v in (spawner.environment or {}).items() if isinstance(v, str)})
+        """Its server's environment (with CUDA_VISIBLE_DEVICES of its GPUs), marked as this job."""
+        env = server_environment(spawner)
         user = spawner.user.name
-        env.update({"HOME": home, "USER": user, "LOGNAME": user, "SHELL": "/bin/sh"})
-        env.update(visible_devices(spawner.gpu_uuids))
+        env.update({"HOME": home, "USER": user, "LOGNAME": user})
         env.update({HUB_VAR: spawner.gpu_hub_id, SERVER_VAR: owner, SPAWN_VAR: job_id})
         return env
 
@@ -175,7 +191,7 @@ class DockerJobs:
 
         image = spawner.image
         await spawner.pull_image(image)
-        env = {k: v for k, v in (spawner.environment or {}).items() if isinstance(v, str)}
+        env = server_environment(spawner)
         env.update(visible_devices_env(spawner.gpu_uuids))
         env["CUDA_VISIBLE_DEVICES"] = ",".join(spawner.gpu_uuids)
         env.update({HUB_VAR: spawner.gpu_hub_id, SERVER_VAR: owner, SPAWN_VAR: job_id})

@@ -15,6 +15,10 @@ plus what to run:
 ``kernel``          optional kernel name (default: the notebook's own)
 ``time_limit``      optional seconds (at most the hub's ``gpu_job_time_limit``)
 ``name``            optional display name
+``id``              optional: the job's id, a UUID in lowercase hexadecimal,
+                    32 digits or with its four dashes (JupyterLab's job list
+                    sends its own Job ID, so both show the same one); default:
+                    a new one. Refused (409) when a job with that id exists
 ==================  ==========================================================
 
 Paths never leave the user's files: absolute paths and ``..``
@@ -31,11 +35,13 @@ from typing import Any
 
 from ..profiles import OPTION_KEYS, OptionsError
 
-JOB_KEYS = ("notebook", "outputs", "log", "parameters", "kernel", "time_limit", "name")
+JOB_KEYS = ("notebook", "outputs", "log", "parameters", "kernel", "time_limit", "name", "id")
 OUTPUT_FORMATS = ("ipynb", "html")
 JOB_PART = "job/"  # a job's ledger owner is "user/job/<id>"; server names never hold a slash
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
 _KERNEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+#: the ids of jobs: a UUID, as the hub makes it (uuid4().hex) or with dashes (as jupyter-scheduler makes it)
+JOB_ID = re.compile(r"[0-9a-f]{32}|[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 _MAX_TEXT = 4096
 
 
@@ -71,6 +77,17 @@ class JobSpec:
     @classmethod
     def from_dict(cls, data: Mapping) -> JobSpec:
         return cls(**{k: data[k] for k in cls.__dataclass_fields__ if k in data})
+
+
+def requested_job_id(body: Mapping) -> str | None:
+    """The ``id`` a job request asks for (checked: :data:`JOB_ID`), or None when it asks for none."""
+    value = body.get("id")
+    if value is None:
+        return None
+    if not isinstance(value, str) or not JOB_ID.fullmatch(value):
+        raise OptionsError("id", "must be a UUID in lowercase hexadecimal, 32 digits or with dashes "
+                                 "(or left out: the hub makes one)")
+    return value
 
 
 def user_path(value: Any, key: str, suffix: str | None = None) -> str:

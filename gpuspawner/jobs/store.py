@@ -16,6 +16,7 @@ from typing import Any
 
 from sqlalchemy import Column, Float, Integer, String, Text, create_engine, select
 from sqlalchemy.engine import Engine
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import sessionmaker
 
 from ..db import Base
@@ -74,6 +75,10 @@ def _record(row: JobRow) -> JobRecord:
     )
 
 
+class JobExists(Exception):
+    """:meth:`JobStore.add` of a record whose id is taken."""
+
+
 class JobStore:
     """Job records in the hub's database; every call is one short transaction."""
 
@@ -86,9 +91,19 @@ class JobStore:
     def at(cls, url: str) -> JobStore:
         return cls(create_engine(url))
 
+    def add(self, record: JobRecord) -> None:
+        """Write a new job's first record; :class:`JobExists` when its id is taken (nothing written)."""
+        try:
+            self._write(record, new=True)
+        except IntegrityError as e:
+            raise JobExists(record.id) from e
+
     def save(self, record: JobRecord) -> None:
+        self._write(record, new=False)
+
+    def _write(self, record: JobRecord, new: bool) -> None:
         with self._sessions() as session, session.begin():
-            row = session.get(JobRow, record.id) or JobRow(id=record.id)
+            row = JobRow(id=record.id) if new else (session.get(JobRow, record.id) or JobRow(id=record.id))
             row.user, row.name, row.state, row.reason = record.user, record.name, record.state, record.reason
             row.spec = json.dumps(record.spec)
             row.gpus = json.dumps(list(record.gpus))

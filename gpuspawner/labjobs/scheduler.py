@@ -10,7 +10,9 @@ Set as jupyter-scheduler's classes by the ``gpuspawner.labjobs`` server extensio
 - :class:`GPUScheduler` (``SchedulerApp.scheduler_class``): a job created in
   the dialog is handed to the hub (``POST /hub/api/users/NAME/gpu-jobs``), which
   places it on its own GPUs and runs it on the hub's backend, independently of
-  this server (stopping the server does not stop the job). Its state and start
+  this server (stopping the server does not stop the job), under the same id
+  as in the job list: the hub's job API, ``/hub/api/gpus`` and the usage
+  records name the job by the Job ID JupyterLab shows. Its state and start
   and end times come back from the hub into jupyter-scheduler's job list, the
   GPUs it ran on and why it ended into the job's tags, the error of a job that
   did not complete into its status message; the executed notebook lands in jupyter-scheduler's staging area in
@@ -167,7 +169,7 @@ class GPUScheduler(Scheduler):
                 "outputs": {fmt: self._relative(staging[fmt]) for fmt in model.output_formats},
                 "log": self._relative(str(Path(staging["input"]).with_suffix(".log"))),
                 "parameters": {k: parameter_value(v) for k, v in (model.parameters or {}).items()},
-                "name": model.name,
+                "name": model.name, "id": job.job_id,  # the hub's job gets the id the job list shows
             }
             code, answer = hub.call("POST", "gpu-jobs", body)
             if code != 201:

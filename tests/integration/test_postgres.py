@@ -128,7 +128,7 @@ def test_usage_and_jobs_live_in_postgresql_and_survive_a_restart(pg_hub, postgre
     job_gpu = done["gpus"][0]["uuid"]
     assert job_gpu not in holders(hub)
     job_alloc = next(a for a in allocations(hub) if a["owner"] == f"alice/job/{job_id}")
-    assert job_alloc["kind"] == "job" and job_alloc["uuids"] == [job_gpu] and job_alloc["end_reason"] == "stopped"
+    assert job_alloc["kind"] == "job" and job_alloc["uuids"] == [job_gpu] and job_alloc["end_reason"] == "completed"
 
     # bob's server stays up across the hub's restart
     assert hub.spawn("bob", A100).status_code in (201, 202)

@@ -222,3 +222,8 @@ def test_hub_crash_neither_loses_nor_reruns_jobs(hub):
     assert finished["state"] == "completed"
     assert outputs_text(home(hub, "alice") / "long-output.ipynb").count("slept 12") == 1
     assert long["gpus"][0]["uuid"] not in holders(hub)
+    # usage: one row per job, each ended with the job's own outcome (the short one's learnt after the restart)
+    rows = hub.api("GET", "/gpus/usage", params={"by": "allocation"}).json()["rows"]
+    for user, j in (("alice", long), ("bob", short)):
+        mine = [r for r in rows if r["owner"] == f"{user}/job/{j['id']}"]
+        assert [(r["job_id"], r["end_reason"]) for r in mine] == [(j["id"], "completed")], rows

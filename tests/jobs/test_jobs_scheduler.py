@@ -59,6 +59,7 @@ def test_create_job_runs_on_its_own_gpu_and_outlives_the_server(hub):
     assert described["status"] in ("QUEUED", "IN_PROGRESS") and described["compute_type"] == "1 x Tesla T4"
     hub_jobs = hub.api("GET", "/users/dana/gpu-jobs").json()["jobs"]
     assert len(hub_jobs) == 1
+    assert hub_jobs[0]["id"] == job_id, "the hub's job has the Job ID JupyterLab shows"
     uuid = hub_jobs[0]["gpus"][0]["uuid"]
     assert holders(hub)[uuid]["kind"] == "job"
     # stopping the interactive server does not stop the job
@@ -70,6 +71,10 @@ def test_create_job_runs_on_its_own_gpu_and_outlives_the_server(hub):
         assert time.monotonic() < deadline, hub.log()
         time.sleep(0.3)
     assert uuid not in holders(hub)
+    # its usage row names it by that id too, and says how it ended
+    rows = hub.api("GET", "/gpus/usage", params={"by": "allocation"}).json()["rows"]
+    row = next(r for r in rows if r["kind"] == "job")
+    assert (row["job_id"], row["owner"], row["end_reason"]) == (job_id, f"dana/job/{job_id}", "completed")
     # back in JupyterLab: the job list shows it completed, with its GPU, and its output notebook
     r = hub.spawn("dana", {"profile": "cpu", "gpus": 0})
     assert r.status_code in (201, 202), r.text

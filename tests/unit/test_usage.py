@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings, strategies as st
 from sqlalchemy import create_engine, inspect, text
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.orm import Session
@@ -160,3 +161,79 @@ def test_times_parse_or_say_why():
     assert parse_time("1793491200", "until") == 1793491200.0
     with pytest.raises(BadParameter, match="since='soon' is not a time: use ISO 8601"):
         parse_time("soon", "since")
+
+
+# ---------------------------------------------------------------- events before the recorder is attached
+
+_OWNERS = ("alice/", "bob/job/0123456789abcdef0123456789abcdef", "carol/gpu")
+_REASONS = ("culled", "failed", "completed", "cancelled", "timed_out")
+
+
+def _replay(steps, attach_at: int | None) -> list[tuple]:
+    """Run ``steps`` (owner index, seconds later, reason index or None) on a fresh database, the
+    recorder attached before step ``attach_at`` (None: after the last); the rows as tuples."""
+    clock = Clock()
+    engine = create_engine("sqlite://")
+    with Session(engine) as session:
+        ledger = Ledger(clock=clock)
+        usage = UsageRecorder(info, clock=clock, groups=lambda s, user: [])
+        ledger.observe(usage.observe)
+        for i, (who, later, reason) in enumerate(steps):
+            if i == attach_at:
+                usage.attach(session)
+            clock.now += later
+            owner = _OWNERS[who]
+            if owner in ledger.allocations():
+                if reason is not None:
+                    usage.end_reason(owner, _REASONS[reason])
+                ledger.release(owner)
+            else:
+                ledger.reserve(GPUS, GPURequest(owner, 1))
+        clock.now += 1000.0  # the hub is up long after: nothing may take this time as an end
+        usage.attach(session)
+        return [(r.owner, r.started, r.ended, r.end_reason) for r in rows(session)]
+
+
+def test_events_before_attach_are_recorded_with_their_own_times_and_reasons():
+    step = st.tuples(st.integers(0, len(_OWNERS) - 1), st.floats(0.0, 50.0, allow_nan=False),
+                     st.one_of(st.none(), st.integers(0, len(_REASONS) - 1)))
+
+    @settings(max_examples=60, deadline=None)
+    @given(steps=st.lists(step, min_size=1, max_size=12), data=st.data())
+    def check(steps, data):
+        attach_at = data.draw(st.integers(0, len(steps)), label="attach before step")
+        assert _replay(steps, attach_at) == _replay(steps, 0)
+
+    check()
+
+
+def test_a_job_released_before_attach_ends_when_it_was_released(session):
+    clock = Clock()
+    ledger = Ledger(clock=clock)
+    usage = UsageRecorder(info, clock=clock, groups=lambda s, user: [])
+    ledger.observe(usage.observe)
+    ledger.reserve(GPUS, GPURequest("bob/job/42", 2))
+    clock.now = 1002.6
+    assert usage.end_reason("bob/job/42", "completed"), "a holding waiting to be written counts"
+    ledger.release("bob/job/42")
+    clock.now = 1022.7  # the usage page is read, or a server spawns, 20 s later
+    usage.attach(session)
+    [row] = rows(session)
+    assert (row.started, row.ended, row.end_reason, row.gpu_count) == (1000.0, 1002.6, "completed", 2)
+    assert not usage.end_reason("nobody/job/1", "failed")
+
+
+def test_an_outcome_learnt_after_a_restart_replaces_crashed(session):
+    clock = Clock()
+    ledger, usage = recorder_on(session, clock)
+    ledger.reserve(GPUS, GPURequest("bob/job/42", 1))
+    clock.now = 5000.0
+    with Session(session.get_bind()) as again:  # a new hub process: the job ended while it was down
+        ledger2, usage2 = recorder_on(again, clock)
+        with usage2.reconciling(ledger2.allocations):
+            pass
+        assert not usage2.end_reason("bob/job/42", "failed"), "a guess (a server's poll) keeps crashed"
+        assert usage2.end_reason("bob/job/42", "completed", replaces_crashed=True)
+        assert not usage2.end_reason("bob/job/42", "failed", replaces_crashed=True), "told once"
+    [row] = rows(session)
+    assert (row.ended, row.end_reason) == (5000.0, "completed")
