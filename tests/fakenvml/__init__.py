@@ -184,22 +184,28 @@ _T4 = {
     "bar1_memory_used": 2 * 1024**2,
 }
 
+# An idle H100 SXM5 as driver 580.159.04 reports it (recorded/h100.json): idle clocks, the memory
+# the driver reserves, display mode 1, a 100 ms encoder/decoder sampling period.
 _H100_80GB = {
     "memory_total": 81559 * 1024**2,
+    "memory_reserved": 480 * 1024**2,
     "compute_capability": [9, 0],
     "architecture": "HOPPER",
     "pci_device_id": 0x233010DE,
-    "temperature": 33,
-    "power_usage": 72_000,
+    "pci_subsystem_id": 0x16C110DE,
+    "temperature": 34,
+    "power_usage": 71_000,
     "power_limit": 700_000,
-    "clocks": {"graphics": 1980, "sm": 1980, "memory": 2619, "video": 1545},
-    "max_clocks": {"graphics": 1980, "sm": 1980, "memory": 2619, "video": 1755},
+    "clocks": {"graphics": 345, "sm": 345, "memory": 2619, "video": 765},
+    "max_clocks": {"graphics": 1980, "sm": 1980, "memory": 2619, "video": 1545},
     "fan_speed": None,
     "mig_mode": 0,
+    "display_mode": 1,
+    "codec_sampling_period_us": 100_000,
     "pcie": {"max_generation": 5, "max_width": 16, "generation": 5, "width": 16, "tx_kbps": 0, "rx_kbps": 0},
     "nvlink": {"version": "4.0", "links": 18, "speed_mbps": 26562, "tx_kibps": 0, "rx_kibps": 0},
     "bar1_memory_total": 128 * 1024**3,
-    "bar1_memory_used": 2 * 1024**2,
+    "bar1_memory_used": 1664 * 1024,
 }
 
 # What every model reports the same way (tools' queries: nvitop, gpustat, nvdashboard).
