@@ -244,6 +244,12 @@ static void field_value(const fk_dev *d, nvmlFieldValue_t *v, long long stamp, d
     v->nvmlReturn = NVML_SUCCESS;
     if (v->fieldId == 0 || v->fieldId >= NVML_FI_MAX) {
         v->nvmlReturn = NVML_ERROR_INVALID_ARGUMENT;
+    } else if (v->fieldId == NVML_FI_DEV_ECC_CURRENT) {
+        /* ECC mode, 1 = on: where "ecc_errors" says ECC is there (an H100 answers 1, recorded) */
+        if (d->m || !t->has_ecc)
+            v->nvmlReturn = NVML_ERROR_NOT_SUPPORTED;
+        else
+            v->value.ullVal = 1;
     } else if (links == 0) {
         v->nvmlReturn = NVML_ERROR_NOT_SUPPORTED; /* no NVLink (or a MIG device): no NVLink field */
     } else if (v->fieldId == NVML_FI_DEV_NVLINK_LINK_COUNT) {

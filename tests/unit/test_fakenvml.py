@@ -334,7 +334,9 @@ def test_what_monitoring_tools_read(nvml):
             "count": fields(a, [N.NVML_FI_DEV_NVLINK_LINK_COUNT, N.NVML_FI_DEV_NVLINK_SPEED_MBPS_COMMON]),
             "speeds": fields(a, speeds),
             "t4_fields": fields(t, [N.NVML_FI_DEV_NVLINK_LINK_COUNT, (N.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, 0)]),
-            "odd_fields": fields(a, [N.NVML_FI_DEV_ECC_CURRENT, 100000, (N.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX, 12)]),
+            "odd_fields": fields(a, [N.NVML_FI_DEV_ECC_CURRENT, 100000, (N.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX, 12),
+                                     N.NVML_FI_DEV_MEMORY_TEMP]),
+            "t4_ecc_mode": fields(t, [N.NVML_FI_DEV_ECC_CURRENT]),
             "counter_growth": [y - x for x, y in zip(before, after)],
             "modes": [N.nvmlDeviceGetPersistenceMode(a), N.nvmlDeviceGetDisplayMode(a), N.nvmlDeviceGetDisplayActive(a),
                       N.nvmlDeviceGetPerformanceState(a), N.nvmlDeviceGetComputeMode(a),
@@ -358,7 +360,9 @@ def test_what_monitoring_tools_read(nvml):
     assert out["speeds"] == [[0, 25781]] * 12
     not_supported, invalid = 3, 2  # NVML_ERROR_NOT_SUPPORTED, NVML_ERROR_INVALID_ARGUMENT
     assert [r for r, _ in out["t4_fields"]] == [not_supported, not_supported]
-    assert [r for r, _ in out["odd_fields"]] == [not_supported, invalid, invalid]
+    # ECC mode 1 where ECC is there (an H100 on driver 580 answers so); unknown ids invalid; others unmodelled
+    assert out["odd_fields"] == [[0, 1], [invalid, 0], [invalid, 0], [not_supported, 0]]
+    assert [r for r, _ in out["t4_ecc_mode"]] == [not_supported]
     tx_growth, rx_growth = out["counter_growth"]  # KiB at 1 GiB/s and 512 MiB/s over >= 0.2 s
     assert tx_growth >= 0.2 * 2**20 and rx_growth >= 0.2 * 2**19 and tx_growth > rx_growth
     assert out["modes"] == [1, 0, 0, 2, 0, "NVMLError_NotSupported"]  # driver model: Windows only
