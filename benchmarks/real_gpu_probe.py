@@ -5,8 +5,15 @@ same record from the stand-in ``libnvidia-ml.so.1`` (tests/fakenvml). tests/fake
 keeps real recordings and tests/unit/test_fakenvml_fidelity.py holds the stand-in to them::
 
     python3 benchmarks/real_gpu_probe.py --out h100.json                # the real driver (GPU 0 under load)
-    python3 benchmarks/real_gpu_probe.py --standin --out standin.json   # the stand-in, same code
+    python3 benchmarks/real_gpu_probe.py --standin --like tests/fakenvml/recorded/h100.json \
+        --out standin.json                                              # the stand-in as that host, same code
     python3 benchmarks/real_gpu_probe.py --sections nvml,gpuspawner     # only some sections
+
+It needs gpuspawner's own dependencies for NVML (nvidia-ml-py), PyTorch for the load on a real
+GPU, and jupyter_server, ipykernel and prometheus-client for the ``server`` section; on a GPU
+machine that lacks some, install their wheels with ``pip install --no-deps --target DIR`` and put
+DIR on PYTHONPATH (the H100 recording was made so: Python 3.12, the wheels of the project's
+versions). A section whose needs are missing records its ImportError; the others still run.
 
 Sections (a section that fails records its error and the others still run; the file is
 rewritten after each one, so a run cut short keeps what it had):
