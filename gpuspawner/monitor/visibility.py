@@ -10,12 +10,21 @@ Rules (as CUDA and the NVIDIA container runtime read them):
 
 - unset: no restriction from that variable;
 - ``""``, ``none``, ``void``: nothing is visible;
-- ``all``: no restriction;
+- ``all``: no restriction (NVIDIA_VISIBLE_DEVICES; CUDA cannot read it: nothing);
 - otherwise a comma-separated list of entries: NVML indexes (``0``), GPU UUIDs
   (``GPU-4a1e...``, a unique prefix is enough, as in CUDA), MIG UUIDs
   (``MIG-...``: only that MIG instance of its GPU) or ``GPU:MIG`` index pairs
-  (``3:1``, NVIDIA_VISIBLE_DEVICES only). As in CUDA, parsing
-  CUDA_VISIBLE_DEVICES stops at the first entry it cannot read.
+  (``3:1``, NVIDIA_VISIBLE_DEVICES only).
+
+CUDA_VISIBLE_DEVICES as CUDA reads it (CUDA's documented rule, and what libcuda
+of driver 580 enumerated for each value in tests/fakenvml/recorded/h100.json):
+the entries count in order up to the first one that names no GPU this process
+may open: one it cannot read (``abc``, ``-1``, ``all``), an index past the last
+GPU, a UUID no GPU has. ``1,0`` on a one-GPU host shows nothing. A GPU named
+twice the same way (``0,0``, a UUID twice) makes CUDA refuse to start
+(CUDA_ERROR_INVALID_DEVICE): nothing; named again the other way (a UUID, then
+its index) the later entry is ignored. An entry starting with digits is read as
+that index (``0:0`` is GPU 0; spaces around entries are ignored).
 
 Index entries of NVIDIA_VISIBLE_DEVICES are host indexes: inside a container
 NVML has renumbered the mounted GPUs 0..k-1, so they are applied only when
@@ -34,6 +43,7 @@ from dataclasses import dataclass, field
 
 _UUID = re.compile(r"^(GPU|MIG)-[0-9A-Za-z-]+$")
 _INDEX = re.compile(r"^\d+$")
+_LEADING_INDEX = re.compile(r"^(\d+)")  # CUDA reads "0:0" as 0
 _MIG_PAIR = re.compile(r"^(\d+):(\d+)$")
 _NOTHING = {"", "none", "void"}
 
@@ -59,13 +69,17 @@ def parse(variable: str, raw: str | None) -> Selector:
     if raw is None:
         return Selector(variable, None, None)
     text = raw.strip()
+    cuda = variable == "CUDA_VISIBLE_DEVICES"
     if text.lower() in _NOTHING:
         return Selector(variable, raw, ())
-    if text.lower() == "all":
+    if text.lower() == "all" and not cuda:
         return Selector(variable, raw, None)
     entries: list[str] = []
     for part in text.split(","):
         part = part.strip()
+        leading = _LEADING_INDEX.match(part)
+        if cuda and leading and not _INDEX.match(part):
+            part = leading.group(1)
         readable = bool(_INDEX.match(part) or _UUID.match(part))
         if variable == "NVIDIA_VISIBLE_DEVICES" and _MIG_PAIR.match(part):
             readable = True
@@ -211,14 +225,37 @@ class Visibility:
     def describe(self) -> str:
         return f"{self.cuda.describe()}, {self.nvidia.describe()}"
 
+    def _cuda_as_applied(self, devices: Sequence[Device]) -> Selector:
+        """CUDA_VISIBLE_DEVICES's entries that count, as CUDA applies them to these devices (module doc)."""
+        entries = self.cuda.entries
+        if entries is None:
+            return self.cuda
+        kept: list[str] = []
+        named: dict[tuple[int, tuple[str, ...] | None], bool] = {}  # (device, its MIG devices) -> by index
+        for entry in entries:
+            found = [(n, chosen) for n, d in enumerate(devices)
+                     for matched, chosen in [_matches(entry, d, True, cuda=True)] if matched]
+            if len(found) != 1:
+                break  # names no GPU (or no single one): CUDA stops here
+            key = found[0][0], found[0][1]
+            by_index = bool(_INDEX.match(entry))
+            if key in named:
+                if named[key] == by_index:
+                    return Selector(self.cuda.variable, self.cuda.raw, ())  # CUDA refuses to start
+                continue
+            named[key] = by_index
+            kept.append(entry)
+        return Selector(self.cuda.variable, self.cuda.raw, tuple(kept))
+
     def decide(self, devices: Sequence[Device]) -> list[Decision]:
         """One decision per device, in the same order."""
         listed = len(self.nvidia.entries) if self.nvidia.entries is not None else 0
         nvidia_host_indexes = len(devices) > listed
+        cuda = self._cuda_as_applied(devices)
         decisions: list[Decision] = []
         for device in devices:
             ok_n, migs_n, _ = _apply(self.nvidia, device, nvidia_host_indexes)
-            ok_c, migs_c, _ = _apply(self.cuda, device, True)
+            ok_c, migs_c, _ = _apply(cuda, device, True)
             if not (ok_n and ok_c):
                 decisions.append(Decision(False))
                 continue
@@ -227,17 +264,17 @@ class Visibility:
                 decisions.append(Decision(False))
                 continue
             decisions.append(Decision(True, migs))
-        return self._number(devices, decisions)
+        return self._number(devices, decisions, cuda)
 
     # ------------------------------------------------------ CUDA numbers --
 
     def _cuda_sequence(self, devices: Sequence[Device], shown: dict[int, tuple[str, ...]],
-                       unknown: dict[tuple[int, str | None], str]) -> list[tuple[int, str | None]]:
+                       unknown: dict[tuple[int, str | None], str], cuda: Selector) -> list[tuple[int, str | None]]:
         """CUDA's devices among those shown, in CUDA's order: (device position, MIG UUID or None).
 
         Devices whose place cannot be known get a reason in ``unknown`` instead.
         """
-        if self.cuda.entries is None:  # CUDA's own enumeration
+        if cuda.entries is None:  # CUDA's own enumeration
             whole = [n for n in shown if not devices[n].in_mig_mode]
             by_bus = (self.cuda_device_order or "").strip().upper() == "PCI_BUS_ID"
             if not by_bus and len({devices[n].name for n in whole}) > 1:
@@ -245,12 +282,12 @@ class Visibility:
                 whole = []
             firsts = [(n, shown[n][0]) for n in shown if devices[n].in_mig_mode and shown[n]]
             return [(n, None) for n in whole] + firsts
-        if any(_INDEX.match(e) for e in self.cuda.entries) and any(d.in_mig_mode for d in devices):
+        if any(_INDEX.match(e) for e in cuda.entries) and any(d.in_mig_mode for d in devices):
             unknown.update({(n, None): CUDA_INDEX_WITH_MIG for n in shown})
             unknown.update({(n, u): CUDA_INDEX_WITH_MIG for n in shown for u in shown[n]})
             return []
         sequence: list[tuple[int, str | None]] = []
-        for entry in self.cuda.entries:
+        for entry in cuda.entries:
             for n in shown:
                 device = devices[n]
                 if entry.startswith("MIG-"):
@@ -263,11 +300,11 @@ class Visibility:
                         sequence.append((n, None))
         return list(dict.fromkeys(sequence))  # a device listed twice keeps its first place
 
-    def _number(self, devices: Sequence[Device], decisions: list[Decision]) -> list[Decision]:
+    def _number(self, devices: Sequence[Device], decisions: list[Decision], cuda: Selector) -> list[Decision]:
         shown = {n: (dec.mig_uuids if dec.mig_uuids is not None else devices[n].mig_uuids)
                  for n, dec in enumerate(decisions) if dec.visible}
         unknown: dict[tuple[int, str | None], str] = {}
-        sequence = self._cuda_sequence(devices, shown, unknown)
+        sequence = self._cuda_sequence(devices, shown, unknown, cuda)
         first_mig = next((item for item in sequence if item[1] is not None), None)
         mig_unknown = next((r for (_, u), r in unknown.items() if u is not None), None)
         if first_mig is not None:  # that MIG device is CUDA's only device

@@ -43,12 +43,16 @@ __all__ = [
     "read_counts",
     "make_device",
     "make_mig_device",
+    "recorded_host",
+    "RECORDED",
     "LAYOUTS",
     "layout",
 ]
 
 SOURCE_DIR = Path(__file__).resolve().parent
 LIBRARY_NAME = "libnvidia-ml.so.1"
+#: Recordings of real GPU hosts by benchmarks/real_gpu_probe.py (see README.md, "Recorded hosts").
+RECORDED = SOURCE_DIR / "recorded"
 
 # One record of the FAKENVML_COUNTS file: char name[64]; uint64_t count (host order).
 _COUNT_RECORD = struct.Struct("=64sQ")
@@ -184,22 +188,28 @@ _T4 = {
     "bar1_memory_used": 2 * 1024**2,
 }
 
+# An idle H100 SXM5 as driver 580.159.04 reports it (recorded/h100.json): idle clocks, the memory
+# the driver reserves, display mode 1, a 100 ms encoder/decoder sampling period.
 _H100_80GB = {
     "memory_total": 81559 * 1024**2,
+    "memory_reserved": 480 * 1024**2,
     "compute_capability": [9, 0],
     "architecture": "HOPPER",
     "pci_device_id": 0x233010DE,
-    "temperature": 33,
-    "power_usage": 72_000,
+    "pci_subsystem_id": 0x16C110DE,
+    "temperature": 34,
+    "power_usage": 71_000,
     "power_limit": 700_000,
-    "clocks": {"graphics": 1980, "sm": 1980, "memory": 2619, "video": 1545},
-    "max_clocks": {"graphics": 1980, "sm": 1980, "memory": 2619, "video": 1755},
+    "clocks": {"graphics": 345, "sm": 345, "memory": 2619, "video": 765},
+    "max_clocks": {"graphics": 1980, "sm": 1980, "memory": 2619, "video": 1545},
     "fan_speed": None,
     "mig_mode": 0,
+    "display_mode": 1,
+    "codec_sampling_period_us": 100_000,
     "pcie": {"max_generation": 5, "max_width": 16, "generation": 5, "width": 16, "tx_kbps": 0, "rx_kbps": 0},
     "nvlink": {"version": "4.0", "links": 18, "speed_mbps": 26562, "tx_kibps": 0, "rx_kibps": 0},
     "bar1_memory_total": 128 * 1024**3,
-    "bar1_memory_used": 2 * 1024**2,
+    "bar1_memory_used": 1664 * 1024,
 }
 
 # What every model reports the same way (tools' queries: nvitop, gpustat, nvdashboard).
@@ -297,5 +307,90 @@ def make_mig_device(
     entry.update(overrides)
     return entry
 
+
+
+def _answer(nvml: Mapping[str, Any], label: str) -> Any:
+    """A recorded NVML answer's value; None where the driver refused it (NOT_SUPPORTED ...)."""
+    answer = nvml.get(label) or {}
+    return answer.get("value")
+
+
+def _bits(words: list[int]) -> list[int]:
+    return [64 * w + b for w, word in enumerate(words) for b in range(64) if word >> b & 1]
+
+
+def recorded_host(recording: Mapping[str, Any]) -> dict[str, Any]:
+    """The device file of the host a ``benchmarks/real_gpu_probe.py`` recording was made on.
+
+    Its GPU 0 (the one the probe asked everything of) as :func:`make_device` describes its model,
+    with what the driver answered there: identity (UUID, serial, PCI location and ids), driver,
+    NVML and CUDA versions, memory (total, reserved, used), idle clocks, power, temperature, PCIe,
+    modes, ECC and BAR1 figures, the codec sampling period, MIG mode, the NUMA node and its CPUs,
+    and NVLink only where the driver answered NVLink queries. Nothing else is invented: a query the
+    driver refused is left out (``NOT_SUPPORTED``), so behaviour is what remains to compare
+    (tests/unit/test_fakenvml_fidelity.py).
+    """
+    nvml = recording["nvml"]
+    name = _answer(nvml, "nvmlDeviceGetName")
+    pci = _answer(nvml, "nvmlDeviceGetPciInfo")
+    memory = _answer(nvml, "nvmlDeviceGetMemoryInfo_v2")
+    clocks = ("graphics", "sm", "memory", "video")  # nvmlClockType_t 0..3
+    util = _answer(nvml, "nvmlDeviceGetUtilizationRates")
+    encoder = _answer(nvml, "nvmlDeviceGetEncoderUtilization")
+    decoder = _answer(nvml, "nvmlDeviceGetDecoderUtilization")
+    bar1 = _answer(nvml, "nvmlDeviceGetBAR1MemoryInfo")
+    mig = _answer(nvml, "nvmlDeviceGetMigMode")
+    device = make_device(
+        _answer(nvml, "nvmlDeviceGetIndex") or 0, name,
+        uuid=_answer(nvml, "nvmlDeviceGetUUID"), serial=_answer(nvml, "nvmlDeviceGetSerial"),
+        pci_bus_id=pci["busId"], pci_device_id=pci["pciDeviceId"], pci_subsystem_id=pci["pciSubSystemId"],
+        minor_number=_answer(nvml, "nvmlDeviceGetMinorNumber"),
+        brand=_answer(nvml, "nvmlDeviceGetBrand"), architecture=_answer(nvml, "nvmlDeviceGetArchitecture"),
+        compute_capability=_answer(nvml, "nvmlDeviceGetCudaComputeCapability"),
+        memory_total=memory["total"], memory_reserved=memory["reserved"], memory_used=memory["used"],
+        utilization_gpu=util["gpu"] if util else None, utilization_memory=util["memory"] if util else None,
+        temperature=_answer(nvml, "nvmlDeviceGetTemperature(GPU)"),
+        power_usage=_answer(nvml, "nvmlDeviceGetPowerUsage"),
+        power_limit=_answer(nvml, "nvmlDeviceGetPowerManagementLimit"),
+        enforced_power_limit=_answer(nvml, "nvmlDeviceGetEnforcedPowerLimit"),
+        clocks={c: _answer(nvml, f"nvmlDeviceGetClockInfo({i})") for i, c in enumerate(clocks)},
+        max_clocks={c: _answer(nvml, f"nvmlDeviceGetMaxClockInfo({i})") for i, c in enumerate(clocks)},
+        fan_speed=_answer(nvml, "nvmlDeviceGetFanSpeed"),
+        mig_mode=mig[0] if mig else None, mig_pending_mode=mig[1] if mig else None,
+        encoder_utilization=encoder[0] if encoder else None, decoder_utilization=decoder[0] if decoder else None,
+        codec_sampling_period_us=(encoder or decoder or [None, 167000])[1],
+        persistence_mode=_answer(nvml, "nvmlDeviceGetPersistenceMode"),
+        display_mode=_answer(nvml, "nvmlDeviceGetDisplayMode"),
+        display_active=_answer(nvml, "nvmlDeviceGetDisplayActive"),
+        performance_state=_answer(nvml, "nvmlDeviceGetPerformanceState"),
+        compute_mode=_answer(nvml, "nvmlDeviceGetComputeMode"),
+        ecc_errors={"corrected": _answer(nvml, "nvmlDeviceGetTotalEccErrors(corrected,volatile)"),
+                    "uncorrected": _answer(nvml, "nvmlDeviceGetTotalEccErrors(uncorrected,aggregate)")},
+        bar1_memory_total=bar1["bar1Total"] if bar1 else None, bar1_memory_used=bar1["bar1Used"] if bar1 else None,
+        pcie={"max_generation": _answer(nvml, "nvmlDeviceGetMaxPcieLinkGeneration"),
+              "max_width": _answer(nvml, "nvmlDeviceGetMaxPcieLinkWidth"),
+              "generation": _answer(nvml, "nvmlDeviceGetCurrPcieLinkGeneration"),
+              "width": _answer(nvml, "nvmlDeviceGetCurrPcieLinkWidth"),
+              "tx_kbps": _answer(nvml, "nvmlDeviceGetPcieThroughput(TX)"),
+              "rx_kbps": _answer(nvml, "nvmlDeviceGetPcieThroughput(RX)")},
+    )
+    if device["ecc_errors"]["corrected"] is None:
+        device["ecc_errors"] = None
+    if _answer(nvml, "nvmlDeviceGetNvLinkVersion(0)") is None:
+        device.pop("nvlink", None)  # the driver answered no NVLink query here
+    config: dict[str, Any] = {
+        "driver_version": _answer(nvml, "nvmlSystemGetDriverVersion"),
+        "nvml_version": _answer(nvml, "nvmlSystemGetNVMLVersion"),
+        "cuda_driver_version": _answer(nvml, "nvmlSystemGetCudaDriverVersion_v2"),
+        "devices": [device],
+    }
+    cpus = _answer(nvml, "nvmlDeviceGetCpuAffinity(16)")
+    nodes = _answer(nvml, "nvmlDeviceGetMemoryAffinity(1,node)")
+    if cpus and nodes and len(_bits(nodes)) == 1:  # one NUMA node near the GPU, with these CPUs
+        node = _bits(nodes)[0]
+        config["topology"] = {"numa_nodes": [{"cpus": [], "socket": 0}] * node + [
+            {"cpus": _bits(cpus), "socket": 0}]}
+        device["numa_node"] = node
+    return config
 
 from .layouts import LAYOUTS, layout  # noqa: E402  (layouts uses make_device, defined above)

@@ -339,15 +339,16 @@ nvmlReturn_t nvmlSystemGetNVMLVersion(char *version, unsigned int length)
     return leave(copy_str(version, length, g_cfg ? g_cfg->nvml_version : FK_DEFAULT_NVML_VERSION));
 }
 
+/* Needs nvmlInit, like the driver version: driver 580 answers UNINITIALIZED to both calls before it
+   (tests/fakenvml/recorded/h100.json), although nvml.h lists no such error for them. */
 static nvmlReturn_t cuda_version(const char *fn, int *out, int v2)
 {
-    enter_no_init();
-    nvmlReturn_t rc = g_cfg ? fk_fault_lookup(&g_cfg->faults, fn) : NVML_SUCCESS;
+    nvmlReturn_t rc = enter(fn);
     if (rc)
-        return leave(rc);
+        return rc;
     if (!out)
         return leave(NVML_ERROR_INVALID_ARGUMENT);
-    if (g_cfg && g_cfg->has_cuda_version) {
+    if (g_cfg->has_cuda_version) {
         *out = g_cfg->cuda_version;
         return leave(NVML_SUCCESS);
     }
@@ -657,8 +658,10 @@ nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v2_t *me
         return rc;
     if (!memory)
         return leave(NVML_ERROR_INVALID_ARGUMENT);
+    /* Any other version: FUNCTION_NOT_FOUND, as driver 580 answers (recorded); the other versioned
+       structs (temperature, PCI info) answer ARGUMENT_VERSION_MISMATCH there, as here. */
     if (memory->version != nvmlMemory_v2)
-        return leave(NVML_ERROR_ARGUMENT_VERSION_MISMATCH);
+        return leave(NVML_ERROR_FUNCTION_NOT_FOUND);
     rc = memory_of(&c, &total, &used, &reserved);
     if (rc)
         return leave(rc);
@@ -782,8 +785,12 @@ static nvmlReturn_t clock_info(const char *fn, nvmlDevice_t device, nvmlClockTyp
     nvmlReturn_t rc = enter_device(fn, device, &c);
     if (rc)
         return rc;
-    if (!clock || (unsigned)type >= NVML_CLOCK_COUNT)
+    if (!clock)
         return leave(NVML_ERROR_INVALID_ARGUMENT);
+    /* An unknown clock type: driver 580 answers NOT_SUPPORTED for the current clock and
+       INVALID_ARGUMENT for the maximum (recorded, types 4, 5, 17, 1000). */
+    if ((unsigned)type >= NVML_CLOCK_COUNT)
+        return leave(max ? NVML_ERROR_INVALID_ARGUMENT : NVML_ERROR_NOT_SUPPORTED);
     const int *has = max ? c.g->has_max_clock : c.g->has_clock;
     const unsigned int *val = max ? c.g->max_clock : c.g->clock;
     if (c.m || !has[type])
@@ -846,7 +853,9 @@ nvmlReturn_t nvmlDeviceGetMigDeviceHandleByIndex(nvmlDevice_t device, unsigned i
         return leave(NVML_ERROR_INVALID_ARGUMENT);
     if (!c.g->mig_supported)
         return leave(NVML_ERROR_NOT_SUPPORTED);
-    if (!mig_enabled(c.g) || index >= c.g->max_mig)
+    if (!mig_enabled(c.g))
+        return leave(NVML_ERROR_NOT_FOUND); /* driver 580, MIG disabled: any index (recorded) */
+    if (index >= c.g->max_mig)
         return leave(NVML_ERROR_INVALID_ARGUMENT);
     for (int m = 0; m < c.g->nmig; m++) {
         fk_mig *mg = &c.g->mig[m];

@@ -432,6 +432,7 @@ static void parse_tools(ctx *c, const cJSON *d, const char *where, fk_tools *t)
     char w[96];
     opt_u32(c, d, "encoder_utilization", where, &t->has_enc, &t->enc_util);
     opt_u32(c, d, "decoder_utilization", where, &t->has_dec, &t->dec_util);
+    t->codec_period_us = u32_or(c, d, "codec_sampling_period_us", where, FK_CODEC_PERIOD_US);
     opt_u32(c, d, "persistence_mode", where, &t->has_persistence, &t->persistence);
     opt_u32(c, d, "display_mode", where, &t->has_display_mode, &t->display_mode);
     opt_u32(c, d, "display_active", where, &t->has_display_active, &t->display_active);

@@ -32,6 +32,8 @@
 #define FK_PATH 256 /* device_node, pcie_path */
 #define FK_MAX_NUMA 16
 #define FK_CPU_WORDS 16 /* 1024 CPUs, 64 per unsigned long */
+#define FK_CODEC_PERIOD_US 167000 /* encoder/decoder sampling period; an H100 on driver 580 says 100000 */
+#define FK_PCIE_WINDOW_NS 20000000L /* nvmlDeviceGetPcieThroughput's 20 ms window */
 #define FK_MAX_SWITCHES 8
 #define FK_LINK_OFF (-1)           /* an NVLink link that is not active */
 #define FK_LINK_SWITCH_BASE (-100) /* link to NVSwitch s: FK_LINK_SWITCH_BASE - s */
@@ -80,6 +82,7 @@ enum { FK_CLK_GRAPHICS, FK_CLK_SM, FK_CLK_MEM, FK_CLK_VIDEO, FK_CLK_N };
 typedef struct {
     int has_enc, has_dec;
     unsigned int enc_util, dec_util;
+    unsigned int codec_period_us; /* the sampling period both report */
 
     int has_pcie_max_gen, has_pcie_max_width, has_pcie_gen, has_pcie_width, has_pcie_tx, has_pcie_rx;
     unsigned int pcie_max_gen, pcie_max_width, pcie_gen, pcie_width;

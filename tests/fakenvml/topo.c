@@ -87,8 +87,11 @@ nvmlReturn_t nvmlDeviceGetTopologyCommonAncestor(nvmlDevice_t device1, nvmlDevic
         return fk_leave(NVML_ERROR_INVALID_ARGUMENT);
     if (a.m || b.m)
         return fk_leave(NVML_ERROR_NOT_SUPPORTED);
-    /* The same GPU: nothing lies between (what NVML reports for the two GPUs of one board). */
-    *pathInfo = a.g == b.g ? NVML_TOPOLOGY_INTERNAL : common_ancestor(a.g, b.g);
+    /* A GPU with itself: driver 580 answers NOT_SUPPORTED (recorded). NVML_TOPOLOGY_INTERNAL
+       is for two GPUs on one board (a K80), which the device file does not describe. */
+    if (a.g == b.g)
+        return fk_leave(NVML_ERROR_NOT_SUPPORTED);
+    *pathInfo = common_ancestor(a.g, b.g);
     return fk_leave(NVML_SUCCESS);
 }
 

@@ -266,6 +266,8 @@ def test_mig_devices_answer_for_themselves(nvml):
                "parent_procs": [[p.pid, p.gpuInstanceId, p.computeInstanceId]
                                 for p in N.nvmlDeviceGetComputeRunningProcesses(h)],
                "disabled_max": N.nvmlDeviceGetMaxMigDeviceCount(d),
+               "disabled_by_index": [err(N.nvmlDeviceGetMigDeviceHandleByIndex, d, i) for i in (0, 6, 100)],
+               "enabled_past_max": err(N.nvmlDeviceGetMigDeviceHandleByIndex, h, 7),
                "disabled_mig_uuid": err(N.nvmlDeviceGetHandleByUUID, config()["devices"][1]["mig_devices"][0]["uuid"])}
         """,
         {"devices": [parent, disabled]},
@@ -284,6 +286,9 @@ def test_mig_devices_answer_for_themselves(nvml):
         0, "NVMLError_InvalidArgument", "NVMLError_NotSupported")
     assert out["parent_procs"] == [[11, 1, 0]]
     assert out["disabled_max"] == 0 and out["disabled_mig_uuid"] == "NVMLError_NotFound"
+    # MIG disabled: no MIG device at any index (driver 580, recorded); enabled: past the maximum is invalid
+    assert out["disabled_by_index"] == ["NVMLError_NotFound"] * 3
+    assert out["enabled_past_max"] == "NVMLError_InvalidArgument"
 
 
 def test_what_monitoring_tools_read(nvml):
@@ -296,10 +301,12 @@ def test_what_monitoring_tools_read(nvml):
     a100["pcie"].update(tx_kbps=1500, rx_kbps=2500)
     a100["nvlink"].update(tx_kibps=2**20, rx_kibps=2**19)
     t4 = fakenvml.make_device(1, "Tesla T4", encoder_utilization=None, ecc_errors=None, pcie=None)
+    h100 = fakenvml.make_device(2, "NVIDIA H100 80GB HBM3", decoder_utilization=4)
     out = nvml(
         """
         N.nvmlInit()
         a, t = N.nvmlDeviceGetHandleByIndex(0), N.nvmlDeviceGetHandleByIndex(1)
+        h = N.nvmlDeviceGetHandleByIndex(2)
         speeds = [getattr(N, f"NVML_FI_DEV_NVLINK_SPEED_MBPS_L{i}") for i in range(12)]
         def fields(h, ids):
             return [[v.nvmlReturn, v.value.uiVal if v.valueType == N.NVML_VALUE_TYPE_UNSIGNED_INT else v.value.ullVal]
@@ -312,6 +319,7 @@ def test_what_monitoring_tools_read(nvml):
         out = {
             "enc": N.nvmlDeviceGetEncoderUtilization(a), "dec": N.nvmlDeviceGetDecoderUtilization(a),
             "t4_enc": err(N.nvmlDeviceGetEncoderUtilization, t),
+            "h100_codec": [N.nvmlDeviceGetEncoderUtilization(h), N.nvmlDeviceGetDecoderUtilization(h)],
             "procs": sorted([s.pid, s.smUtil, s.memUtil, s.encUtil] for s in N.nvmlDeviceGetProcessUtilization(a, 0)),
             "procs_later": err(N.nvmlDeviceGetProcessUtilization, a, 2**62),
             "t4_procs": err(N.nvmlDeviceGetProcessUtilization, t, 0),
@@ -326,7 +334,9 @@ def test_what_monitoring_tools_read(nvml):
             "count": fields(a, [N.NVML_FI_DEV_NVLINK_LINK_COUNT, N.NVML_FI_DEV_NVLINK_SPEED_MBPS_COMMON]),
             "speeds": fields(a, speeds),
             "t4_fields": fields(t, [N.NVML_FI_DEV_NVLINK_LINK_COUNT, (N.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, 0)]),
-            "odd_fields": fields(a, [N.NVML_FI_DEV_ECC_CURRENT, 100000, (N.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX, 12)]),
+            "odd_fields": fields(a, [N.NVML_FI_DEV_ECC_CURRENT, 100000, (N.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX, 12),
+                                     N.NVML_FI_DEV_MEMORY_TEMP]),
+            "t4_ecc_mode": fields(t, [N.NVML_FI_DEV_ECC_CURRENT]),
             "counter_growth": [y - x for x, y in zip(before, after)],
             "modes": [N.nvmlDeviceGetPersistenceMode(a), N.nvmlDeviceGetDisplayMode(a), N.nvmlDeviceGetDisplayActive(a),
                       N.nvmlDeviceGetPerformanceState(a), N.nvmlDeviceGetComputeMode(a),
@@ -337,9 +347,10 @@ def test_what_monitoring_tools_read(nvml):
             "bar1": [[b.bar1Total, b.bar1Used, b.bar1Free] for b in (N.nvmlDeviceGetBAR1MemoryInfo(a),)],
         }
         """,
-        {"devices": [a100, t4]},
+        {"devices": [a100, t4, h100]},
     )
     assert out["enc"] == [7, 167000] and out["dec"] == [9, 167000] and out["t4_enc"] == "NVMLError_NotSupported"
+    assert out["h100_codec"] == [[0, 100000], [4, 100000]]  # an H100's sampling period (driver 580, recorded)
     assert out["procs"] == [[11, 40, 12, 0]]  # a compute+graphics process is one sample; 12 has none
     assert out["procs_later"] == "NVMLError_NotFound" and out["t4_procs"] == "NVMLError_NotFound"
     assert out["pcie"] == [4, 16, 4, 16, 1500, 2500]
@@ -349,7 +360,9 @@ def test_what_monitoring_tools_read(nvml):
     assert out["speeds"] == [[0, 25781]] * 12
     not_supported, invalid = 3, 2  # NVML_ERROR_NOT_SUPPORTED, NVML_ERROR_INVALID_ARGUMENT
     assert [r for r, _ in out["t4_fields"]] == [not_supported, not_supported]
-    assert [r for r, _ in out["odd_fields"]] == [not_supported, invalid, invalid]
+    # ECC mode 1 where ECC is there (an H100 on driver 580 answers so); unknown ids invalid; others unmodelled
+    assert out["odd_fields"] == [[0, 1], [invalid, 0], [invalid, 0], [not_supported, 0]]
+    assert [r for r, _ in out["t4_ecc_mode"]] == [not_supported]
     tx_growth, rx_growth = out["counter_growth"]  # KiB at 1 GiB/s and 512 MiB/s over >= 0.2 s
     assert tx_growth >= 0.2 * 2**20 and rx_growth >= 0.2 * 2**19 and tx_growth > rx_growth
     assert out["modes"] == [1, 0, 0, 2, 0, "NVMLError_NotSupported"]  # driver model: Windows only
@@ -385,6 +398,12 @@ def test_calls_before_init_and_reference_counting(nvml):
     out = nvml(
         """
         out = {"before": err(N.nvmlDeviceGetCount)}  # pynvml has not even loaded the library yet
+        N._LoadNvmlLibrary()
+        v = ctypes.c_int()
+        out["system_before_init"] = [raw("nvmlSystemGetNVMLVersion", ctypes.create_string_buffer(80), 80),
+                                     raw("nvmlSystemGetDriverVersion", ctypes.create_string_buffer(80), 80),
+                                     raw("nvmlSystemGetCudaDriverVersion", ctypes.byref(v)),
+                                     raw("nvmlSystemGetCudaDriverVersion_v2", ctypes.byref(v))]
         N.nvmlInit(); N.nvmlInit()
         h = N.nvmlDeviceGetHandleByIndex(0)
         c = ctypes.c_uint()
@@ -399,6 +418,8 @@ def test_calls_before_init_and_reference_counting(nvml):
         """,
         {"devices": [fakenvml.make_device(0)]},
     )
+    # Before init only the NVML version answers (driver 580, recorded): the CUDA version needs init too.
+    assert out.pop("system_before_init") == [0, 1, 1, 1]
     assert out == {"before": "NVMLError_Uninitialized", "raw_before_shutdown": 0, "after_one_shutdown": 1,
                    "raw_after": 1, "name_after": "NVMLError_Uninitialized",
                    "driver_after": "NVMLError_Uninitialized", "extra_shutdown": "NVMLError_Uninitialized"}
@@ -413,6 +434,7 @@ def test_argument_errors_match_nvml(nvml):
         count = ctypes.c_uint(0)
         infos = (N.c_nvmlProcessInfo_v3_t * 8)()
         bad_mem = N.c_nvmlMemory_v2_t(); bad_mem.version = 1
+        bad_temp = N.c_nvmlTemperature_v1_t(); bad_temp.version = 1
         out = {
             "bad_index": err(N.nvmlDeviceGetHandleByIndex, 2),
             "unknown_uuid": err(N.nvmlDeviceGetHandleByUUID, "GPU-00000000-0000-0000-0000-000000000000"),
@@ -422,7 +444,9 @@ def test_argument_errors_match_nvml(nvml):
             "short_name": raw("nvmlDeviceGetName", h, buf, 4),
             "short_driver": raw("nvmlSystemGetDriverVersion", buf, 3),
             "bad_version": raw("nvmlDeviceGetMemoryInfo_v2", h, ctypes.byref(bad_mem)),
+            "bad_temp_version": raw("nvmlDeviceGetTemperatureV", h, ctypes.byref(bad_temp)),
             "bad_clock": err(N.nvmlDeviceGetClockInfo, h, 17),
+            "bad_max_clock": err(N.nvmlDeviceGetMaxClockInfo, h, 17),
             "procs_size": [raw("nvmlDeviceGetComputeRunningProcesses_v3", h, ctypes.byref(count), None), count.value],
         }
         count.value = 1
@@ -440,8 +464,11 @@ def test_argument_errors_match_nvml(nvml):
     assert out["bad_index"] == "NVMLError_InvalidArgument" and out["unknown_uuid"] == "NVMLError_NotFound"
     assert (out["null_out"], out["null_name"], out["null_handle"]) == (invalid, invalid, invalid)
     assert (out["short_name"], out["short_driver"]) == (insufficient, insufficient)
-    assert out["bad_version"] == 25  # NVML_ERROR_ARGUMENT_VERSION_MISMATCH
-    assert out["bad_clock"] == "NVMLError_InvalidArgument"
+    # As driver 580 answers (tests/fakenvml/recorded/h100.json): a wrong nvmlMemory_v2_t version is
+    # FUNCTION_NOT_FOUND, a wrong nvmlTemperature_t version ARGUMENT_VERSION_MISMATCH; an unknown
+    # clock type is NOT_SUPPORTED for the current clock, INVALID_ARGUMENT for the maximum.
+    assert (out["bad_version"], out["bad_temp_version"]) == (13, 25)
+    assert (out["bad_clock"], out["bad_max_clock"]) == ("NVMLError_NotSupported", "NVMLError_InvalidArgument")
     assert out["procs_size"] == [insufficient, 3] and out["procs_small"] == [insufficient, 3]
     assert out["procs_ok"] == [0, 3, 7, 0xFFFFFFFF]
     assert out["strings"] == {"0": "Success", "1": "Uninitialized", "3": "Not Supported",

@@ -1,7 +1,10 @@
 """Which GPUs a server may show, from CUDA_VISIBLE_DEVICES / NVIDIA_VISIBLE_DEVICES (pure)."""
 
+import json
+
 import pytest
 
+import fakenvml
 from gpuspawner.monitor.visibility import (
     CUDA_HIDDEN_BY_MIG,
     CUDA_INDEX_WITH_MIG,
@@ -27,7 +30,48 @@ def shown(env, devices=DEVICES):
 
 def test_unset_and_all_show_everything():
     assert [i for i, _, _ in shown({})] == [0, 1, 2, 3]
-    assert [i for i, _, _ in shown({"NVIDIA_VISIBLE_DEVICES": "all", "CUDA_VISIBLE_DEVICES": "all"})] == [0, 1, 2, 3]
+    assert [i for i, _, _ in shown({"NVIDIA_VISIBLE_DEVICES": "all"})] == [0, 1, 2, 3]
+    # "all" is the container runtime's word; CUDA cannot read it and enumerates nothing (recorded)
+    assert shown({"NVIDIA_VISIBLE_DEVICES": "all", "CUDA_VISIBLE_DEVICES": "all"}) == []
+
+
+# Every CUDA_VISIBLE_DEVICES value tried on a real GPU host, with the GPUs libcuda then enumerated
+# (benchmarks/real_gpu_probe.py, section cuda_visible_devices).
+RECORDED_CUDA = [
+    (recording.stem, case)
+    for recording in sorted(fakenvml.RECORDED.glob("*.json"))
+    for case in json.loads(recording.read_text()).get("cuda_visible_devices", [])
+]
+
+
+@pytest.mark.parametrize("host, case", RECORDED_CUDA, ids=[f"{h}:{c['value']!r}" for h, c in RECORDED_CUDA])
+def test_the_gpus_shown_are_the_ones_cuda_enumerated_on_a_real_host(host, case):
+    recording = json.loads((fakenvml.RECORDED / f"{host}.json").read_text())
+    listed = recording["gpuspawner"]["devices"]["devices"]
+    devices = [Device(d["index"], d["uuid"][0], (), False, d["name"][0]) for d in listed]
+    env = {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+    if case["value"] is not None:
+        env["CUDA_VISIBLE_DEVICES"] = case["value"]
+    decisions = Visibility.from_env(env).decide(devices)
+    shown_by_monitor = {d.uuid: dec.cuda_index for d, dec in zip(devices, decisions, strict=True) if dec.visible}
+    enumerated = case["cuda"]["uuids"]
+    assert shown_by_monitor == {uuid: n for n, uuid in enumerate(enumerated)}
+
+
+def test_cuda_counts_entries_up_to_the_first_that_names_no_gpu():
+    assert shown({"CUDA_VISIBLE_DEVICES": "2,7,1"}, NO_MIG) == [(2, None, 0)]  # no GPU 7: 1 does not count
+    assert shown({"CUDA_VISIBLE_DEVICES": f"{G[1]},GPU-ffffffff,{G[2]}"}, NO_MIG) == [(1, None, 0)]
+    assert shown({"CUDA_VISIBLE_DEVICES": "-1,0"}, NO_MIG) == []
+
+
+def test_a_gpu_named_twice_the_same_way_stops_cuda():
+    assert shown({"CUDA_VISIBLE_DEVICES": "1,1"}, NO_MIG) == []
+    assert shown({"CUDA_VISIBLE_DEVICES": f"{G[1]},2,{G[1][:12]}"}, NO_MIG) == []
+    assert shown({"CUDA_VISIBLE_DEVICES": f"{G[1]},1,2"}, NO_MIG) == [(1, None, 0), (2, None, 1)]  # UUID, then index
+
+
+def test_an_entry_starting_with_digits_is_that_index():
+    assert shown({"CUDA_VISIBLE_DEVICES": "3:1, 0"}, NO_MIG) == [(0, None, 1), (3, None, 0)]
 
 
 @pytest.mark.parametrize("value", ["", "none", "void", "NONE", " "])
