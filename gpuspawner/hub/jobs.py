@@ -17,13 +17,13 @@ servers' tokens, see :mod:`.setup`) or ``admin:servers`` for the user
 
 from __future__ import annotations
 
-import json
 from datetime import datetime, timezone
 
 from jupyterhub.apihandlers import APIHandler
 from jupyterhub.scopes import has_scope
 from tornado import web
 
+from ..inputs import OptionsError, dumps, read_json
 from ..jobs.manager import JobManager
 from ..jobs.store import JobRecord, JobStore
 from ..state import HubState, hub_state, settings_for
@@ -112,7 +112,7 @@ class JobOptionsHandler(_JobsBase):
                 seen.add(t["label"])
                 unique.append(t)
         self.set_header("Cache-Control", "no-store")
-        self.finish(json.dumps({"compute_types": unique, "simulated": context["simulated"]}))
+        self.finish(dumps({"compute_types": unique, "simulated": context["simulated"]}))
 
 
 class JobsHandler(_JobsBase):
@@ -122,17 +122,17 @@ class JobsHandler(_JobsBase):
         self.check_access(user_name)
         records = self.jobs.list(user_name)
         self.set_header("Cache-Control", "no-store")
-        self.finish(json.dumps({"jobs": [job_json(r) for r in records]}))
+        self.finish(dumps({"jobs": [job_json(r) for r in records]}))
 
     async def post(self, user_name: str) -> None:
         user = self.check_access(user_name)
         try:
-            body = json.loads(self.request.body or b"{}")
-        except ValueError:
-            raise web.HTTPError(400, "body: not valid JSON") from None
-        record = await self.jobs.submit(user, body)
+            body = read_json(self.request.body)
+        except OptionsError as e:
+            raise web.HTTPError(400, "%s", str(e)) from None
+        record = await self.jobs.submit(user, {} if body is None else body)
         self.set_status(201)
-        self.finish(json.dumps(job_json(record)))
+        self.finish(dumps(job_json(record)))
 
 
 class JobHandler(_JobsBase):
@@ -147,14 +147,14 @@ class JobHandler(_JobsBase):
     async def get(self, user_name: str, job_id: str) -> None:
         self.check_access(user_name)
         self.set_header("Cache-Control", "no-store")
-        self.finish(json.dumps(job_json(self._record(user_name, job_id))))
+        self.finish(dumps(job_json(self._record(user_name, job_id))))
 
     async def delete(self, user_name: str, job_id: str) -> None:
         self.check_access(user_name)
         record = await self.jobs.cancel(self._record(user_name, job_id))
         if self.get_argument("forget", "") and not record.active:
             self.jobs.store.delete(record.id)
-        self.finish(json.dumps(job_json(record)))
+        self.finish(dumps(job_json(record)))
 
 
 def handlers() -> list[tuple[str, type]]:

@@ -107,7 +107,12 @@ class JobManager:
     # ------------------------------------------------------------ submitting
 
     async def submit(self, user: Any, body: Any) -> JobRecord:
-        """Check and start (or queue) a job; HTTP 400/403/409/501 with a sentence, and nothing started."""
+        """Check and start (or queue) a job; HTTP 400/403/409/501 with a sentence, and nothing started.
+
+        Everything that can refuse runs before anything is reserved or recorded: the body
+        (:func:`~.spec.parse_job`), the profile rules, the notebook's file; then the
+        reservation (409 when no room).
+        """
         await self.recovered()
         if self.runner is None:
             raise _error(501, f"This hub's backend ({self.spawner_class.__name__}) does not run GPU jobs.")
