@@ -14,9 +14,9 @@ import asyncio
 from typing import Any
 
 from jinja2 import Environment, PackageLoader, select_autoescape
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, object_session
 from tornado import web
-from traitlets import Bool, Dict, List, TraitError, default, validate
+from traitlets import Bool, Dict, List, TraitError, default, observe, validate
 
 from ..compat import min_cuda
 from ..form import form_context
@@ -244,7 +244,31 @@ class GPUSpawnerMixin(GPUPolicyMixin, GPUHubSettings):
 
     @default("apply_user_options")
     def _default_apply_user_options(self):
-        return type(self)._apply_gpu_options
+        return type(self)._apply_options_or_restore
+
+    #: the user_options before this spawn's (JupyterHub saves a spawn's options before checking them)
+    _gpu_previous_options: dict | None = None
+
+    @observe("user_options")
+    def _remember_previous_options(self, change) -> None:
+        self._gpu_previous_options = change["old"] if isinstance(change["old"], dict) else {}
+
+    async def _apply_options_or_restore(self, user_options: dict[str, Any]) -> None:
+        """JupyterHub's apply_user_options hook: :meth:`_apply_gpu_options`; a refused request leaves the
+        server's saved options as they were (JupyterHub stored them before asking), so nothing refused
+        is kept, and every later answer about the server (its model, the form) is valid JSON."""
+        try:
+            await self._apply_gpu_options(user_options)
+        except web.HTTPError:
+            previous = dict(self._gpu_previous_options or {})
+            self.user_options = previous
+            orm_spawner = getattr(self, "orm_spawner", None)
+            if orm_spawner is not None and orm_spawner.user_options != previous:
+                orm_spawner.user_options = previous
+                session = object_session(orm_spawner)
+                if session is not None:
+                    session.commit()
+            raise
 
     async def _apply_gpu_options(self, user_options: dict[str, Any]) -> None:
         """Check user_options (form or REST) and apply the profile; 400 on bad input."""

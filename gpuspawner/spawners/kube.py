@@ -41,6 +41,7 @@ from traitlets import Dict, Float, List, TraitError, Unicode, validate
 from ..compat import CudaVersion, cuda_version_text, min_cuda
 from ..form import form_context
 from ..gpu import GPU
+from ..inputs import check_json, field_name
 from ..inventory import InventoryReading
 from ..kube.api import ClusterCapacity, ClusterReading, list_server_pods, read_pod, why_failed
 from ..kube.capacity import GPU_RESOURCE, PRODUCT_LABEL, CapacityError, offered_models, place, pools
@@ -259,6 +260,10 @@ class GPUKubeSpawner(GPUSpawnerMixin, KubeSpawner):
             options = {}
         if not isinstance(options, Mapping):
             raise user_error(400, f"user_options: must be a JSON object, not {type(options).__name__}")
+        try:  # free-text values end up in the pod: finite numbers and storable text only
+            check_json(options)
+        except OptionsError as e:
+            raise user_error(400, str(e)) from e
         visible = self.profiles_for_options(options)  # 403 for a profile of other groups
         by_slug = {p.slug: (e, p) for e, p in zip(entries, profiles, strict=True) if p in visible}
         slug = options.get("profile")
@@ -272,7 +277,7 @@ class GPUKubeSpawner(GPUSpawnerMixin, KubeSpawner):
             raise user_error(400, f"profile: no profile {shown!r}; choose one of: {', '.join(by_slug)}")
         option_specs = entry.get("profile_options") or {}
         allowed = {"profile", *GPU_OPTIONS, *option_specs, *(f"{n}{UNLISTED}" for n in option_specs)}
-        unknown = sorted(str(k)[:40] for k in options if k not in allowed)
+        unknown = sorted(field_name(k) for k in options if k not in allowed)
         if unknown:
             raise user_error(400, f"{unknown[0]}: unknown option for profile '{profile.slug}'; allowed options: "
                                   + ", ".join(sorted(allowed)))
