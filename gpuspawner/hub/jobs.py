@@ -17,6 +17,7 @@ servers' tokens, see :mod:`.setup`) or ``admin:servers`` for the user
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from datetime import datetime, timezone
 
 from jupyterhub.apihandlers import APIHandler
@@ -26,6 +27,8 @@ from tornado import web
 from ..inputs import OptionsError, dumps, read_json
 from ..jobs.manager import JobManager
 from ..jobs.store import JobRecord, JobStore
+from ..placement import PlacementError
+from ..profiles import Choice
 from ..state import HubState, hub_state, settings_for
 
 JOB_SCOPE = "custom:gpu-jobs"
@@ -93,26 +96,42 @@ class JobOptionsHandler(_JobsBase):
             raise web.HTTPError(501, "This hub's backend does not run GPU jobs.")
         spawner = manager._spawner(user, f"{user.name}/job/options")
         context = await spawner.options_form_context()
-        types = []
-        for entry in context["profiles"]:
-            profile = entry["profile"]
-            for count in profile.gpu_counts:
-                if count == 0:
-                    types.append({"label": "CPU only", "profile": profile.slug, "gpus": 0, "gpu_model": "any",
-                                  "free": None, "total": None, "queue": False})
-                    continue
-                for model in entry["models"]:
-                    types.append({"label": f"{count} x {model.name}", "profile": profile.slug, "gpus": count,
-                                  "gpu_model": model.slug, "free": model.free, "total": model.total,
-                                  "fits_now": count <= entry["largest"].get(model.slug, 0),
-                                  "queue": profile.queue})
-        seen, unique = set(), []
-        for t in types:  # one entry per label: the first profile offering it
-            if t["label"] not in seen:
-                seen.add(t["label"])
-                unique.append(t)
+        types = await compute_types(context, spawner.never_fits)
         self.set_header("Cache-Control", "no-store")
-        self.finish(dumps({"compute_types": unique, "simulated": context["simulated"]}))
+        self.finish(dumps({"compute_types": types, "simulated": context["simulated"]}))
+
+
+async def compute_types(
+    context: dict, never_fits: Callable[[Choice], Awaitable[PlacementError | None]],
+) -> list[dict]:
+    """The compute types of a spawn form's context: CPU only, and each GPU count of each model a profile offers.
+
+    A count of a model that ``never_fits`` refuses (more GPUs than any machine of
+    this hub has of it, on cluster backends what the cluster says no node could
+    ever hold) is not offered: it could never run. One entry per label: the first
+    profile offering it.
+    """
+    types = []
+    for entry in context["profiles"]:
+        profile = entry["profile"]
+        for count in profile.gpu_counts:
+            if count == 0:
+                types.append({"label": "CPU only", "profile": profile.slug, "gpus": 0, "gpu_model": "any",
+                              "free": None, "total": None, "queue": False})
+                continue
+            for model in entry["models"]:
+                if await never_fits(Choice(profile, count, model.slug)) is not None:
+                    continue
+                types.append({"label": f"{count} x {model.name}", "profile": profile.slug, "gpus": count,
+                              "gpu_model": model.slug, "free": model.free, "total": model.total,
+                              "fits_now": count <= entry["largest"].get(model.slug, 0),
+                              "queue": profile.queue})
+    seen, unique = set(), []
+    for t in types:
+        if t["label"] not in seen:
+            seen.add(t["label"])
+            unique.append(t)
+    return unique
 
 
 class JobsHandler(_JobsBase):

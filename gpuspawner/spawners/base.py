@@ -23,7 +23,7 @@ from ..form import form_context
 from ..gpu import GPU, gpu_from_record
 from ..inventory import CachedInventory
 from ..ledger import Ledger
-from ..placement import GPURequest, PlacementError
+from ..placement import GPURequest, PlacementError, never_fits
 from ..profiles import (
     Choice,
     OptionsError,
@@ -321,9 +321,7 @@ class GPUSpawnerMixin(GPUPolicyMixin, GPUHubSettings):
         await self.ensure_reconciled()
         reading = await self.inventory.read()
         self.ledger.release(self.gpu_owner)  # a failed earlier start of this server holds nothing
-        request = GPURequest(
-            owner=self.gpu_owner, count=choice.gpus, models=choice.models, interconnect=choice.profile.interconnect
-        )
+        request = self.gpu_request(choice)
         try:
             self.gpu_allocation = await self.place_request(reading, request, choice)
         except PlacementError as e:
@@ -333,6 +331,23 @@ class GPUSpawnerMixin(GPUPolicyMixin, GPUHubSettings):
             names = ", ".join(f"{g.name} #{g.index} ({g.uuid})" for g in self.gpu_allocation)
             self.gpu_event(f"Reserved {len(self.gpu_allocation)} GPU(s) on {self.gpu_allocation[0].host}: {names}", 30)
         return self.gpu_allocation
+
+    def gpu_request(self, choice: Choice) -> GPURequest:
+        """What placement is asked for this server's (or job's) ``choice``."""
+        return GPURequest(owner=self.gpu_owner, count=choice.gpus, models=choice.models,
+                          interconnect=choice.profile.interconnect)
+
+    async def never_fits(self, choice: Choice) -> PlacementError | None:
+        """Why ``choice`` could never get GPUs here, however many are given back; ``None`` when it could.
+
+        More GPUs of a model than any one machine has, a model or NVLink set this hub
+        lacks: placement's own sentence (:func:`~gpuspawner.placement.never_fits`).
+        Backends whose cluster places the GPUs answer from the cluster.
+        """
+        if not choice.gpus:
+            return None
+        reading = await self.inventory.read()
+        return never_fits(reading.gpus, self.gpu_request(choice))
 
     @staticmethod
     def describe_request(choice: Choice) -> str:

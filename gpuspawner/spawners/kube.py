@@ -476,6 +476,9 @@ class GPUKubeSpawner(GPUSpawnerMixin, KubeSpawner):
         counted = GPURequest(owner=self.gpu_owner, count=choice.gpus, models=choice.models)
         try:
             if choice.profile.queue:
+                refusal = await self.never_fits(choice)
+                if refusal is not None:  # no wait can cure it: refused at once, never queued
+                    raise refusal
                 request, context = await self._wait_for_room(choice, counted)
             else:
                 request, context = self._claim_now(choice, counted, await self.cluster_capacity().read())
@@ -488,6 +491,24 @@ class GPUKubeSpawner(GPUSpawnerMixin, KubeSpawner):
         via = f" through the Kueue queue {queue}" if queue else ""
         self.gpu_event(f"Asking Kubernetes for {request.count} x {context.name} ({request.resource}){where}{via}", 30)
         return ()
+
+    async def never_fits(self, choice: Choice) -> PlacementError | None:
+        """The cluster's "no node could ever hold it" (:func:`~gpuspawner.kube.capacity.place`), or None.
+
+        Unknown capacity (the API does not answer) is never a reason; the image's CUDA is
+        checked when the pod is asked for, once the profile's overrides are applied.
+        """
+        if not choice.gpus:
+            return None
+        reading = await self.cluster_capacity().read()
+        if reading.unknown is not None:
+            return None
+        try:
+            place(reading.nodes, choice.models, choice.gpus, None, refuse_now=False)
+        except CapacityError as e:
+            if e.never:
+                return PlacementError(str(e), code=e.code, requested=choice.gpus, models=choice.models)
+        return None
 
     def _claim_now(
         self, choice: Choice, counted: GPURequest, reading: ClusterReading,
