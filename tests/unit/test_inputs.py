@@ -285,3 +285,15 @@ def test_any_notice_gives_a_notice_or_a_short_400(raw):
         assert field.split(".")[0].split("[")[0] in NOTICE_KEYS | {"body"} or len(field) <= 60, message
         return
     assert json_safe(notice) and notice["message"] and notice["level"] in ("info", "warning", "error")
+
+
+# ------------------------------------------------------------------ JupyterLab's Create Job dialog (parameters as text)
+
+
+@FAST
+@given(st.text(max_size=30) | st.sampled_from(["-" * 100_000 + "1", "(" * 300 + ")" * 300, "[" * 10**5, "1e999"]))
+def test_a_parameter_typed_in_the_dialog_is_a_literal_or_stays_text(text):
+    from gpuspawner.labjobs.scheduler import parameter_value
+
+    value = parameter_value(text)
+    assert isinstance(value, (bool, int, float, str))
