@@ -108,8 +108,8 @@ async def compute_types(
 
     A count of a model that ``never_fits`` refuses (more GPUs than any machine of
     this hub has of it, on cluster backends what the cluster says no node could
-    ever hold) is not offered: it could never run. One entry per label: the first
-    profile offering it.
+    ever hold) is not offered: it could never run. ``fits_now``: that many are free
+    on one machine now. One entry per label: the first profile offering it.
     """
     types = []
     for entry in context["profiles"]:
@@ -124,7 +124,8 @@ async def compute_types(
                     continue
                 types.append({"label": f"{count} x {model.name}", "profile": profile.slug, "gpus": count,
                               "gpu_model": model.slug, "free": model.free, "total": model.total,
-                              "fits_now": count <= entry["largest"].get(model.slug, 0),
+                              # free on one machine now (unknown availability: the cluster decides)
+                              "fits_now": count <= model.largest if model.known else True,
                               "queue": profile.queue})
     seen, unique = set(), []
     for t in types:
