@@ -57,7 +57,7 @@ from typing import NamedTuple
 
 from gpuspawner.availability import ModelAvailability, by_model
 from gpuspawner.gpu import GPU, model_rank
-from gpuspawner.refusals import PlacementError, explain_interconnect, explain_refusal
+from gpuspawner.refusals import WAITABLE, PlacementError, explain_interconnect, explain_refusal
 from gpuspawner.topology import CLASS_NAMES, INTERCONNECTS, NVLINK_CLASSES, level_rank, nvlink_count, set_class
 
 __all__ = [
@@ -66,6 +66,7 @@ __all__ = [
     "PlacementIndex",
     "FreeState",
     "INTERCONNECTS",
+    "never_fits",
     "place",
     "place_in",
     "set_class_of",
@@ -438,3 +439,20 @@ def place(inventory: Iterable[GPU], held: Collection[str], request: GPURequest) 
         return ()
     index = inventory if isinstance(inventory, PlacementIndex) else PlacementIndex(inventory)
     return place_in(index.state(held), held, request)
+
+
+def never_fits(inventory: Iterable[GPU], request: GPURequest) -> PlacementError | None:
+    """The refusal of a request that no GPU of ``inventory`` could ever take, even with every GPU free.
+
+    More GPUs of a model than any one machine has, a model (or NVLink set) the
+    hub does not have, no GPU at all: the sentence is :func:`place`'s own
+    (:mod:`gpuspawner.refusals`). ``None`` when the request fits once GPUs are
+    given back or come back into service: a wait (the queue) can cure that.
+    """
+    if request.count == 0:
+        return None
+    try:
+        place(inventory, (), request)
+    except PlacementError as e:
+        return None if e.code in WAITABLE else e
+    return None

@@ -25,20 +25,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from .gpu import model_slug, slug_matches
+from .inputs import OptionsError, field_name, shown
 from .topology import INTERCONNECTS
 
 OPTION_KEYS = ("profile", "gpus", "gpu_model", "image")
 _SLUG = re.compile(r"[a-z0-9][a-z0-9-]{0,62}")
 _IMAGE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/:@-]{0,254}")
 MAX_GPUS = 1024  # more than any machine holds; anything larger is nonsense input
-
-
-class OptionsError(ValueError):
-    """A user choice or a profile definition that cannot be accepted."""
-
-    def __init__(self, field: str, message: str) -> None:
-        super().__init__(f"{field}: {message}")
-        self.field = field
 
 
 @dataclass(frozen=True)
@@ -347,8 +340,7 @@ def _text(options: Mapping, key: str, pattern: re.Pattern, what: str) -> str | N
     if not isinstance(value, str):
         raise OptionsError(key, f"must be a string ({what}), not {type(value).__name__}")
     if not pattern.fullmatch(value):
-        shown = value if len(value) <= 40 else value[:40] + "..."
-        raise OptionsError(key, f"{shown!r} is not a valid {what}")
+        raise OptionsError(key, f"{shown(value, 40)} is not a valid {what}")
     return value
 
 
@@ -365,8 +357,9 @@ def parse_options(
         raise OptionsError("user_options", f"must be a JSON object, not {type(options).__name__}")
     unknown = [str(k) for k in options if k not in OPTION_KEYS]
     if unknown:
-        shown = ", ".join(repr(k[:40]) for k in sorted(unknown)[:5])
-        raise OptionsError(unknown[0][:40], f"unknown option {shown}; allowed options: {', '.join(OPTION_KEYS)}")
+        listed = ", ".join(shown(k, 40) for k in sorted(unknown)[:5])
+        raise OptionsError(field_name(unknown[0]),
+                           f"unknown option {listed}; allowed options: {', '.join(OPTION_KEYS)}")
 
     slug = _text(options, "profile", _SLUG, "profile slug")
     by_slug = {p.slug: p for p in profiles}
@@ -381,9 +374,9 @@ def parse_options(
     if type(gpus) is not int:  # bool is an int subclass: refuse it too
         raise OptionsError("gpus", f"must be an integer, not {type(gpus).__name__}")
     if gpus not in profile.gpu_counts:
-        shown = gpus if abs(gpus) < 10**6 else "that number"
+        number = gpus if abs(gpus) < 10**6 else "that number"
         raise OptionsError(
-            "gpus", f"{shown} is not allowed in profile '{profile.slug}'; allowed: "
+            "gpus", f"{number} is not allowed in profile '{profile.slug}'; allowed: "
             + ", ".join(map(str, profile.gpu_counts)))
 
     model = _text(options, "gpu_model", _SLUG, "GPU model") or "any"

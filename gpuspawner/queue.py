@@ -30,11 +30,10 @@ from typing import TypeVar
 
 from .gpu import GPU, model_slug, slug_matches
 from .placement import PlacementError
+from .refusals import WAITABLE  # refusal codes a wait can cure; any other refusal ends the wait at once
 
 __all__ = ["GPUQueue", "QueueTimeout", "Waiter", "WAITABLE"]
 
-#: Refusal codes that a wait can cure; any other refusal ends the wait at once.
-WAITABLE = frozenset({"none_free", "not_enough_on_one_host", "none_usable", "no_nvlink_set"})
 
 T = TypeVar("T")
 

@@ -19,7 +19,11 @@ from gpuspawner.gpu import GPU, model_rank
 if TYPE_CHECKING:
     from gpuspawner.placement import GPURequest
 
-__all__ = ["PlacementError", "explain_refusal"]
+__all__ = ["WAITABLE", "PlacementError", "explain_refusal"]
+
+#: Refusal codes that a wait can cure (GPUs are busy or out of service now). Any other code of
+#: :func:`explain_refusal` and :func:`explain_interconnect` means the request never fits here.
+WAITABLE = frozenset({"none_free", "not_enough_on_one_host", "none_usable", "no_nvlink_set"})
 
 
 class PlacementError(Exception):

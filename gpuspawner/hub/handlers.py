@@ -8,7 +8,6 @@ read the overview by default; anyone else gets 403.
 
 from __future__ import annotations
 
-import json
 import time
 from datetime import datetime, timezone
 
@@ -16,6 +15,7 @@ from jupyterhub.apihandlers import APIHandler
 from jupyterhub.handlers import BaseHandler
 from tornado import web
 
+from ..inputs import dumps
 from ..jobs.spec import job_of_owner
 from ..state import HubState, hub_state
 from .live import LiveStats
@@ -97,7 +97,7 @@ class GPUsAPIHandler(_Overview, APIHandler):
     async def get(self) -> None:
         self.require_scope()
         self.set_header("Cache-Control", "no-store")
-        self.finish(json.dumps(await self.overview()))
+        self.finish(dumps(await self.overview()))
 
 
 def _ago(seconds: float | None) -> str:

@@ -17,16 +17,19 @@ servers' tokens, see :mod:`.setup`) or ``admin:servers`` for the user
 
 from __future__ import annotations
 
-import json
+from collections.abc import Awaitable, Callable
 from datetime import datetime, timezone
 
 from jupyterhub.apihandlers import APIHandler
 from jupyterhub.scopes import has_scope
 from tornado import web
 
+from ..inputs import OptionsError, dumps, read_json
 from ..jobs.manager import JobManager
 from ..jobs.spec import JOB_ID
 from ..jobs.store import JobRecord, JobStore
+from ..placement import PlacementError
+from ..profiles import Choice
 from ..state import HubState, hub_state, settings_for
 
 JOB_SCOPE = "custom:gpu-jobs"
@@ -94,26 +97,43 @@ class JobOptionsHandler(_JobsBase):
             raise web.HTTPError(501, "This hub's backend does not run GPU jobs.")
         spawner = manager._spawner(user, f"{user.name}/job/options")
         context = await spawner.options_form_context()
-        types = []
-        for entry in context["profiles"]:
-            profile = entry["profile"]
-            for count in profile.gpu_counts:
-                if count == 0:
-                    types.append({"label": "CPU only", "profile": profile.slug, "gpus": 0, "gpu_model": "any",
-                                  "free": None, "total": None, "queue": False})
-                    continue
-                for model in entry["models"]:
-                    types.append({"label": f"{count} x {model.name}", "profile": profile.slug, "gpus": count,
-                                  "gpu_model": model.slug, "free": model.free, "total": model.total,
-                                  "fits_now": count <= entry["largest"].get(model.slug, 0),
-                                  "queue": profile.queue})
-        seen, unique = set(), []
-        for t in types:  # one entry per label: the first profile offering it
-            if t["label"] not in seen:
-                seen.add(t["label"])
-                unique.append(t)
+        types = await compute_types(context, spawner.never_fits)
         self.set_header("Cache-Control", "no-store")
-        self.finish(json.dumps({"compute_types": unique, "simulated": context["simulated"]}))
+        self.finish(dumps({"compute_types": types, "simulated": context["simulated"]}))
+
+
+async def compute_types(
+    context: dict, never_fits: Callable[[Choice], Awaitable[PlacementError | None]],
+) -> list[dict]:
+    """The compute types of a spawn form's context: CPU only, and each GPU count of each model a profile offers.
+
+    A count of a model that ``never_fits`` refuses (more GPUs than any machine of
+    this hub has of it, on cluster backends what the cluster says no node could
+    ever hold) is not offered: it could never run. ``fits_now``: that many are free
+    on one machine now. One entry per label: the first profile offering it.
+    """
+    types = []
+    for entry in context["profiles"]:
+        profile = entry["profile"]
+        for count in profile.gpu_counts:
+            if count == 0:
+                types.append({"label": "CPU only", "profile": profile.slug, "gpus": 0, "gpu_model": "any",
+                              "free": None, "total": None, "queue": False})
+                continue
+            for model in entry["models"]:
+                if await never_fits(Choice(profile, count, model.slug)) is not None:
+                    continue
+                types.append({"label": f"{count} x {model.name}", "profile": profile.slug, "gpus": count,
+                              "gpu_model": model.slug, "free": model.free, "total": model.total,
+                              # free on one machine now (unknown availability: the cluster decides)
+                              "fits_now": count <= model.largest if model.known else True,
+                              "queue": profile.queue})
+    seen, unique = set(), []
+    for t in types:
+        if t["label"] not in seen:
+            seen.add(t["label"])
+            unique.append(t)
+    return unique
 
 
 class JobsHandler(_JobsBase):
@@ -123,17 +143,17 @@ class JobsHandler(_JobsBase):
         self.check_access(user_name)
         records = self.jobs.list(user_name)
         self.set_header("Cache-Control", "no-store")
-        self.finish(json.dumps({"jobs": [job_json(r) for r in records]}))
+        self.finish(dumps({"jobs": [job_json(r) for r in records]}))
 
     async def post(self, user_name: str) -> None:
         user = self.check_access(user_name)
         try:
-            body = json.loads(self.request.body or b"{}")
-        except ValueError:
-            raise web.HTTPError(400, "body: not valid JSON") from None
-        record = await self.jobs.submit(user, body)
+            body = read_json(self.request.body)
+        except OptionsError as e:
+            raise web.HTTPError(400, "%s", str(e)) from None
+        record = await self.jobs.submit(user, {} if body is None else body)
         self.set_status(201)
-        self.finish(json.dumps(job_json(record)))
+        self.finish(dumps(job_json(record)))
 
 
 class JobHandler(_JobsBase):
@@ -148,14 +168,14 @@ class JobHandler(_JobsBase):
     async def get(self, user_name: str, job_id: str) -> None:
         self.check_access(user_name)
         self.set_header("Cache-Control", "no-store")
-        self.finish(json.dumps(job_json(self._record(user_name, job_id))))
+        self.finish(dumps(job_json(self._record(user_name, job_id))))
 
     async def delete(self, user_name: str, job_id: str) -> None:
         self.check_access(user_name)
         record = await self.jobs.cancel(self._record(user_name, job_id))
         if self.get_argument("forget", "") and not record.active:
             self.jobs.store.delete(record.id)
-        self.finish(json.dumps(job_json(record)))
+        self.finish(dumps(job_json(record)))
 
 
 def handlers() -> list[tuple[str, type]]:

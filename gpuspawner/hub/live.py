@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import time
 from dataclasses import dataclass
 
@@ -86,10 +87,13 @@ class LiveStats:
             if response.code != 200:
                 raise ValueError(f"the server's monitor answered HTTP {response.code}")
             sample = json.loads(response.body)
-            numbers = {
-                g["uuid"]: GPUNumbers(g.get("utilization_gpu"), g.get("memory_used"), g.get("memory_total"),
-                                      float(sample["time"]), "monitor")
-                for g in sample.get("gpus", []) if g.get("uuid")
+            sampled_at = _number(sample["time"])
+            if sampled_at is None:
+                raise ValueError("the server's monitor gave no sample time")
+            numbers = {  # a server is its user's: only finite numbers of the right kind are taken
+                g["uuid"]: GPUNumbers(_number(g.get("utilization_gpu")), _number(g.get("memory_used"), int),
+                                      _number(g.get("memory_total"), int), sampled_at, "monitor")
+                for g in sample.get("gpus", []) if isinstance(g.get("uuid"), str) and g["uuid"]
             }
             error = None if sample.get("status") == "ok" else f"monitor: {sample.get('status')}"
             self._servers[owner] = _Fetched(time.monotonic(), numbers, error)
@@ -103,6 +107,13 @@ class LiveStats:
             numbers = await asyncio.to_thread(_read_nvml, tuple(uuids))
             self._nvml = _Fetched(time.monotonic(), numbers)
         return self._nvml.numbers
+
+
+def _number(value: object, kind: type = float) -> float | int | None:
+    """A finite, non-negative number from a monitor's JSON as ``kind``, else None."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
+        return None
+    return kind(value)
 
 
 def _read_nvml(uuids: tuple[str, ...]) -> dict[str, GPUNumbers]:

@@ -21,6 +21,7 @@ import json
 import math
 import time
 from collections import defaultdict
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
@@ -29,6 +30,7 @@ from jupyterhub.handlers import BaseHandler
 from sqlalchemy import or_, select
 from tornado import web
 
+from ..inputs import OptionsError, check_json, dumps, field_name, read_json, shown
 from ..jobs.spec import job_of_owner
 from ..state import hub_state
 from ..usage import END_REASONS, Allocation
@@ -62,13 +64,21 @@ def parse_time(text: str, name: str) -> float:
             parsed = datetime.fromisoformat(text.replace("Z", "+00:00"))
         except ValueError:
             raise BadParameter(
-                f"{name}={text!r} is not a time: use ISO 8601 (2026-11-01 or 2026-11-01T08:00:00Z) "
+                f"{name}={shown(text)} is not a time: use ISO 8601 (2026-11-01 or 2026-11-01T08:00:00Z) "
                 "or seconds since the epoch") from None
         if parsed.tzinfo is None:
             parsed = parsed.replace(tzinfo=timezone.utc)
-        return parsed.timestamp()
-    if not math.isfinite(value):
-        raise BadParameter(f"{name}={text!r} is not a time")
+        try:
+            return parsed.timestamp()
+        except (OverflowError, ValueError):
+            raise BadParameter(f"{name}={shown(text)} is not a time this hub can count from") from None
+    try:
+        if not math.isfinite(value):
+            raise ValueError
+        datetime.fromtimestamp(value, timezone.utc)  # the answers name it as a date: it must be one
+    except (OverflowError, OSError, ValueError):
+        raise BadParameter(f"{name}={shown(text)} is not a time: seconds since the epoch, "
+                           "from 0 to year 9999") from None
     return value
 
 
@@ -180,7 +190,7 @@ class _Usage(_Overview):
 
     def usage(self, by: str) -> dict:
         if by not in GROUPINGS:
-            raise BadParameter(f"by={by!r}: use one of {', '.join(GROUPINGS)}")
+            raise BadParameter(f"by={shown(by, 40)}: use one of {', '.join(GROUPINGS)}")
         since, until = self.period()
         state = self.hub_state
         state.usage.attach(self.db)
@@ -217,7 +227,7 @@ class UsageAPIHandler(_Usage, APIHandler):
         fmt = self.get_argument("format", "json")
         try:
             if fmt not in ("json", "csv"):
-                raise BadParameter(f"format={fmt!r}: use json or csv")
+                raise BadParameter(f"format={shown(fmt, 40)}: use json or csv")
             data = self.usage(self.get_argument("by", "user"))
         except BadParameter as e:
             raise web.HTTPError(400, str(e)) from e
@@ -228,7 +238,70 @@ class UsageAPIHandler(_Usage, APIHandler):
             self.set_header("Content-Disposition", f'attachment; filename="{name}"')
             self.finish(to_csv(data))
         else:
-            self.finish(json.dumps(data))
+            self.finish(dumps(data))
+
+
+#: keys of a usage report
+REPORT_KEYS = ("owner", "threshold", "samples", "end_reason")
+#: the most samples one report may carry (the culler sends a few per server and period)
+MAX_SAMPLES = 10_000
+#: seconds a sample's time may lie ahead of the hub's clock (the culler's clock may differ a little)
+CLOCK_SLACK = 300.0
+
+
+@dataclass(frozen=True)
+class Report:
+    """A checked usage report: ``owner``'s utilisation samples (time, highest %) and why it ends, if it does."""
+
+    owner: str
+    threshold: float
+    samples: list[tuple[float, float | None]]
+    end_reason: str | None
+
+
+def _number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def parse_report(body: object, now: float) -> Report:
+    """Check a ``POST /hub/api/gpus/usage/report`` body; :class:`OptionsError` names the bad field.
+
+    ``{"owner": "user/server", "threshold": 5, "samples": [[time, utilisation or null], ...],
+    "end_reason": ...}``: times are seconds since the epoch, not ahead of ``now`` (by more
+    than :data:`CLOCK_SLACK`); utilisation and threshold are percentages, 0 to 100.
+    """
+    if not isinstance(body, Mapping):
+        raise OptionsError("body", 'must be a JSON object {"owner": "user/server", "threshold": 5, '
+                                   '"samples": [[time, utilisation or null], ...], "end_reason": ...}')
+    check_json(body)
+    unknown = [k for k in body if k not in REPORT_KEYS]
+    if unknown:
+        raise OptionsError(field_name(unknown[0]), f"unknown key; allowed: {', '.join(REPORT_KEYS)}")
+    owner = body.get("owner")
+    if not isinstance(owner, str) or "/" not in owner or len(owner) > 512:
+        raise OptionsError("owner", "must name the server or job reported on: 'user/server' or 'user/job/ID'")
+    threshold = body.get("threshold", 5.0)
+    if not _number(threshold) or not 0 <= threshold <= 100:
+        raise OptionsError("threshold", "must be a utilisation in percent, 0 to 100")
+    given = body.get("samples")
+    given = [] if given is None else given
+    if not isinstance(given, list) or len(given) > MAX_SAMPLES:
+        raise OptionsError("samples", f"must be a list of at most {MAX_SAMPLES} [time, utilisation or null] pairs")
+    samples = []
+    for n, sample in enumerate(given):
+        if not isinstance(sample, list) or len(sample) != 2:
+            raise OptionsError(f"samples[{n}]", "must be a pair [time, utilisation or null]")
+        at, utilisation = sample
+        if not _number(at) or not 0 < at <= now + CLOCK_SLACK:
+            raise OptionsError(f"samples[{n}]", f"time {shown(at)} must be seconds since the epoch, not in the future")
+        if utilisation is not None and (not _number(utilisation) or not 0 <= utilisation <= 100):
+            raise OptionsError(f"samples[{n}]", f"utilisation {shown(utilisation)} must be a percentage "
+                                                "(0 to 100) or null")
+        samples.append((float(at), None if utilisation is None else float(utilisation)))
+    reason = body.get("end_reason")
+    if reason is not None and (not isinstance(reason, str) or reason not in END_REASONS):
+        raise OptionsError("end_reason", f"must be one of {', '.join(END_REASONS)}, or null")
+    return Report(owner, float(threshold), samples, reason)
 
 
 class UsageReportHandler(_Overview, APIHandler):
@@ -240,22 +313,16 @@ class UsageReportHandler(_Overview, APIHandler):
         if REPORT_SCOPE not in self.expanded_scopes and REPORT_ADMIN_SCOPE not in self.expanded_scopes:
             raise web.HTTPError(403, f"Reporting GPU usage needs the scope {REPORT_SCOPE} (or {REPORT_ADMIN_SCOPE}).")
         try:
-            body = json.loads(self.request.body or b"{}")
-            owner = body["owner"]
-            threshold = float(body.get("threshold", 5.0))
-            samples = [(float(t), None if u is None else float(u)) for t, u in body.get("samples", [])]
-            reason = body.get("end_reason")
-            if not isinstance(owner, str) or (reason is not None and reason not in END_REASONS):
-                raise ValueError
-        except (ValueError, KeyError, TypeError) as e:
-            raise web.HTTPError(400, 'Expected {"owner": "user/server", "threshold": 5, "samples": '
-                                     f'[[time, utilisation or null], ...], "end_reason": one of {END_REASONS}}}') from e
+            body = read_json(self.request.body)
+            report = parse_report({} if body is None else body, time.time())
+        except OptionsError as e:
+            raise web.HTTPError(400, "%s", str(e)) from None
         usage = self.hub_state.usage
         usage.attach(self.db)
-        known = usage.sample(owner, samples, threshold)
-        if reason is not None:
-            known = usage.end_reason(owner, reason) and known
-        self.finish(json.dumps({"owner": owner, "recorded": known}))
+        known = usage.sample(report.owner, report.samples, report.threshold)
+        if report.end_reason is not None:
+            known = usage.end_reason(report.owner, report.end_reason) and known
+        self.finish(dumps({"owner": report.owner, "recorded": known}))
 
 
 def _svg_bars(rows: list[dict], width: int = 640) -> str:

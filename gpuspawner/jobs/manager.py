@@ -121,7 +121,12 @@ class JobManager:
     # ------------------------------------------------------------ submitting
 
     async def submit(self, user: Any, body: Any) -> JobRecord:
-        """Check and start (or queue) a job; HTTP 400/403/409/501 with a sentence, and nothing started."""
+        """Check and start (or queue) a job; HTTP 400/403/409/501 with a sentence, and nothing started.
+
+        Everything that can refuse runs before anything is reserved or recorded: the body
+        (:func:`~.spec.parse_job`), the profile rules, the notebook's file, and for a queued
+        profile whether the request could ever fit; then the reservation (409 when no room).
+        """
         await self.recovered()
         if self.runner is None:
             raise _error(501, f"This hub's backend ({self.spawner_class.__name__}) does not run GPU jobs.")
@@ -147,6 +152,10 @@ class JobManager:
         if problem:
             raise _error(400, problem)
         choice = spawner.gpu_choice
+        if choice.profile.queue and choice.gpus:  # a job that could never run is not queued
+            refusal = await spawner.never_fits(choice)
+            if refusal is not None:
+                raise _error(409, str(refusal))
         record = JobRecord(
             id=job_id, user=user.name, name=spec.name, state="queued", created=time.time(),
             spec={**spec.to_dict(), "profile": choice.profile.slug, "gpu_count": choice.gpus,

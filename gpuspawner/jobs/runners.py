@@ -30,6 +30,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ..inputs import shown
 from ..spawners.processes import HUB_VAR, SERVER_VAR, SPAWN_VAR, alive, end_processes, find_servers
 from .execute import STOPPED_EXIT
 from .outcome import Ended, outcome_of  # noqa: F401 (what runners answer, re-exported for backends)
@@ -74,11 +75,14 @@ def notebook_problem(root: str, spec: JobSpec) -> str | None:
     """A sentence when ``spec``'s notebook is not a file under ``root`` (the user's files, which the
     hub can read); None when it is there."""
     base = Path(root)
-    target = (base / spec.notebook).resolve()
-    if not str(target).startswith(str(base.resolve()) + os.sep):
-        return f"notebook: '{spec.notebook}' is outside your files"
-    if not target.is_file():
-        return f"notebook: '{spec.notebook}' does not exist in your files"
+    try:
+        target = (base / spec.notebook).resolve()
+        if not str(target).startswith(str(base.resolve()) + os.sep):
+            return f"notebook: {shown(spec.notebook)} is outside your files"
+        if not target.is_file():
+            return f"notebook: {shown(spec.notebook)} does not exist in your files"
+    except OSError as e:  # a name too long for the file system, a loop of links...
+        return f"notebook: {shown(spec.notebook)} cannot be read in your files ({e.strerror or e})"
     return None
 
 

@@ -89,7 +89,7 @@ def parameter_value(text: str):
 
     try:
         value = ast.literal_eval(text)
-    except (ValueError, SyntaxError):
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):  # no literal (or one too deep)
         return text
     return value if isinstance(value, (bool, int, float, str)) else text
 

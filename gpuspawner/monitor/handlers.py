@@ -16,7 +16,6 @@ not user activity, so these requests do not reset the server's idle time.
 from __future__ import annotations
 
 import asyncio
-import json
 import math
 
 from jupyter_server.auth.decorator import authorized
@@ -28,6 +27,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from tornado import web
 from tornado.iostream import StreamClosedError
 
+from ..inputs import dumps
 from .sampler import Sampler
 
 AUTH_RESOURCE = "gpus"
@@ -68,7 +68,7 @@ class SnapshotHandler(_GPUHandler):
         if history is not False:
             body["history"] = self.sampler.history(history)
         self.set_header("Cache-Control", "no-store")
-        self.finish(json.dumps(body))
+        self.finish(dumps(body))
 
 
 class StreamHandler(_GPUHandler):
@@ -103,9 +103,9 @@ class StreamHandler(_GPUHandler):
         try:
             self.write("retry: 3000\n\n")
             if history is not False:
-                self.write(f"event: history\ndata: {json.dumps(sampler.history(history))}\n\n")
+                self.write(f"event: history\ndata: {dumps(sampler.history(history))}\n\n")
             first = await sampler.fresh()
-            self.write(f"event: sample\ndata: {json.dumps(first)}\n\n")
+            self.write(f"event: sample\ndata: {dumps(first)}\n\n")
             await self.flush()
             last_time = first["time"]
             while True:

@@ -15,7 +15,6 @@ this server (the user's own, and services with ``access:servers``).
 
 from __future__ import annotations
 
-import json
 import re
 import time
 import uuid
@@ -24,8 +23,11 @@ from jupyter_server.auth.decorator import authorized
 from jupyter_server.base.handlers import APIHandler
 from tornado import web
 
+from ..inputs import OptionsError, dumps, field_name, read_json
+
 SETTINGS_KEY = "gpuspawner_notices"
 LEVELS = ("info", "warning", "error")
+NOTICE_KEYS = ("message", "level", "id", "source")
 _ID = re.compile(r"[A-Za-z0-9._-]{1,64}")
 MAX_MESSAGE = 2000
 
@@ -54,28 +56,32 @@ class NoticeBoard:
 
 
 def parse_notice(body: bytes) -> dict:
-    """Check a POSTed notice; raise HTTP 400 naming the field."""
+    """Check a POSTed notice; raise HTTP 400 naming the field (at most 100 characters of it repeated)."""
     try:
-        data = json.loads(body or b"null")
-    except ValueError:
-        raise web.HTTPError(400, "body: not JSON") from None
+        data = read_json(body)
+        return _notice(data)
+    except OptionsError as e:
+        raise web.HTTPError(400, "%s", str(e)) from None
+
+
+def _notice(data: object) -> dict:
     if not isinstance(data, dict):
-        raise web.HTTPError(400, "body: must be a JSON object")
-    unknown = set(data) - {"message", "level", "id", "source"}
+        raise OptionsError("body", "must be a JSON object")
+    unknown = [k for k in data if k not in NOTICE_KEYS]
     if unknown:
-        raise web.HTTPError(400, f"unknown keys {sorted(unknown)}; allowed: message, level, id, source")
+        raise OptionsError(field_name(unknown[0]), f"unknown key; allowed: {', '.join(NOTICE_KEYS)}")
     message = data.get("message")
     if not isinstance(message, str) or not message.strip() or len(message) > MAX_MESSAGE:
-        raise web.HTTPError(400, f"message: must be a non-empty string of at most {MAX_MESSAGE} characters")
+        raise OptionsError("message", f"must be a non-empty string of at most {MAX_MESSAGE} characters")
     level = data.get("level", "warning")
     if level not in LEVELS:
-        raise web.HTTPError(400, f"level: must be one of {', '.join(LEVELS)}")
+        raise OptionsError("level", f"must be one of {', '.join(LEVELS)}")
     notice_id = data.get("id")
     if notice_id is not None and (not isinstance(notice_id, str) or not _ID.fullmatch(notice_id)):
-        raise web.HTTPError(400, "id: 1 to 64 letters, digits, '.', '_' or '-'")
+        raise OptionsError("id", "1 to 64 letters, digits, '.', '_' or '-'")
     source = data.get("source", "")
     if not isinstance(source, str) or len(source) > 100:
-        raise web.HTTPError(400, "source: a string of at most 100 characters")
+        raise OptionsError("source", "a string of at most 100 characters")
     return {"message": message.strip(), "level": level, "notice_id": notice_id, "source": source}
 
 
@@ -91,7 +97,7 @@ class NoticesHandler(APIHandler):
     @authorized
     async def get(self) -> None:
         self.set_header("Cache-Control", "no-store")
-        self.finish(json.dumps({"notices": self.board.all()}))
+        self.finish(dumps({"notices": self.board.all()}))
 
     @web.authenticated
     @authorized
@@ -99,7 +105,7 @@ class NoticesHandler(APIHandler):
         notice = self.board.post(**parse_notice(self.request.body))
         self.log.warning("gpuspawner.monitor: notice from %s: %s", notice["source"] or "a client", notice["message"])
         self.set_status(201)
-        self.finish(json.dumps(notice))
+        self.finish(dumps(notice))
 
     @web.authenticated
     @authorized

@@ -12,7 +12,6 @@ request for ``idle_pause`` seconds. A request (:meth:`Sampler.fresh`) wakes it.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import threading
 import time
@@ -20,6 +19,7 @@ from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
+from ..inputs import dumps
 from .reading import Attribution, Static, read_sample, read_static
 from .visibility import Visibility
 
@@ -169,7 +169,7 @@ class Sampler:
             started = time.monotonic()
             try:
                 sample = self.sample_once()
-                encoded = json.dumps(sample)  # once per sample, here, not once per client on the loop
+                encoded = dumps(sample)  # once per sample, here, not once per client on the loop
             except Exception:  # a bug here must not kill sampling for good
                 log.exception("GPU sampling failed")
                 self._stopping.wait(self.interval)

@@ -14,16 +14,16 @@ import asyncio
 from typing import Any
 
 from jinja2 import Environment, PackageLoader, select_autoescape
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, object_session
 from tornado import web
-from traitlets import Bool, Dict, List, TraitError, default, validate
+from traitlets import Bool, Dict, List, TraitError, default, observe, validate
 
 from ..compat import min_cuda
 from ..form import form_context
 from ..gpu import GPU, gpu_from_record
 from ..inventory import CachedInventory
 from ..ledger import Ledger
-from ..placement import GPURequest, PlacementError
+from ..placement import GPURequest, PlacementError, never_fits
 from ..profiles import (
     Choice,
     OptionsError,
@@ -244,7 +244,31 @@ class GPUSpawnerMixin(GPUPolicyMixin, GPUHubSettings):
 
     @default("apply_user_options")
     def _default_apply_user_options(self):
-        return type(self)._apply_gpu_options
+        return type(self)._apply_options_or_restore
+
+    #: the user_options before this spawn's (JupyterHub saves a spawn's options before checking them)
+    _gpu_previous_options: dict | None = None
+
+    @observe("user_options")
+    def _remember_previous_options(self, change) -> None:
+        self._gpu_previous_options = change["old"] if isinstance(change["old"], dict) else {}
+
+    async def _apply_options_or_restore(self, user_options: dict[str, Any]) -> None:
+        """JupyterHub's apply_user_options hook: :meth:`_apply_gpu_options`; a refused request leaves the
+        server's saved options as they were (JupyterHub stored them before asking), so nothing refused
+        is kept, and every later answer about the server (its model, the form) is valid JSON."""
+        try:
+            await self._apply_gpu_options(user_options)
+        except web.HTTPError:
+            previous = dict(self._gpu_previous_options or {})
+            self.user_options = previous
+            orm_spawner = getattr(self, "orm_spawner", None)
+            if orm_spawner is not None and orm_spawner.user_options != previous:
+                orm_spawner.user_options = previous
+                session = object_session(orm_spawner)
+                if session is not None:
+                    session.commit()
+            raise
 
     async def _apply_gpu_options(self, user_options: dict[str, Any]) -> None:
         """Check user_options (form or REST) and apply the profile; 400 on bad input."""
@@ -297,9 +321,7 @@ class GPUSpawnerMixin(GPUPolicyMixin, GPUHubSettings):
         await self.ensure_reconciled()
         reading = await self.inventory.read()
         self.ledger.release(self.gpu_owner)  # a failed earlier start of this server holds nothing
-        request = GPURequest(
-            owner=self.gpu_owner, count=choice.gpus, models=choice.models, interconnect=choice.profile.interconnect
-        )
+        request = self.gpu_request(choice)
         try:
             self.gpu_allocation = await self.place_request(reading, request, choice)
         except PlacementError as e:
@@ -309,6 +331,23 @@ class GPUSpawnerMixin(GPUPolicyMixin, GPUHubSettings):
             names = ", ".join(f"{g.name} #{g.index} ({g.uuid})" for g in self.gpu_allocation)
             self.gpu_event(f"Reserved {len(self.gpu_allocation)} GPU(s) on {self.gpu_allocation[0].host}: {names}", 30)
         return self.gpu_allocation
+
+    def gpu_request(self, choice: Choice) -> GPURequest:
+        """What placement is asked for this server's (or job's) ``choice``."""
+        return GPURequest(owner=self.gpu_owner, count=choice.gpus, models=choice.models,
+                          interconnect=choice.profile.interconnect)
+
+    async def never_fits(self, choice: Choice) -> PlacementError | None:
+        """Why ``choice`` could never get GPUs here, however many are given back; ``None`` when it could.
+
+        More GPUs of a model than any one machine has, a model or NVLink set this hub
+        lacks: placement's own sentence (:func:`~gpuspawner.placement.never_fits`).
+        Backends whose cluster places the GPUs answer from the cluster.
+        """
+        if not choice.gpus:
+            return None
+        reading = await self.inventory.read()
+        return never_fits(reading.gpus, self.gpu_request(choice))
 
     @staticmethod
     def describe_request(choice: Choice) -> str:

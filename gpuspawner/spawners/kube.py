@@ -41,6 +41,7 @@ from traitlets import Dict, Float, List, TraitError, Unicode, validate
 from ..compat import CudaVersion, cuda_version_text, min_cuda
 from ..form import form_context
 from ..gpu import GPU
+from ..inputs import check_json, field_name
 from ..inventory import InventoryReading
 from ..kube.api import ClusterCapacity, ClusterReading, list_server_pods, read_pod, why_failed
 from ..kube.capacity import GPU_RESOURCE, PRODUCT_LABEL, CapacityError, offered_models, place, pools
@@ -259,6 +260,10 @@ class GPUKubeSpawner(GPUSpawnerMixin, KubeSpawner):
             options = {}
         if not isinstance(options, Mapping):
             raise user_error(400, f"user_options: must be a JSON object, not {type(options).__name__}")
+        try:  # free-text values end up in the pod: finite numbers and storable text only
+            check_json(options)
+        except OptionsError as e:
+            raise user_error(400, str(e)) from e
         visible = self.profiles_for_options(options)  # 403 for a profile of other groups
         by_slug = {p.slug: (e, p) for e, p in zip(entries, profiles, strict=True) if p in visible}
         slug = options.get("profile")
@@ -272,7 +277,7 @@ class GPUKubeSpawner(GPUSpawnerMixin, KubeSpawner):
             raise user_error(400, f"profile: no profile {shown!r}; choose one of: {', '.join(by_slug)}")
         option_specs = entry.get("profile_options") or {}
         allowed = {"profile", *GPU_OPTIONS, *option_specs, *(f"{n}{UNLISTED}" for n in option_specs)}
-        unknown = sorted(str(k)[:40] for k in options if k not in allowed)
+        unknown = sorted(field_name(k) for k in options if k not in allowed)
         if unknown:
             raise user_error(400, f"{unknown[0]}: unknown option for profile '{profile.slug}'; allowed options: "
                                   + ", ".join(sorted(allowed)))
@@ -471,6 +476,9 @@ class GPUKubeSpawner(GPUSpawnerMixin, KubeSpawner):
         counted = GPURequest(owner=self.gpu_owner, count=choice.gpus, models=choice.models)
         try:
             if choice.profile.queue:
+                refusal = await self.never_fits(choice)
+                if refusal is not None:  # no wait can cure it: refused at once, never queued
+                    raise refusal
                 request, context = await self._wait_for_room(choice, counted)
             else:
                 request, context = self._claim_now(choice, counted, await self.cluster_capacity().read())
@@ -483,6 +491,24 @@ class GPUKubeSpawner(GPUSpawnerMixin, KubeSpawner):
         via = f" through the Kueue queue {queue}" if queue else ""
         self.gpu_event(f"Asking Kubernetes for {request.count} x {context.name} ({request.resource}){where}{via}", 30)
         return ()
+
+    async def never_fits(self, choice: Choice) -> PlacementError | None:
+        """The cluster's "no node could ever hold it" (:func:`~gpuspawner.kube.capacity.place`), or None.
+
+        Unknown capacity (the API does not answer) is never a reason; the image's CUDA is
+        checked when the pod is asked for, once the profile's overrides are applied.
+        """
+        if not choice.gpus:
+            return None
+        reading = await self.cluster_capacity().read()
+        if reading.unknown is not None:
+            return None
+        try:
+            place(reading.nodes, choice.models, choice.gpus, None, refuse_now=False)
+        except CapacityError as e:
+            if e.never:
+                return PlacementError(str(e), code=e.code, requested=choice.gpus, models=choice.models)
+        return None
 
     def _claim_now(
         self, choice: Choice, counted: GPURequest, reading: ClusterReading,

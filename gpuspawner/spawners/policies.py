@@ -23,7 +23,7 @@ from traitlets.config import Configurable
 
 from ..gpu import GPU
 from ..inventory import InventoryReading
-from ..placement import GPURequest, PlacementError
+from ..placement import GPURequest, PlacementError, never_fits
 from ..profiles import Choice, Profile
 from ..quota import Quota, check
 
@@ -145,6 +145,10 @@ class GPUPolicyMixin(Configurable):
 
         try:
             if request.count and choice.profile.queue:
+                refusal = never_fits(reading.gpus, request)
+                if refusal is not None:  # no wait can cure it: refused at once, never queued
+                    raise refusal
+
                 async def read() -> tuple[GPU, ...]:
                     return (await inventory.read()).gpus
 

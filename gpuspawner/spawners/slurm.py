@@ -269,6 +269,20 @@ class GPUSlurmSpawner(GPUSpawnerMixin, SlurmSpawner):
         if choice.profile.mem_limit is not None:
             self.req_memory = slurm_memory(choice.profile.mem_limit)
 
+    async def never_fits(self, choice: Choice) -> PlacementError | None:
+        """Slurm's nodes' "no node of the partition could ever run it" (:func:`choose_type`), or None."""
+        if not choice.gpus:
+            return None
+        reading = await self.slurm().nodes()
+        if reading.unknown is not None:
+            return None
+        try:
+            choose_type(reading.value, self.gres_types, choice.models, choice.gpus, self.partitions(choice),
+                        self.cuda_need(choice), DriverCuda(dict(self.slurm_driver_cuda)))
+        except NeverFits as e:
+            return PlacementError(str(e), code=e.code, requested=choice.gpus, models=choice.models)
+        return None
+
     async def reserve_gpus(self) -> tuple[GPU, ...]:
         """Check the request against Slurm's nodes, count it against the quotas, set ``--gres``.
 

@@ -210,6 +210,7 @@ def test_compute_types_are_slurms_gpus_with_live_free_counts(jobs_hub, slurm_clu
         assert types["CPU only"]["gpus"] == 0
         t4 = types["1 x T4 (gpu:t4)"]
         assert (t4["gpu_model"], t4["free"], t4["total"], t4["fits_now"]) == ("t4", 1, 2, True), t4
-        assert types["4 x A100 (gpu:a100)"]["fits_now"] is False
+        assert types["2 x T4 (gpu:t4)"]["fits_now"] is False  # one of the node's two T4s is dave's
+        assert "4 x A100 (gpu:a100)" not in types, "no node has 4 A100s: never offered"
     finally:
         hub.api("DELETE", f"/users/dave/gpu-jobs/{held['id']}")

@@ -90,7 +90,7 @@ def test_notices_replace_by_id_and_are_bounded():
 def test_bad_notices_are_refused_naming_the_field(body, field):
     with pytest.raises(web.HTTPError) as e:
         parse_notice(body)
-    assert e.value.status_code == 400 and field in e.value.log_message
+    assert e.value.status_code == 400 and field in e.value.log_message % e.value.args
 
 
 def test_a_good_notice():
