@@ -1,0 +1,109 @@
+"""Run a parent spawner's own, unmodified test folder with a gpuspawner class in the parent's place.
+
+The parents' test folders (kubespawner, dockerspawner, batchspawner at the versions
+gpuspawner pins) are kept outside this repository, in ``../shared/parents`` beside
+it (``GPUSPAWNER_PARENTS`` names another place). Each run is a separate pytest
+process over that folder with the plugin :mod:`parentswap` loaded, writing a JUnit XML
+report that :func:`run_suite` reads back. Nothing in the parents' folders is
+edited or written to (no cache, no bytecode); what JupyterHub 6 or this machine
+needs is adapted through ``extra_plugins`` and the environment.
+
+Each result is also kept for the end of the test session, where ``conftest.py``
+prints one table per parent: passed/total per mode, as the issue asked.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import xml.etree.ElementTree as ElementTree
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from needs import missing
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+MODES = ("parent", "cpu", "default")
+MODE_TITLES = {"parent": "parent class", "cpu": "GPU class, CPU-only profile",
+               "default": "GPU class, default profiles"}
+
+
+def parents_dir() -> Path:
+    return Path(os.environ.get("GPUSPAWNER_PARENTS", REPO.parent / "shared" / "parents"))
+
+
+def parent_tests(name: str, relative: str = "tests") -> Path:
+    """A parent's test folder (``name`` as in ``../shared/parents``); skips (fails in CI) when absent."""
+    path = parents_dir() / name / relative
+    if not path.is_dir():
+        missing(f"the parents' own test folders are not at {parents_dir()} (set GPUSPAWNER_PARENTS)")
+    return path
+
+
+@dataclass
+class SuiteResult:
+    total: int = 0
+    passed: list[str] = field(default_factory=list)
+    failed: list[str] = field(default_factory=list)  # failures and errors, with the first line of why
+    skipped: list[str] = field(default_factory=list)
+    output: str = ""
+
+    def summary(self) -> str:
+        return f"{len(self.passed)}/{self.total}"
+
+
+#: suite title -> mode -> result, for the tables printed at the end of the session
+RESULTS: dict[str, dict[str, SuiteResult]] = {}
+
+
+def run_suite(title: str, tests: Path, mode: str, *, targets: list[tuple[str, str]], gpu_class: str,
+              defaults: dict | None = None, extra_plugins: tuple[str, ...] = (), env: dict | None = None,
+              args: tuple[str, ...] = (), workdir: Path, timeout: float = 1800) -> SuiteResult:
+    """Run ``tests`` in ``mode`` (see :mod:`parentswap`) and return what passed, failed and skipped.
+
+    ``extra_plugins`` are more ``-p`` plugins (importable from this folder or ``PYTHONPATH``
+    in ``env``); ``args`` go to pytest (the parents' own ``addopts`` are replaced by none).
+    """
+    report = workdir / f"junit-{mode}.xml"
+    swap = {"targets": [list(t) for t in targets], "gpu_class": gpu_class, "mode": mode,
+            "defaults": defaults or {}}
+    run_env = {**os.environ, **(env or {}), "GPUSPAWNER_SWAP": json.dumps(swap), "PYTHONDONTWRITEBYTECODE": "1"}
+    run_env["PYTHONPATH"] = os.pathsep.join(p for p in (str(HERE), run_env.get("PYTHONPATH", "")) if p)
+    command = [sys.executable, "-m", "pytest", str(tests), "-p", "parentswap", *(x for p in extra_plugins for x in ("-p", p)),
+               "-o", "addopts=", "-p", "no:cacheprovider", "--rootdir", str(tests), "-q", "-rA",
+               f"--junitxml={report}", *args]
+    proc = subprocess.run(command, cwd=workdir, env=run_env, capture_output=True, text=True, timeout=timeout)
+    result = read_junit(report) if report.exists() else SuiteResult()
+    result.output = proc.stdout[-20000:] + proc.stderr[-5000:]
+    RESULTS.setdefault(title, {})[mode] = result
+    return result
+
+
+def read_junit(path: Path) -> SuiteResult:
+    result = SuiteResult()
+    for case in ElementTree.parse(path).getroot().iter("testcase"):
+        name = f"{case.get('classname', '')}::{case.get('name', '')}"
+        result.total += 1
+        problem = case.find("failure") if case.find("failure") is not None else case.find("error")
+        if problem is not None:
+            why = (problem.get("message") or "").splitlines()[0][:200] if problem.get("message") else ""
+            result.failed.append(f"{name}: {why}")
+        elif case.find("skipped") is not None:
+            result.skipped.append(f"{name}: {(case.find('skipped').get('message') or '')[:200]}")
+        else:
+            result.passed.append(name)
+    return result
+
+
+def tables() -> list[str]:
+    """One line per suite: passed/total per mode, as a Markdown table."""
+    if not RESULTS:
+        return []
+    lines = ["| suite | " + " | ".join(MODE_TITLES[m] for m in MODES) + " |", "|---" * (len(MODES) + 1) + "|"]
+    for title, by_mode in sorted(RESULTS.items()):
+        cells = [by_mode[m].summary() if m in by_mode else "-" for m in MODES]
+        lines.append(f"| {title} | " + " | ".join(cells) + " |")
+    return lines
