@@ -72,9 +72,9 @@ def run_suite(title: str, tests: Path, mode: str, *, targets: list[tuple[str, st
             "defaults": defaults or {}}
     run_env = {**os.environ, **(env or {}), "GPUSPAWNER_SWAP": json.dumps(swap), "PYTHONDONTWRITEBYTECODE": "1"}
     run_env["PYTHONPATH"] = os.pathsep.join(p for p in (str(HERE), run_env.get("PYTHONPATH", "")) if p)
-    command = [sys.executable, "-m", "pytest", str(tests), "-p", "parentswap", *(x for p in extra_plugins for x in ("-p", p)),
-               "-o", "addopts=", "-p", "no:cacheprovider", "--rootdir", str(tests), "-q", "-rA",
-               f"--junitxml={report}", *args]
+    plugins = [x for p in ("parentswap", *extra_plugins) for x in ("-p", p)]
+    command = [sys.executable, "-m", "pytest", str(tests), *plugins, "-o", "addopts=", "-p", "no:cacheprovider",
+               "--rootdir", str(tests), "-q", "-rA", f"--junitxml={report}", *args]
     proc = subprocess.run(command, cwd=workdir, env=run_env, capture_output=True, text=True, timeout=timeout)
     result = read_junit(report) if report.exists() else SuiteResult()
     result.output = proc.stdout[-20000:] + proc.stderr[-5000:]
