@@ -98,6 +98,32 @@ def read_junit(path: Path) -> SuiteResult:
     return result
 
 
+COMPATIBILITY = REPO / "docs" / "compatibility.md"
+
+
+def allowed_failures(section: str) -> dict[str, str]:
+    """node id -> why, for the test artefacts ``docs/compatibility.md`` lists under ``section``.
+
+    Lines of the form ``- artefact: `node id` (modes): why`` below the heading ``## section``
+    (up to the next ``## `` heading). A suite's test fails on any other failure.
+    """
+    allowed: dict[str, str] = {}
+    inside = False
+    for line in COMPATIBILITY.read_text().splitlines():
+        if line.startswith("## "):
+            inside = line[3:].strip() == section
+        elif inside and line.startswith("- artefact: `"):
+            node, _, why = line[len("- artefact: `"):].partition("`")
+            allowed[node] = why.strip(" :")
+    return allowed
+
+
+def unexpected(result: SuiteResult, section: str) -> list[str]:
+    """The failures of ``result`` that ``docs/compatibility.md`` does not list as artefacts."""
+    allowed = allowed_failures(section)
+    return [f for f in result.failed if f.split(": ", 1)[0] not in allowed]
+
+
 def tables() -> list[str]:
     """One line per suite: passed/total per mode, as a Markdown table."""
     if not RESULTS:
