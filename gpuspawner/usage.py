@@ -260,10 +260,11 @@ class UsageRecorder:
         return True
 
     @contextmanager
-    def reconciling(self, held: Callable[[], dict[str, tuple[str, ...]]]) -> Iterator[None]:
+    def reconciling(self, held: Callable[[], dict[str, tuple[str, ...]]], reason: str = "crashed") -> Iterator[None]:
         """While the hub rebuilds its ledger from the runtime: releases followed by an adoption
         of the same owner keep its row; what stays released, and the rows a previous hub
-        process left open whose owner holds nothing afterwards, end as ``crashed``."""
+        process left open whose owner holds nothing afterwards, end as ``reason``: ``crashed``
+        at hub start, ``failed`` for a workload found gone while the hub ran."""
         self._reconciling += 1
         try:
             yield
@@ -277,7 +278,7 @@ class UsageRecorder:
                 gone, self._gone = self._gone, {}
                 for owner, at in gone.items():
                     if owner not in holding:
-                        self._close(owner, at, "crashed")
+                        self._close(owner, at, reason)
                 self._from_before.clear()
 
     # ------------------------------------------------------------ utilisation
