@@ -25,6 +25,7 @@ __all__ = [
     "Reconciliation",
     "allocation_from_labels",
     "allocation_labels",
+    "container_name",
     "device_request",
     "reconcile",
     "visible_devices_env",
@@ -139,7 +140,7 @@ def reconcile(
             continue
         if c.get("State") != "running":
             continue
-        running.append((c.get("Created", 0), c.get("Id", ""), _name(c), allocation))
+        running.append((c.get("Created", 0), c.get("Id", ""), container_name(c), allocation))
     running.sort(key=lambda item: (item[0], item[1]))
 
     holdings: dict[str, tuple[str, ...]] = {}
@@ -168,7 +169,8 @@ def reconcile(
     return Reconciliation(holdings, release, tuple(conflicts), allocations)
 
 
-def _name(container: Mapping) -> str:
+def container_name(container: Mapping) -> str:
+    """A container's name as ``docker ps`` lists it (its short id when it has none)."""
     names = container.get("Names") or []
     if names:
         return str(names[0]).lstrip("/")
