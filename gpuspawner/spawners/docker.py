@@ -35,9 +35,7 @@ from ..reconcile import Workload
 from .base import GPUSpawnerMixin, user_error
 from .docker_objects import (
     HUB,
-    allocation_from_labels,
     allocation_labels,
-    container_name,
     device_request,
     reconcile,
     visible_devices_env,
@@ -217,15 +215,9 @@ class GPUDockerSpawner(GPUSpawnerMixin, DockerSpawner):
                 said.add(sentence)
                 self.log.error("%s: %s", self.backend_name, sentence)
         self.hub_state.found = await self._found_gpus(plan)
-        names = {}
-        for c in containers:
-            allocation = allocation_from_labels(c.get("Labels"))
-            if allocation is not None and c.get("State") == "running":
-                names.setdefault(allocation.owner, container_name(c))
-        if not self.hub_state.caches.get(("docker-source-checked", self.backend_name)):
-            self.hub_state.caches[("docker-source-checked", self.backend_name)] = True
-            self._check_inventory_source()
-        return [Workload(names.get(owner, owner), owner, uuids, what=f"{self.workload_word} {names.get(owner, owner)}")
+        self.hub_state.cache(("inventory-source-checked", self.backend_name),  # once per hub
+                             lambda: self._check_inventory_source() or True)
+        return [Workload(plan.names[owner], owner, uuids, what=f"{self.workload_word} {plan.names[owner]}")
                 for owner, uuids in plan.holdings.items()]
 
     async def _labelled_servers(self) -> list[dict]:

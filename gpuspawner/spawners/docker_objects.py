@@ -117,6 +117,7 @@ class Reconciliation:
     release: tuple[str, ...] = ()  # owners the ledger holds GPUs for, with no running container
     conflicts: tuple[str, ...] = ()  # sentences for the log
     allocations: dict[str, ContainerAllocation] = field(default_factory=dict)
+    names: dict[str, str] = field(default_factory=dict)  # owner -> the name of its container that counts
 
 
 def reconcile(
@@ -145,6 +146,7 @@ def reconcile(
 
     holdings: dict[str, tuple[str, ...]] = {}
     allocations: dict[str, ContainerAllocation] = {}
+    names: dict[str, str] = {}
     taken: dict[str, str] = {}
     conflicts = []
     for _, _, name, allocation in running:
@@ -164,9 +166,10 @@ def reconcile(
             kept.append(uuid)
         holdings[allocation.owner] = tuple(kept)
         allocations[allocation.owner] = allocation
+        names[allocation.owner] = name
     release = tuple(sorted(owner for owner, uuids in ledger.items() if uuids and owner not in holdings))
     holdings = {owner: uuids for owner, uuids in holdings.items() if uuids}
-    return Reconciliation(holdings, release, tuple(conflicts), allocations)
+    return Reconciliation(holdings, release, tuple(conflicts), allocations, names)
 
 
 def container_name(container: Mapping) -> str:
