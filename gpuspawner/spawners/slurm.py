@@ -417,15 +417,16 @@ class GPUSlurmSpawner(GPUSpawnerMixin, SlurmSpawner):
     workload_word = "Slurm job"
 
     async def live_workloads(self) -> list[Workload]:
-        """This hub's jobs Slurm lists that have not ended (their comment names ``gpu_hub_id``), each
-        holding the GPUs its ``--gres`` asks for (as cluster tokens, as the hub's claims count them)."""
+        """This hub's jobs Slurm lists that have not ended and are not ending (``COMPLETING``: its
+        epilog runs), found by their comment (``gpu_hub_id``), each holding the GPUs its ``--gres``
+        asks for (as cluster tokens, as the hub's claims count them)."""
         reading = await self.slurm().jobs(max_age=0)
         if reading.unknown is not None:
             raise RuntimeError(reading.unknown)
         live = []
         for job in reading.value:
             tag = parse_comment(job.comment)
-            if tag is None or tag[0] != self.gpu_hub_id or job.state in ENDED:
+            if tag is None or tag[0] != self.gpu_hub_id or job.state in ENDED or job.state == "COMPLETING":
                 continue
             owner = f"{tag[1]}/{tag[2]}"
             gpus = parse_gres(job.gpus.replace("gres:", ""))
