@@ -124,8 +124,8 @@ def events(hub: Hub) -> str:
     return "\n".join(line for line in lines if " log:" not in line)[-8000:]
 
 
-def burst(hub: Hub, names: list[str]) -> dict[str, object]:
-    """Ask for a server for each of ``names`` at once (REQUESTS in turn); the answers, once each has one."""
+def burst(hub: Hub, spawns: dict[str, dict]) -> dict[str, object]:
+    """Ask for a server for each user at once (user -> options); the threads, and the answers once each has one."""
     results: dict[str, object] = {}
 
     def spawn(name: str, options: dict) -> None:
@@ -134,7 +134,7 @@ def burst(hub: Hub, names: list[str]) -> dict[str, object]:
         except requests.RequestException as e:  # the hub was killed under it
             results[name] = type(e).__name__
 
-    threads = [threading.Thread(target=spawn, args=(n, o), daemon=True) for n, o in zip(names, REQUESTS, strict=True)]
+    threads = [threading.Thread(target=spawn, args=item, daemon=True) for item in spawns.items()]
     for thread in threads:
         thread.start()
     return {"threads": threads, "results": results}
@@ -148,7 +148,7 @@ def test_hub_killed_while_submitting_again_and_again_then_charges_agree_with_slu
         names = [f"k{kill}u{i}" for i in range(len(REQUESTS))]
         for name in names:
             add_user(hub, name)
-        spawning = burst(hub, names)
+        spawning = burst(hub, dict(zip(names, REQUESTS, strict=True)))
         delay = random.uniform(1.0, 3.0)
         time.sleep(delay)
         hub.stop(signal.SIGKILL)
@@ -200,3 +200,40 @@ def test_hub_killed_while_submitting_again_and_again_then_charges_agree_with_slu
     later = jobs(slurm_cluster)
     held = [gpu for j in later.values() if j["state"] == "RUNNING" for gpu in j["gpus"]]
     assert len(held) == len(set(held)), later
+
+
+#: sbatch is slow to take the job, and its id reaches the hub 3 s after the job is in Slurm's
+#: queue; the hub reconciles with Slurm every second, so several passes fall in both windows
+SLOW_SUBMIT = CONFIG + """
+c.GPUSlurmSpawner.batch_submit_cmd = ("sleep 3; sbatch --parsable --nodes=1 --job-name={{job_name}} "
+                                      "--comment={{job_comment}}; sleep 3")
+c.GPUSpawnerMixin.gpu_reconcile_interval = 1
+"""
+
+
+def test_a_spawn_in_flight_keeps_its_charge_and_its_job_through_reconciliations(slurm_cluster, slurm_gpus, tmp_path):
+    with running_hub(tmp_path / "hub", slurm_cluster, slurm_gpus, SLOW_SUBMIT) as hub:
+        add_user(hub, "ada")
+        # (the hub answers once the server is up, or after 10 s)
+        spawning = burst(hub, {"ada": {"profile": "gpu", "gpus": 1, "gpu_model": "t4"}})
+        hub_id, seen = hub.settings["hub_id"], []
+        deadline = time.monotonic() + 120
+        while not (hub.user("ada")["servers"].get("") or {}).get("ready"):
+            assert time.monotonic() < deadline, events(hub)
+            assert spawning["results"].get("ada") in (None, 201, 202), f"{spawning['results']}\n{events(hub)}"
+            listed = [job for job, j in jobs(slurm_cluster).items()
+                      if f"jupyterhub:{hub_id} user:ada " in j["comment"] and j["state"] not in ENDED]
+            seen.append((charges(hub).get("ada/", {}).get("gpus"), listed))
+            time.sleep(0.3)
+        spawning["threads"][0].join(30)
+        assert spawning["results"]["ada"] in (201, 202), spawning
+        # once counted, ada's GPU stayed counted while her job was being submitted, listed and saved
+        counted = [gpus for gpus, _listed in seen]
+        assert 1 in counted and None not in counted[counted.index(1):], seen
+        # the job in Slurm's queue before its id was saved was never taken for an orphan
+        assert any(listed for _gpus, listed in seen), seen
+        job = str(hub.user("ada")["servers"][""]["state"]["job_id"])
+        assert {job} == {j for _gpus, listed in seen for j in listed}, seen
+        log = (hub.dir / "hub.log").read_text(errors="replace")
+        assert "cancelling Slurm job" not in log and "freed" not in log, events(hub)
+        assert charges(hub)["ada/"]["gpus"] == 1
