@@ -268,8 +268,11 @@ def test_hub_start_cancels_jobs_of_this_hub_that_no_server_names(hub, cluster):
 
 
 def test_jobs_of_this_hub_no_server_or_notebook_job_names_are_cancelled_without_a_restart(hub, cluster):
-    # as the hub submits them, for a server and for a notebook GPU job, whose ids never reached the
-    # database (the hub died in between); the hub has started already and nobody spawns
+    # a hub that has users, none of them with a server: it reconciles with Slurm as soon as it is up
+    add_user(hub, "ghost")
+    hub.restart()
+    # jobs as the hub submits them, for a server and for a notebook GPU job, whose ids never reached
+    # the database (another process of the hub died in between); nobody spawns, nothing restarts
     orphans = [cluster.run("sbatch", "--parsable", f"--job-name=jupyterhub-jupyterhub-ghost-{server}",
                            "--gres=gpu:t4:1", f"--comment=jupyterhub:jupyterhub user:ghost server:{server}",
                            "-o", "/dev/null", "--wrap", "sleep 300").stdout.strip()
