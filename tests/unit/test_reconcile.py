@@ -185,3 +185,96 @@ def test_reconcile_interval_below_one_second_is_refused_naming_the_setting(value
     with pytest.raises(TraitError, match="gpu_reconcile_interval must be 0 .only at start. or at least 1 second"):
         GPUHubSettings(config=Config({"GPUHubSettings": {"gpu_reconcile_interval": value}}))
     assert GPUHubSettings(config=Config({"GPUHubSettings": {"gpu_reconcile_interval": 0}})).gpu_reconcile_interval == 0
+
+
+# ------------------------------------------------------------ the mixin's pass
+
+
+class ClusterDouble:
+    """What a backend whose cluster holds the truth lists: its live workloads, changed by the test."""
+
+    def __init__(self) -> None:
+        self.live: list[Workload] = []
+        self.reading = asyncio.Event()  # set: the next listing answers at once
+        self.reading.set()
+        self.listed = asyncio.Event()
+
+
+def cluster_spawner(double: ClusterDouble, config: Config):
+    from jupyterhub.spawner import Spawner
+
+    from gpuspawner.spawners.base import GPUSpawnerMixin
+
+    class Spawner_(GPUSpawnerMixin, Spawner):
+        reconciles_with_cluster = True
+        backend_name = "gpu-test"
+        workload_word = "job"
+
+        async def live_workloads(self):
+            live = list(double.live)
+            double.listed.set()
+            await double.reading.wait()
+            return live
+
+    return Spawner_(config=config)
+
+
+@pytest.fixture
+def usage_db(tmp_path):
+    from jupyterhub import orm
+    from sqlalchemy import create_engine
+    from sqlalchemy.orm import Session
+
+    engine = create_engine(f"sqlite:///{tmp_path / 'hub.sqlite'}")
+    orm.Base.metadata.create_all(engine)
+    with Session(engine) as session:
+        yield session
+
+
+def static_hub() -> Config:
+    return Config({"GPUHubSettings": {"gpu_inventory": "static"}})
+
+
+async def test_a_pass_frees_a_gone_charge_counts_a_live_one_and_the_usage_row_ends_failed(usage_db, caplog):
+    from gpuspawner.usage import Allocation
+
+    stop_serving_hub_metrics()
+    double = ClusterDouble()
+    spawner = cluster_spawner(double, static_hub())
+    state = spawner.hub_state
+    state.usage.attach(usage_db)
+    state.ledger.claim("ada/", {"slurm-gpu.a100": 1})
+    double.live = [job("ada/", "1")]
+    await spawner.ensure_reconciled()  # the pass at start: ada's job is live
+    assert state.ledger.allocations() == {"ada/": tokens("ada/", 1)}
+    double.live = [job("bob/", "2", 2)]  # ada's job ended, bob's appeared behind the hub's back
+    await spawner.reconcile_with_cluster(first=False)
+    assert state.ledger.allocations() == {"bob/": tokens("bob/", 2)}
+    assert "gpu-test: ada/'s GPU charge (1) freed: no live job of it" in caplog.text
+    assert "gpu-test: Slurm job 2 of bob/ counted: it holds 2 GPU(s) the hub did not count" in caplog.text
+    usage_db.expire_all()
+    ended = {row.owner: row.end_reason for row in usage_db.query(Allocation)}
+    assert ended == {"ada/": "failed", "bob/": None}
+    stop_serving_hub_metrics()
+
+
+async def test_charges_that_change_while_a_pass_reads_are_left_as_they_are():
+    stop_serving_hub_metrics()
+    double = ClusterDouble()
+    spawner = cluster_spawner(double, static_hub())
+    ledger = spawner.hub_state.ledger
+    await spawner.ensure_reconciled()
+    ledger.claim("ada/", {"slurm-gpu.a100": 1})
+    double.live = [job("ada/", "1")]
+    double.reading.clear()
+    double.listed.clear()
+    reading = asyncio.ensure_future(spawner.reconcile_with_cluster(first=False))
+    await double.listed.wait()  # the cluster was listed: ada's job is in the listing
+    ledger.release("ada/")  # ... and then it was stopped (its charge given back outside any flight)
+    ledger.claim("cy/", {"slurm-gpu.a100": 1})  # and cy's charge came, its job not made yet
+    double.reading.set()
+    await reading
+    assert ledger.allocations() == {"cy/": tokens("cy/", 1)}  # neither undone by the stale listing
+    await spawner.reconcile_with_cluster(first=False)  # the next pass, on what the cluster says now
+    assert ledger.allocations() == {"ada/": tokens("ada/", 1)}
+    stop_serving_hub_metrics()
