@@ -12,11 +12,13 @@ with HTTP 409 and a sentence when no node can take the request) and lets the
 scheduler place it. The hub still counts each server's GPUs in its ledger (as
 cluster tokens, not exact GPUs), so the quotas apply as on the other backends:
 the quota check and the count are one step under the ledger's lock, the count
-is given back on stop and on every failed start, and after a hub restart it is
-rebuilt from the hub's live single-user pods. A ``queue: true`` profile waits in
-the hub's queue until the cluster has room (no pod exists meanwhile), with the
-same progress words as the other backends; a profile whose pods go to a Kueue
-queue waits in Kueue instead, so ``queue: true`` is refused beside Kueue.
+is given back on stop and on every failed start, and it is reconciled with the
+hub's live single-user pods at hub start and every ``gpu_reconcile_interval``
+seconds (a pod deleted behind the hub's back stops counting; one the hub did not
+count is counted). A ``queue: true`` profile waits in the hub's queue until the
+cluster has room (no pod exists meanwhile), with the same progress words as the
+other backends; a profile whose pods go to a Kueue queue waits in Kueue instead,
+so ``queue: true`` is refused beside Kueue.
 
 Notebook GPU jobs (:class:`~gpuspawner.jobs.runners.KubeJobs`) go through the
 same :meth:`~GPUKubeSpawner.reserve_gpus` (capacity check and quota claim,
@@ -70,6 +72,7 @@ from ..ledger import cluster_tokens
 from ..placement import GPURequest, PlacementError
 from ..profiles import Choice, OptionsError, Profile, gpu_resource_choice, load_profiles, parse_options
 from ..quota import check
+from ..reconcile import Workload
 from .base import GPUSpawnerMixin, checked_cuda_map, user_error
 
 # KubeSpawner settings gpu-kube cannot honour (it draws its own form): refused, never ignored.
@@ -562,12 +565,16 @@ class GPUKubeSpawner(GPUSpawnerMixin, KubeSpawner):
 
     # ------------------------------------------------------------ the cluster's truth
 
-    async def reconcile_allocations(self) -> None:
-        """Count in the ledger what this hub's live single-user pods hold (after a hub restart).
+    reconciles_with_cluster = True
+    backend_name = "gpu-kube"
+    workload_word = "pod"
 
-        Runs once per hub (tried again until it succeeds) before any GPU spawn is
-        admitted, so the ledger counts nothing else yet; a server it already
-        counts would keep its count.
+    async def live_workloads(self) -> list[Workload]:
+        """This hub's live single-user pods (KubeSpawner's ``component_label``; notebook GPU job pods
+        too), per server: the GPU resources they ask for, counted as the hub's claims count them.
+
+        Every such pod is its owner's (the hub keeps no other record of pods): one the hub's
+        database does not know is adopted, counted against the user its annotations name.
         """
         namespace = None if self.enable_user_namespaces else self.namespace
         pods = await list_server_pods(self.api, self.component_label, namespace, self.k8s_api_request_timeout)
@@ -575,16 +582,9 @@ class GPUKubeSpawner(GPUSpawnerMixin, KubeSpawner):
         for name in found.unnamed:
             self.log.warning("gpu-kube: pod %s holds GPUs but has no %s annotation; it is not counted",
                              name, USERNAME_ANNOTATION)
-        ledger = self.ledger
-        counted = ledger.allocations()
-        for owner, holdings in found.holdings.items():
-            if owner not in counted:
-                ledger.adopt(owner, cluster_tokens(owner, holdings))
-        self.log.info(
-            "gpu-kube: ledger rebuilt from %d single-user pod(s) in %s: %d server(s) hold %d GPU(s)",
-            len(pods), "every namespace" if namespace is None else f"namespace {namespace}",
-            len(found.holdings), sum(sum(h.values()) for h in found.holdings.values()),
-        )
+        return [Workload(",".join(found.pods[owner]), owner, cluster_tokens(owner, holdings),
+                         what=f"pod {', '.join(found.pods[owner])}")
+                for owner, holdings in found.holdings.items()]
 
     _replacing_pod = False
 

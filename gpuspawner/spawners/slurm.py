@@ -40,9 +40,10 @@ from ..inventory import InventoryReading
 from ..ledger import cluster_tokens
 from ..placement import GPURequest, PlacementError
 from ..profiles import Choice, load_profiles
+from ..reconcile import Workload
 from ..slurm.commands import SlurmReader, run_slurm
 from ..slurm.cuda import CudaNeed, DriverCuda
-from ..slurm.jobs import job_comment, parse_comment, submit_refusal, wait_words
+from ..slurm.jobs import ENDED, comment_start, job_comment, parse_comment, submit_refusal, wait_words
 from ..slurm.sinfo import UNTYPED, GresTypes, NeverFits, choose_type, cuda_constraint, gpu_availability, parse_gres
 from .base import GPUSpawnerMixin, checked_cuda_map, user_error
 
@@ -130,8 +131,12 @@ class GPUSlurmSpawner(GPUSpawnerMixin, SlurmSpawner):
 
     slurm_cancel_orphans = Bool(
         True,
-        help="""On hub start, cancel jobs of this hub (their comment names ``gpu_hub_id``) that no
-        server's state names: the hub died between submitting them and saving their id.""",
+        help="""Cancel live jobs of this hub (their comment names ``gpu_hub_id``) that neither a server
+        JupyterHub shows running or starting (its state) nor an active notebook GPU job names: the hub
+        died between submitting them and saving their id, or stopped their server without ending
+        them. Checked at hub start and every ``gpu_reconcile_interval`` seconds; the log names each
+        job cancelled. False: such jobs run on, their GPUs counted against the user their comment
+        names (also logged).""",
     ).tag(config=True)
 
     job_python = Unicode(
@@ -200,7 +205,7 @@ class GPUSlurmSpawner(GPUSpawnerMixin, SlurmSpawner):
         subvars = super().get_req_subvars()
         server = self.gpu_owner[len(self.user.name) + 1:]  # the server's name, or "job/<id>" for a notebook job
         subvars["job_name"] = shlex.quote(f"jupyterhub-{self.gpu_hub_id}-{self.user.name}-{server}".rstrip("-"))
-        subvars["job_comment"] = shlex.quote(job_comment(self.gpu_hub_id, self.user.name, server))
+        subvars["job_comment"] = shlex.quote(job_comment(self.gpu_hub_id, self.user.name, server, self.gpu_start_mark))
         return subvars
 
     # ------------------------------------------------------------ reading Slurm
@@ -419,55 +424,64 @@ class GPUSlurmSpawner(GPUSpawnerMixin, SlurmSpawner):
             self.log.warning("%s: Slurm jobs of this hub not reconciled yet: %s", self._log_name, e)
         return await super().poll()
 
-    # ------------------------------------------------------------ after a hub restart
+    # ------------------------------------------------------------ the cluster's truth
 
-    def _jobs_in_state(self) -> dict[str, str]:
-        """Slurm job id -> owner of every server whose state names a job (``user/server``) and of every
-        active notebook GPU job (``user/job/<id>``), from the database."""
+    reconciles_with_cluster = True
+    backend_name = "gpu-slurm"
+    workload_word = "Slurm job"
+
+    async def live_workloads(self) -> list[Workload]:
+        """This hub's jobs Slurm lists that have not ended and are not ending (``COMPLETING``: its
+        epilog runs), found by their comment (``gpu_hub_id``), each holding the GPUs its ``--gres``
+        asks for (as cluster tokens, as the hub's claims count them)."""
+        reading = await self.slurm().jobs(max_age=0)
+        if reading.unknown is not None:
+            raise RuntimeError(reading.unknown)
+        live = []
+        for job in reading.value:
+            tag = parse_comment(job.comment)
+            if tag is None or tag[0] != self.gpu_hub_id or job.state in ENDED or job.state == "COMPLETING":
+                continue
+            owner = f"{tag[1]}/{tag[2]}"
+            gpus = parse_gres(job.gpus.replace("gres:", ""))
+            holds = cluster_tokens(owner, {_ledger_resource(t): n for t, n in gpus.items()})
+            live.append(Workload(job.id, owner, holds, comment_start(job.comment), f"Slurm job {job.id}"))
+        return live
+
+    async def recorded_workloads(self) -> dict[str, set[str]] | None:
+        """Owner -> Slurm job ids of every server JupyterHub shows running or starting whose state names
+        a job (``user/server``), and of every active notebook GPU job (``user/job/<id>``)."""
+        if getattr(self, "db", None) is None:
+            return None
         from jupyterhub import orm
 
         from ..jobs.spec import job_owner
         from ..jobs.store import JobStore
 
-        owners: dict[str, str] = {}
-        for row in self.db.query(orm.Spawner).all():
+        owners: dict[str, set[str]] = {}
+        for row in self.db.query(orm.Spawner).filter(orm.Spawner.server != None).all():  # noqa: E711 (SQL)
             job_id = (row.state or {}).get("job_id")
             if job_id and row.user is not None:
-                owners[str(job_id)] = f"{row.user.name}/{row.name or ''}"
+                owners.setdefault(f"{row.user.name}/{row.name or ''}", set()).add(str(job_id))
         manager = self.hub_state.jobs
         store = manager.store if manager is not None else JobStore(self.db.get_bind())
         for record in store.list(active_only=True, limit=100_000):
             if record.handle.get("slurm_job"):
-                owners[str(record.handle["slurm_job"])] = job_owner(record.user, record.id)
+                owners.setdefault(job_owner(record.user, record.id), set()).add(str(record.handle["slurm_job"]))
         return owners
 
-    async def reconcile_allocations(self) -> None:
-        """Count the GPUs of this hub's live jobs; cancel (and log) those no server's state names."""
-        reading = await self.slurm().jobs(max_age=0)
-        if reading.unknown is not None:
-            raise RuntimeError(reading.unknown)
-        known = self._jobs_in_state() if getattr(self, "db", None) is not None else None
-        ledger = self.ledger
-        counted = ledger.allocations()
-        for job in reading.value:
-            tag = parse_comment(job.comment)
-            if tag is None or tag[0] != self.gpu_hub_id or job.state not in ("PENDING", "RUNNING", "CONFIGURING"):
-                continue
-            owner = f"{tag[1]}/{tag[2]}"
-            if known is not None and job.id not in known:
-                if self.slurm_cancel_orphans:
-                    self.log.warning("gpu-slurm: cancelling Slurm job %s of %s: no server of this hub names it "
-                                     "(the hub stopped before saving it)", job.id, owner)
-                    try:
-                        await run_slurm("scancel", job.id)
-                    except RuntimeError as e:
-                        self.log.error("gpu-slurm: could not cancel job %s: %s", job.id, e)
-                continue
-            gpus = parse_gres(job.gpus.replace("gres:", ""))
-            if gpus and owner not in counted:
-                ledger.adopt(owner, cluster_tokens(owner, {_ledger_resource(t): n for t, n in gpus.items()}))
-        self.log.info("gpu-slurm: this hub's Slurm jobs reconciled")
+    def stops_orphans(self) -> bool:
+        return self.slurm_cancel_orphans
 
+    async def end_orphan(self, workload: Workload) -> None:
+        """``scancel`` a job of this hub that no server's state and no active notebook job names."""
+        self.log.warning("gpu-slurm: cancelling Slurm job %s of %s: no server or notebook job of this hub's "
+                         "database names it (the hub stopped before saving it, or its server was stopped)",
+                         workload.id, workload.owner)
+        try:
+            await run_slurm("scancel", workload.id)
+        except RuntimeError as e:
+            self.log.error("gpu-slurm: could not cancel Slurm job %s: %s", workload.id, e)
 
 
 __all__ = ["GPUSlurmSpawner", "slurm_memory"]
