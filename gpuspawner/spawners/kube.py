@@ -65,6 +65,7 @@ from ..kube.podspec import (
     PodGPUSettings,
     gpu_overrides,
     merge_overrides,
+    replaced_settings,
 )
 from ..kube.profiles import GPU_OPTIONS, UNLISTED, check_entries, combined_entries, refuse_queue
 from ..ledger import cluster_tokens
@@ -221,6 +222,30 @@ class GPUKubeSpawner(GPUSpawnerMixin, KubeSpawner):
     _spawn_before: dict[str, Any] | None = None
     #: set by reserve_gpus once it has loaded this start's options; KubeSpawner's _start then loads none again
     _options_loaded_for_start = False
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._refuse_replaced_settings()
+
+    def _refuse_replaced_settings(self) -> None:
+        """Configured KubeSpawner settings gpu-kube would replace on some server: refused, naming them.
+
+        Checked once the configuration is loaded (the hub makes its spawners with it), so a
+        setting gpu-kube cannot honour stops the hub's spawner with a sentence instead of
+        being dropped from pods. A callable ``profile_list`` counts as offering no GPU choices.
+        """
+        listed = self.profile_list
+        if callable(listed):
+            gpu_choices = bool(self.gpu_profiles)
+        else:
+            entries = self._sorted_dict_values(listed) or []
+            gpu_choices = bool(self.gpu_profiles) or not entries or any(
+                isinstance(e, Mapping) and {"gpu_counts", "gpu_models"} & set(e) for e in entries)
+        configured = {t: getattr(self, t) for t in GPU_TRAITS}
+        found = replaced_settings(configured, gpu_choices=gpu_choices,
+                                  product_labels=(PRODUCT_LABEL, self.gpu_product_label))
+        if found:
+            raise TraitError("gpu-kube cannot honour c.KubeSpawner." + found[0])
 
     @observe("profile_list", "gpu_profiles")
     def _forget_entries(self, change) -> None:

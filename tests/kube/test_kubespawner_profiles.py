@@ -21,6 +21,7 @@ import pytest
 from jupyterhub.utils import maybe_future
 from kubespawner import KubeSpawner
 from tornado import web
+from traitlets import TraitError
 from traitlets.config import Config
 
 from gpuspawner.spawners.kube import GPUKubeSpawner
@@ -473,3 +474,31 @@ async def test_the_form_preselects_the_last_choice(make, cluster, kubelet):
     gone = make(GPUKubeSpawner, [PLAIN, DEMO])
     gone.user_options = spawner.user_options
     assert Checked(await form_of(gone)).radios["profile"] == "plain"
+
+
+# ------------------------------------------------------------------ settings gpu-kube would replace: refused at start
+
+GPU_CHOICES = [{"display_name": "GPU", "slug": "gpu", "gpu_models": ["any"], "gpu_counts": [1, 2]}]
+
+
+@pytest.mark.parametrize("profile_list, settings, named", [
+    (PROFILE_LIST, {"environment": {"NVIDIA_VISIBLE_DEVICES": "all"}}, "environment['NVIDIA_VISIBLE_DEVICES']"),
+    (PROFILE_LIST, {"environment": {"NVIDIA_DRIVER_CAPABILITIES": "all"}}, "NVIDIA_DRIVER_CAPABILITIES"),
+    (GPU_CHOICES, {"extra_resource_limits": {"nvidia.com/gpu": "1"}}, "extra_resource_limits['nvidia.com/gpu']"),
+    ([], {"extra_resource_guarantees": {"nvidia.com/mig-1g.10gb": "1"}}, "extra_resource_guarantees"),
+    (GPU_CHOICES, {"node_selector": {"nvidia.com/gpu.product": "Tesla-T4"}}, "node_selector['nvidia.com/gpu.product']"),
+    (PROFILE_LIST, {"node_selector": {"nvidia.com/gpu.product": "Tesla-T4"}}, "without a GPU resource"),
+    (PROFILE_LIST, {"gpu_profiles": [{"display_name": "CPU", "slug": "c", "gpu_counts": [0]}],
+                    "extra_resource_limits": {"nvidia.com/gpu": "1"}}, "a profile with GPU choices"),
+])
+async def test_settings_gpu_kube_would_replace_stop_it_naming_them(make, profile_list, settings, named):
+    with pytest.raises(TraitError, match="gpu-kube cannot honour c.KubeSpawner") as info:
+        make(GPUKubeSpawner, profile_list, **settings)
+    assert named in str(info.value)
+
+
+async def test_a_class_level_gpu_beside_kubespawner_style_profiles_is_honoured(make):
+    selector = {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB"}
+    spawner = make(GPUKubeSpawner, PROFILE_LIST, extra_resource_limits={"nvidia.com/gpu": "1"}, node_selector=selector)
+    pod = await pod_for(spawner, {"profile": "plain"})  # every server asks for it, as with KubeSpawner
+    assert gpu_limits(pod) == {"nvidia.com/gpu": "1"} and pod["spec"]["nodeSelector"] == selector
