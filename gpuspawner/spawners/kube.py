@@ -477,8 +477,8 @@ class GPUKubeSpawner(GPUSpawnerMixin, KubeSpawner):
         A profile without GPU keys asks for the GPU resource its overrides leave in
         ``extra_resource_limits`` (or guarantees), MIG and shared GPUs included.
         """
+        entry, choice = await self.check_options(self.user_options or {})  # refused: nothing changes
         self.restore_configured()  # never an earlier spawn's choice
-        entry, choice = await self.check_options(self.user_options or {})
         self._spawn_before = {name: _copy(getattr(self, name)) for name in self.trait_names(config=True)}
         try:
             self._load_profile(entry["slug"], [entry])

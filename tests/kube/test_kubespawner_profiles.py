@@ -18,6 +18,7 @@ import asyncio
 from html.parser import HTMLParser
 
 import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
 from jupyterhub.utils import maybe_future
 from kubespawner import KubeSpawner
 from tornado import web
@@ -502,3 +503,42 @@ async def test_a_class_level_gpu_beside_kubespawner_style_profiles_is_honoured(m
     spawner = make(GPUKubeSpawner, PROFILE_LIST, extra_resource_limits={"nvidia.com/gpu": "1"}, node_selector=selector)
     pod = await pod_for(spawner, {"profile": "plain"})  # every server asks for it, as with KubeSpawner
     assert gpu_limits(pod) == {"nvidia.com/gpu": "1"} and pod["spec"]["nodeSelector"] == selector
+
+
+# ------------------------------------------------------------------ any sequence of loads: only the last one counts
+
+CHOSEN = st.one_of(
+    st.just({}),
+    st.fixed_dictionaries({"profile": st.sampled_from(["plain", "demo", "nope"])}),
+    st.fixed_dictionaries({"profile": st.just("demo")},
+                          optional={"image": st.sampled_from(["base", "minimal", "nope"]),
+                                    "size": st.sampled_from(["small", "large"]),
+                                    "image--unlisted-choice": st.sampled_from(["jupyter/x:1", "evil.example/x:1"])}),
+)
+
+
+def configured(spawner) -> dict:
+    """Every setting; a method of the spawner itself (its default form, parser, hook) as the function."""
+    values = {name: getattr(spawner, name) for name in spawner.trait_names(config=True)}
+    return {k: v.__func__ if getattr(v, "__self__", None) is spawner else v for k, v in values.items()}
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(sequence=st.lists(CHOSEN, min_size=1, max_size=5))
+async def test_after_any_loads_the_settings_are_those_of_the_last_accepted_options(make, sequence):
+    """Refused options change nothing; accepted ones replace all an earlier load applied (no stale settings)."""
+    spawner, last = make(GPUKubeSpawner), None
+    for options in sequence:
+        before = configured(spawner)
+        try:
+            await loaded(spawner, options)
+        except ValueError:
+            assert configured(spawner) == before
+        else:
+            last = options
+    fresh = make(GPUKubeSpawner)
+    if last is not None:
+        await loaded(fresh, last)
+    assert configured(spawner) == configured(fresh)
+    await spawner.stop(now=True)  # and a stop undoes the last load
+    assert configured(spawner) == configured(make(GPUKubeSpawner))
