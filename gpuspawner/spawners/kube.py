@@ -350,7 +350,7 @@ class GPUKubeSpawner(GPUSpawnerMixin, KubeSpawner):
         unknown = sorted(field_name(k) for k in options if k not in allowed)
         if unknown:
             raise UserOptionsError(f"{unknown[0]}: unknown option for profile '{profile.slug}'; allowed options: "
-                                  + ", ".join(sorted(allowed)))
+                                   + ", ".join(sorted(allowed)))
         for name, spec in option_specs.items():
             self._check_option(name, spec, options)
         gpu_options = {k: options[k] for k in GPU_OPTIONS if k in options}
@@ -371,7 +371,7 @@ class GPUKubeSpawner(GPUSpawnerMixin, KubeSpawner):
         if text:
             if not unlisted.get("enabled"):
                 raise UserOptionsError(f"{name}{UNLISTED}: '{label}' takes no value of your own; "
-                                      f"choose one of: {', '.join(spec.get('choices') or {})}")
+                                       f"choose one of: {', '.join(spec.get('choices') or {})}")
             regex = unlisted.get("validation_regex")
             if regex and not re.match(regex, text):
                 shown = text if len(text) <= 60 else text[:60] + "..."
@@ -381,7 +381,7 @@ class GPUKubeSpawner(GPUSpawnerMixin, KubeSpawner):
             if value not in (spec.get("choices") or {}):
                 what = "enter a value" if value == "unlisted-choice" else f"{value[:40]!r} is not a choice"
                 raise UserOptionsError(f"{name}: {what} for '{label}'; choose one of: "
-                                      + ", ".join(spec.get("choices") or {}))
+                                       + ", ".join(spec.get("choices") or {}))
         elif not spec.get("choices"):
             raise UserOptionsError(f"{name}{UNLISTED}: '{label}' needs a value")
 
