@@ -5,6 +5,7 @@ What they must agree on lives in one object per hub, created on first use and
 found again by :func:`hub_state`:
 
 - the ledger (who holds which GPU, under one lock) and the fair queue;
+- the GPUs held out of service (what last held them is not over) and their retries;
 - the cached GPU inventory (NVML on this host, or the configured list);
 - reconciliation with the runtime (containers, processes), run once per hub
   before anything is placed, and what it learnt;
@@ -35,6 +36,7 @@ from .gpu import GPU
 from .inventory import CachedInventory, NVMLInventory, StaticInventory, gpus_from_config
 from .ledger import Ledger, cluster_resource
 from .metrics import HubMetrics, stop_serving
+from .outofservice import OutOfService
 from .queue import GPUQueue
 from .usage import UsageRecorder
 
@@ -172,6 +174,8 @@ class HubState:
         self.inventory = CachedInventory(source, ttl=settings.gpu_inventory_ttl)
         self.ledger = Ledger()
         self.queue = GPUQueue()
+        #: GPUs held because what last held them is not over (processes that would not die)
+        self.out_of_service = OutOfService(self.ledger, self.queue.wake)
         #: the notebook GPU jobs' manager (gpuspawner.jobs.manager), made by the hub's job API on first use
         self.jobs: Any = None
         #: usage accounting: every hold and release of the ledger, in the hub's database
@@ -224,8 +228,9 @@ class HubState:
         return self.caches[key]
 
     def close(self) -> None:
-        """Stop serving this state's metrics."""
+        """Stop serving this state's metrics, and retrying out-of-service GPUs."""
         self.metrics.unregister()
+        self.out_of_service.close()
 
 
 class _HubStates:

@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ..spawners.processes import HUB_VAR, SERVER_VAR, SPAWN_VAR, alive, end_processes, find_servers
+from ..spawners.processes import HUB_VAR, SERVER_VAR, SPAWN_VAR, alive, end_processes
 from .execute import STOPPED_EXIT
 from .outcome import Ended, outcome_of  # noqa: F401 (what runners answer, re-exported for backends)
 from .spec import JobSpec
@@ -126,7 +126,8 @@ class LocalJobs:
         return {"pid": proc.pid, "root": root}
 
     def _pids(self, spawner: Any, job_id: str) -> list[int]:
-        return [pid for group in find_servers(spawner.gpu_hub_id, "/proc", job_id) for pid in group.pids]
+        """The job's processes: its fence's (cgroup or scope), else those carrying its marks."""
+        return spawner._fences().pids(job_id)
 
     async def running(self, spawner: Any, job_id: str, handle: dict) -> bool:
         proc = self._procs.get(job_id)
@@ -138,13 +139,13 @@ class LocalJobs:
         return bool(await asyncio.to_thread(self._pids, spawner, job_id))
 
     async def ended(self, spawner: Any, job_id: str, handle: dict, spec: JobSpec) -> Ended:
-        """How it ended; ends what it left behind (kernels) and removes its device fence."""
+        """How it ended; ends what it left behind (kernels, daemons) and removes its device fence.
+
+        What would not die keeps the job's GPUs out of service (the manager's release then frees nothing).
+        """
         proc = self._procs.pop(job_id, None)
         code = proc.returncode if proc is not None else None
-        left = await asyncio.to_thread(self._pids, spawner, job_id)
-        if left:
-            await end_processes(left)
-        spawner._remove_fence(job_id)
+        await spawner._end_processes(job_id)
         where = Path(handle.get("root", "/")) / status_path(spec, job_id)
         outcome, error = await asyncio.to_thread(read_status, where)
         return Ended(code, outcome, error)
