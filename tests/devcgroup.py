@@ -105,6 +105,7 @@ def gpu_nodes(directory: Path, minors: Iterable[int]) -> list[Path]:
     for minor in minors:
         node = directory / f"nvidia{minor}"
         os.mknod(node, stat.S_IFCHR | 0o666, os.makedev(NVIDIA_MAJOR, minor))
+        node.chmod(0o666)  # whatever the umask: servers run as other users (the fence decides)
         nodes.append(node)
     return nodes
 

@@ -2,12 +2,12 @@
 
 A runner works through the job's own spawner object (an instance of the hub's
 spawner class, made for the job by the :class:`~.manager.JobManager`), so a
-job gets what a server of that user would: on gpu-local the user's account,
-home and device fence; on gpu-docker the user's image, volumes and a device
-request by UUID. What marks a job as the hub's, for finding it after a hub
-restart, is the same as for servers: ``GPUSPAWNER_HUB``/``SERVER``/``SPAWN``
-in the process environment (the ledger owner ``user/job/<id>`` and the job id),
-or the container labels.
+job gets what a server of that user would: on gpu-local the user's account
+(made on first use where the hub makes them), home and device fence; on
+gpu-docker the user's image, volumes and a device request by UUID. What marks
+a job as the hub's, for finding it after a hub restart, is the same as for
+servers: ``GPUSPAWNER_HUB``/``SERVER``/``SPAWN`` in the process environment
+(the ledger owner ``user/job/<id>`` and the job id), or the container labels.
 
 A runner's ``handle`` (saved in the job's record) says where the job runs.
 gpu-slurm's runner is :class:`gpuspawner.slurm.notebookjobs.SlurmJobs`.
@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import pwd
 import subprocess
 import sys
 from pathlib import Path
@@ -84,7 +83,7 @@ class LocalJobs:
     def root_dir(spawner: Any) -> str:
         """The user's files: the folder their server starts in."""
         if getattr(spawner, "_switches_user", True):
-            home = pwd.getpwnam(spawner.user.name).pw_dir
+            home = spawner._system_user().pw_dir
         else:
             home = spawner.home_dir
         notebook_dir = spawner.notebook_dir
@@ -94,6 +93,7 @@ class LocalJobs:
 
     async def check_files(self, spawner: Any, spec: JobSpec) -> str | None:
         """A sentence when the notebook is not there (the hub can look on this host)."""
+        await spawner.ensure_account()  # the user's files are in their account's home (made on first use)
         return await asyncio.to_thread(notebook_problem, self.root_dir(spawner), spec)
 
     def _env(self, spawner: Any, job_id: str, owner: str, home: str) -> dict[str, str]:
@@ -101,18 +101,22 @@ class LocalJobs:
 
         env = {k: os.environ[k] for k in _KEEP_ENV if k in os.environ}
         env.update({k: v for k, v in (spawner.environment or {}).items() if isinstance(v, str)})
-        user = spawner.user.name
+        user = spawner._system_user().pw_name if getattr(spawner, "_switches_user", True) else spawner.user.name
         env.update({"HOME": home, "USER": user, "LOGNAME": user, "SHELL": "/bin/sh"})
         env.update(visible_devices(spawner.gpu_uuids))
         env.update({HUB_VAR: spawner.gpu_hub_id, SERVER_VAR: owner, SPAWN_VAR: job_id})
-        return env
+        return spawner.passable_env(env)
 
     async def launch(self, spawner: Any, job_id: str, owner: str, spec: JobSpec) -> dict:
+        await spawner.ensure_account()
+        problem = spawner.root_problem()  # a job runs as whom the user's server would: never root
+        if problem:
+            raise RuntimeError(problem)
         spawner.gpu_spawn_id = job_id
         spawner._create_fence()
         root = self.root_dir(spawner)
         switches = getattr(spawner, "_switches_user", True)
-        home = pwd.getpwnam(spawner.user.name).pw_dir if switches else spawner.home_dir
+        home = spawner._system_user().pw_dir if switches else spawner.home_dir
         if not switches:
             os.makedirs(root, 0o755, exist_ok=True)
         cmd = [*(spawner._scope_prefix or []), sys.executable, *executor_args(spec, job_id)]

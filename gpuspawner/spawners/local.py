@@ -30,11 +30,21 @@ import pwd
 import shutil
 import uuid as uuidlib
 from dataclasses import dataclass
+from pathlib import Path
 
 from jupyterhub.spawner import LocalProcessSpawner, SimpleLocalProcessSpawner
 from jupyterhub.utils import random_port
-from traitlets import Float, TraitError, Unicode, validate
+from traitlets import Bool, Float, TraitError, Unicode, validate
 
+from ..accounts import (
+    ANYONE,
+    AccountError,
+    SystemAccounts,
+    interpreters,
+    passable_path,
+    unreachable,
+    user_groups,
+)
 from ..cpus import cpu_binding, host_cpus
 from ..fence import DeviceFence, Isolation, detect
 from ..fence_starts import StartRecord
@@ -145,6 +155,18 @@ class _LocalGPUs(GPUSpawnerMixin):
             raise TraitError(f"{proposal['trait'].name} must be > 0 seconds, not {proposal['value']}")
         return proposal["value"]
 
+    allow_root_servers = Bool(
+        False,
+        help="""
+        Let servers run as root. By default they never do: gpu-local-simple, which runs
+        every server as the hub's own user, refuses to start a hub that runs as root
+        (a server as root can leave any fence, read the hub's database and open every
+        GPU), and gpu-local refuses to start a server whose account is root. Set it only
+        for a single-user machine or a throwaway demo; jupyter_server then also needs its
+        own ``--allow-root`` in ``c.Spawner.args``.
+        """,
+    ).tag(config=True)
+
     gpu_job_runner = "gpuspawner.jobs.runners.LocalJobs"
     gpu_spawn_id: str = ""
     _fence_path: list | None = None  # the cgroups a start's process joins before it runs (cgroup v1)
@@ -175,6 +197,13 @@ class _LocalGPUs(GPUSpawnerMixin):
         env = super().get_env()
         env.update(visible_devices(self.gpu_uuids))
         env.update({HUB_VAR: self.gpu_hub_id, SERVER_VAR: self.gpu_owner, SPAWN_VAR: self.gpu_spawn_id})
+        return self.passable_env(env)
+
+    def passable_env(self, env: dict) -> dict:
+        """``env`` with a ``PATH`` the server's account may walk (the hub's may name root's own folders)."""
+        if self._switches_user and env.get("PATH"):
+            uid, gids, _ = self._server_identity()
+            env["PATH"] = passable_path(env["PATH"], uid, gids)
         return env
 
     # ------------------------------------------------------------ state
@@ -349,7 +378,81 @@ class _LocalGPUs(GPUSpawnerMixin):
         """The account this user's servers run as (gpu-local: the system account of the same name)."""
         return pwd.getpwnam(self.user.name)
 
+    def _server_identity(self) -> tuple[int, list[int], str]:
+        """Who the server runs as: uid, groups, and a name for sentences."""
+        if not self._switches_user:
+            return os.geteuid(), os.getgroups(), "the hub's own user"
+        entry = self._system_user()
+        return entry.pw_uid, user_groups(entry), f"the account {entry.pw_name}"
+
+    def _server_program(self) -> str:
+        """The program a server start executes first (the shell of ``shell_cmd``, else ``cmd``'s)."""
+        return (list(self.shell_cmd) or list(self.cmd) or ["jupyterhub-singleuser"])[0]
+
+    def program_problem(self, uid: int, gids, who: str) -> str | None:
+        """Why ``who`` (``uid`` in ``gids``) cannot execute the server's program and its interpreters."""
+        program = self._server_program()
+        for path, script in interpreters(program, os.environ.get("PATH")):
+            where = unreachable(path, uid, gids, read=script)
+            if where:
+                via = "" if str(path) == program else f" (it runs {path})"
+                return (f"servers run as {who}, which cannot run {program}{via}: {where}. Make the servers' "
+                        "Python environment from an interpreter outside such a folder (scripts/setup makes .venv "
+                        "from one every user may run), or point c.Spawner.cmd at one")
+        return None
+
+    def root_problem(self) -> str | None:
+        """Why this server would run as root, or None."""
+        if self.allow_root_servers or (self._switches_user is False and os.geteuid() != 0):
+            return None
+        if not self._switches_user:
+            return ("gpu-local-simple runs every server as the hub's own user, which is root here: any user could "
+                    "leave the GPU fence, read the hub's database and open every GPU. Use gpu-local (a system "
+                    "account per user; with c.GPULocalProcessSpawner.create_system_users = True the hub makes "
+                    "them), run the hub as an unprivileged user, or set "
+                    "c.GPUSimpleLocalProcessSpawner.allow_root_servers = True to accept root servers")
+        return None
+
+    async def server_account_problem(self) -> str | None:
+        """Why this server cannot run as whom it would (root, or a program it cannot execute), or None.
+
+        Makes the account first where the hub makes them (gpu-local's ``create_system_users``).
+        """
+        problem = self.root_problem()
+        if problem:
+            return problem
+        if getattr(self, "create_system_users", False):  # before an account is made for nothing
+            problem = await asyncio.to_thread(self.program_problem, *ANYONE, "accounts the hub makes")
+            if problem:
+                return problem
+        try:
+            await self.ensure_account()
+            uid, gids, who = self._server_identity()
+        except (AccountError, KeyError) as e:
+            return f"no system account to run {self.user.name}'s server as: {e}"
+        if uid == 0 and not self.allow_root_servers:
+            return (f"{who} is root, and servers never run as root (c.{type(self).__name__}.allow_root_servers "
+                    "allows it)")
+        return await asyncio.to_thread(self.program_problem, uid, gids, who)
+
+    async def ensure_account(self) -> None:
+        """Make the account this user's servers run as, where the hub makes them (gpu-local)."""
+
+    @classmethod
+    def gpu_startup_problems(cls, config) -> list[str]:
+        """Why a hub with this spawner and ``config`` could start no server: sentences for the hub's start.
+
+        Called by :func:`gpuspawner.hub.setup.configure` while the hub loads its configuration.
+        """
+        probe = cls(config=config)  # the settings only: no user
+        return [p for p in (probe.root_problem(), *probe.startup_problems()) if p]
+
+    def startup_problems(self) -> list[str]:
+        return []
+
     def make_preexec_fn(self, name):
+        if self._switches_user:
+            name = self._system_user().pw_name  # the hub user's account (made by the hub, or their own)
         if self._scope_prefix is not None and self._switches_user:
             return groups_and_home(name)  # systemd-run sets the user and group
         inner = super().make_preexec_fn(name)
@@ -374,6 +477,10 @@ class _LocalGPUs(GPUSpawnerMixin):
                 "This server cannot start yet: processes of its last start are still running and would not "
                 f"die ({left[0].reason}). It can start again once they are gone; an administrator sees them "
                 "on the GPU overview."))
+        problem = await self.server_account_problem()
+        if problem:
+            self.log.error("%s: %s", self._log_name, problem)
+            raise user_error(503, f"This hub cannot start your server: {problem}. Ask an admin.")
         self.gpu_spawn_id = spawn = uuidlib.uuid4().hex
         if self.port == 0:
             self.port = random_port()  # chosen now, so that the saved state has it
@@ -495,8 +602,42 @@ class _InFence:
         return [taskset, "-c", binding.cpuset_cpus]
 
 
-class GPULocalProcessSpawner(_LocalGPUs, _InFence, LocalProcessSpawner):
-    """LocalProcessSpawner whose servers see only the GPUs placed for them."""
+class GPULocalProcessSpawner(_LocalGPUs, SystemAccounts, _InFence, LocalProcessSpawner):
+    """LocalProcessSpawner whose servers see only the GPUs placed for them, each running as its user's account."""
+
+    def _system_user(self) -> pwd.struct_passwd:
+        return pwd.getpwnam(self.account())
+
+    async def ensure_account(self) -> None:
+        lock = self.hub_state.cache(("local-account", self.account()), asyncio.Lock)
+        async with lock:  # two servers of one user start at once: one useradd
+            await SystemAccounts.ensure_account(self)
+
+    def startup_problems(self) -> list[str]:
+        if not self.create_system_users:
+            return []  # the accounts are the site's: checked at each start
+        if os.geteuid() != 0:
+            return ["c.GPULocalProcessSpawner.create_system_users needs a hub that runs as root "
+                    "(it makes accounts with useradd and starts servers as them)"]
+        uid, gids = ANYONE
+        homes = Path(self.system_user_home)
+        made = next(p for p in (homes, *homes.parents) if p.exists())  # the rest is made (mode 0755) later
+        home = unreachable(made, uid, gids)
+        problems = []
+        if home:
+            problems.append(f"the accounts' homes are made in c.GPULocalProcessSpawner.system_user_home = "
+                            f"{self.system_user_home}, which the accounts cannot reach: {home}")
+        problems.append(self.program_problem(uid, gids, "accounts the hub makes"))
+        return [p for p in problems if p]
+
+    def user_env(self, env):
+        entry = self._system_user()
+        env["USER"] = entry.pw_name
+        if entry.pw_dir:
+            env["HOME"] = entry.pw_dir
+        if entry.pw_shell:
+            env["SHELL"] = entry.pw_shell
+        return env
 
 
 class _VforkSimpleLocalProcessSpawner(SimpleLocalProcessSpawner):
@@ -521,8 +662,10 @@ class _VforkSimpleLocalProcessSpawner(SimpleLocalProcessSpawner):
 class GPUSimpleLocalProcessSpawner(_LocalGPUs, _InFence, _VforkSimpleLocalProcessSpawner):
     """The same, running every server as the hub's own user in a per-user folder.
 
-    For demos and tests with made-up user names (``gpu-local-simple``); use
-    ``gpu-local`` where users are system accounts.
+    For demos with made-up user names (``gpu-local-simple``) on a hub that does not run as
+    root (it refuses root unless ``allow_root_servers``): users share the hub's account, so
+    they can read each other's files and the hub's. Use ``gpu-local`` (with
+    ``create_system_users`` where users are not system accounts) to keep them apart.
     """
 
     _switches_user = False

@@ -2,18 +2,27 @@
 
 It must fall back to 2 x A100 + 2 x T4 simulated through the stand-in NVML,
 say so in the form, and start a JupyterLab server on the GPUs chosen there.
+That server runs as the user's own account, which the hub made (never root): from
+a notebook in it, the hub's database cannot be read and another GPU's device
+file cannot be opened (nor used through NVML), while its own GPU's can.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import pwd
+import secrets
+import signal
 import sqlite3
+import subprocess
 import time
 from pathlib import Path
 
 import pytest
 
-from hub import Hub
+from hub import Hub, uid_pids
+from kernels import execute, start_kernel
 from test_local_hub import login, xsrf_token
 
 pytestmark = pytest.mark.integration
@@ -32,6 +41,7 @@ def default_hub(tmp_path, fakenvml_libdir):
         "GPUSPAWNER_HUB_BIND_URL": hub.settings["hub_bind_url"],
         "GPUSPAWNER_PROXY_API_URL": hub.settings["proxy_api_url"],
         "GPUSPAWNER_PASSWORD": "test-password",
+        "GPUSPAWNER_ACCOUNT_PREFIX": "d" + secrets.token_hex(3) + "-",  # this test's accounts alone
     })
     for name in ("LD_LIBRARY_PATH", "FAKENVML_CONFIG"):  # as on a fresh machine
         hub.env.pop(name, None)
@@ -40,6 +50,35 @@ def default_hub(tmp_path, fakenvml_libdir):
         yield hub, state
     finally:
         hub.close()
+        for entry in pwd.getpwall():
+            if entry.pw_name.startswith(hub.env["GPUSPAWNER_ACCOUNT_PREFIX"]):
+                for pid in uid_pids(entry.pw_uid):
+                    os.kill(pid, signal.SIGKILL)
+                subprocess.run(["userdel", "--remove", entry.pw_name], capture_output=True, timeout=60)
+
+
+# From a notebook: what the server's account may read and open.
+PROBE = """
+import errno, json, os, pynvml
+def attempt(path, flags):
+    try:
+        os.close(os.open(path, flags))
+        return "opened"
+    except OSError as e:
+        return errno.errorcode[e.errno]
+pynvml.nvmlInit()
+def handle(uuid):
+    try:
+        pynvml.nvmlDeviceGetHandleByUUID(uuid)
+        return "handle"
+    except pynvml.NVMLError as e:
+        return type(e).__name__
+print(json.dumps({{
+    "uid": os.getuid(), "database": attempt({database!r}, os.O_RDONLY),
+    "nodes": {{d["uuid"]: attempt(d["device_node"], os.O_RDWR) for d in {devices!r}}},
+    "nvml": {{d["uuid"]: handle(d["uuid"]) for d in {devices!r}}},
+}}))
+"""
 
 
 def test_default_config_simulates_gpus_and_starts_jupyterlab_on_them(default_hub):
@@ -78,5 +117,30 @@ def test_default_config_simulates_gpus_and_starts_jupyterlab_on_them(default_hub
             envs.append(dict(i.split("=", 1) for i in raw.decode().split("\0") if "=" in i))
     assert envs, "the server process was not found"
     t4_uuids = {d["uuid"] for d in devices if d["name"] == "Tesla T4"}
-    assert envs[0]["CUDA_VISIBLE_DEVICES"] in t4_uuids
+    mine = envs[0]["CUDA_VISIBLE_DEVICES"]
+    assert mine in t4_uuids
     assert envs[0]["FAKENVML_CONFIG"] == str(state / "simulated-gpus.json")
+
+    # it runs as ada's own account, made by the hub: not root
+    account = pwd.getpwnam(hub.env["GPUSPAWNER_ACCOUNT_PREFIX"] + "ada")
+    assert account.pw_uid != 0 and Path(account.pw_dir).parent == state / "users"
+    for pid in hub.server_pids:  # real, effective, saved and filesystem uid: all the account's
+        status = Path(f"/proc/{pid}/status").read_text()
+        uids = next(line.split()[1:] for line in status.splitlines() if line.startswith("Uid:"))
+        assert uids == [str(account.pw_uid)] * 4, status
+    # from a notebook: no hub database, no other GPU; its own GPU's device file as far as the fence goes
+    devices = json.loads((state / "simulated-gpus.json").read_text())["devices"]
+    assert all(d.get("device_node") for d in devices)  # the simulated GPUs are on device files
+    xsrf = web.cookies.get("_xsrf", path="/hub/")
+    token = web.post(f"{hub.url}/hub/api/users/ada/tokens", json={"note": "test"},
+                     headers={"X-XSRFToken": xsrf, "Referer": hub.url + "/hub/token"}).json()["token"]
+    server_url = hub.url + "/user/ada/"
+    kernel = start_kernel(server_url, token)
+    seen = json.loads(execute(server_url, token, kernel, PROBE.format(
+        database=str(state / "jupyterhub.sqlite"), devices=[{k: d[k] for k in ("uuid", "device_node")}
+                                                          for d in devices])))
+    assert seen["uid"] == account.pw_uid
+    assert seen["database"] == "EACCES"
+    assert seen["nodes"] == {d["uuid"]: "ENXIO" if d["uuid"] == mine else "EPERM" for d in devices}, seen
+    assert seen["nvml"] == {d["uuid"]: "handle" if d["uuid"] == mine else "NVMLError_NoPermission"
+                            for d in devices}, seen

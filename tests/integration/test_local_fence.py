@@ -96,6 +96,7 @@ def test_a_server_can_open_only_its_own_gpu_node(tmp_path, fakenvml_libdir, fenc
         device["minor_number"] = minor
         node = dev / f"nvidia{minor}"
         os.mknod(node, stat.S_IFCHR | 0o666, os.makedev(195, device["minor_number"]))
+        node.chmod(0o666)  # every user may open it as far as permissions go: the fence decides
         nodes[device["uuid"]] = device["device_node"] = str(node)  # the stand-in opens it for a handle
     config_path = tmp_path / "gpus.json"
     fakenvml.write_config(config_path, config)

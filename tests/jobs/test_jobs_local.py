@@ -40,7 +40,7 @@ def hub(tmp_path_factory, fakenvml_libdir):
 
 
 def home(hub: Hub, user: str):
-    return hub.dir / "users" / user
+    return hub.home(user)
 
 
 
