@@ -130,13 +130,21 @@ elif backend == "slurm":
             print("[gpuspawner] Slurm: no cgroup v1 devices controller here: jobs are not confined "
                   "to their GPUs (ConstrainDevices)", file=sys.stderr)
     c.JupyterHub.spawner_class = "gpuspawner.spawners.slurm.GPUSlurmSpawner"  # (entry point gpu-slurm)
-    # jobs are submitted as the hub's user (this hub's users are not system accounts), and start in
-    # a folder per user under the state folder (on a site's cluster: one the nodes share)
-    c.GPUSlurmSpawner.exec_prefix = ""
-    c.GPUSlurmSpawner.home_dir_template = str(state / "users" / "{username}")
-    c.Spawner.pre_spawn_hook = lambda spawner: Path(spawner.req_homedir).mkdir(parents=True, exist_ok=True)
-    if os.geteuid() == 0:
-        c.Spawner.args = ["--allow-root"]
+    if private and os.geteuid() == 0:
+        # the private cluster runs on this host: each user's jobs run as a system account of their own
+        # (jupyter-<name>, made by the hub on first use, home under the state folder), never as root
+        c.GPUSlurmSpawner.create_system_users = True
+        c.GPUSlurmSpawner.system_user_prefix = os.environ.get("GPUSPAWNER_ACCOUNT_PREFIX", "jupyter-")
+        c.GPUSlurmSpawner.system_user_home = str(state / "users")
+        c.GPUSlurmSpawner.exec_prefix = "runuser -u {username} --"  # sbatch, squeue, scancel as that account
+    else:
+        # a site's cluster: jobs are submitted as the hub's user (this hub's users are not the site's
+        # accounts), and start in a folder per user under the state folder (one the nodes share)
+        c.GPUSlurmSpawner.exec_prefix = ""
+        c.GPUSlurmSpawner.home_dir_template = str(state / "users" / "{username}")
+        c.Spawner.pre_spawn_hook = lambda spawner: Path(spawner.req_homedir).mkdir(parents=True, exist_ok=True)
+        if os.geteuid() == 0:
+            c.Spawner.args = ["--allow-root"]
     # the job runs batchspawner-singleuser and jupyterhub-singleuser from this environment
     os.environ["PATH"] = f"{Path(sys.executable).parent}:{os.environ['PATH']}"
     c.Spawner.cmd = [str(Path(sys.executable).parent / "jupyterhub-singleuser")]
