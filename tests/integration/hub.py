@@ -258,11 +258,21 @@ class Hub:
                 time.sleep(0.1)
             if pid_alive(pid):
                 os.kill(pid, signal.SIGKILL)
+        self._remove_fences()
         for account in self.accounts():
             uid = pwd.getpwnam(account).pw_uid
             for pid in uid_pids(uid):  # anything of the account's still running (this hub's servers' own)
                 os.kill(pid, signal.SIGKILL)
             subprocess.run(["userdel", "--remove", account], capture_output=True, timeout=60)
+
+    def _remove_fences(self) -> None:
+        """The (empty) cgroups and records of this hub's server starts: a hub stopped right after its
+        servers' stops were asked for has not removed them (a later hub of the same id would)."""
+        from gpuspawner.fence import DeviceFence
+
+        fence = DeviceFence(self.settings["hub_id"])
+        for spawn in fence.starts():
+            fence.remove(spawn)
 
     def marked_pids(self) -> set[int]:
         """Live processes whose environment carries this hub's id (gpu-local's GPUSPAWNER_HUB marker)."""
