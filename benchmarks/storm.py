@@ -244,6 +244,7 @@ class StormHub(Hub):
                 time.sleep(0.1)
             if pid_alive(pid):
                 os.kill(pid, signal.SIGKILL)
+        self.delete_accounts()
 
 
 # ------------------------------------------------------------ the storm

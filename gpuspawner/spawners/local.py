@@ -477,10 +477,6 @@ class _LocalGPUs(GPUSpawnerMixin):
                 "This server cannot start yet: processes of its last start are still running and would not "
                 f"die ({left[0].reason}). It can start again once they are gone; an administrator sees them "
                 "on the GPU overview."))
-        problem = await self.server_account_problem()
-        if problem:
-            self.log.error("%s: %s", self._log_name, problem)
-            raise user_error(503, f"This hub cannot start your server: {problem}. Ask an admin.")
         self.gpu_spawn_id = spawn = uuidlib.uuid4().hex
         if self.port == 0:
             self.port = random_port()  # chosen now, so that the saved state has it
@@ -566,11 +562,16 @@ def _pids(pids) -> str:
 
 
 class _InFence:
-    """Between the GPU mixin and JupyterHub's spawner: the fence of a start, made once its GPUs
-    are placed and before JupyterHub builds the command (which a systemd scope's
+    """Between the GPU mixin and JupyterHub's spawner: the account and fence of a start, made once
+    its GPUs are placed and before JupyterHub builds the command (which a systemd scope's
     ``systemd-run`` words go before, ahead of any ``shell_cmd``)."""
 
     async def start(self):
+        # once its GPUs are placed (a refusal comes first, and makes no account): who it runs as
+        problem = await self.server_account_problem()
+        if problem:
+            self.log.error("%s: %s", self._log_name, problem)
+            raise user_error(503, f"This hub cannot start your server: {problem}. Ask an admin.")
         self._create_fence()
         prefix = (self._scope_prefix or []) + self._pin_words()
         if not prefix:

@@ -259,6 +259,10 @@ class Hub:
             if pid_alive(pid):
                 os.kill(pid, signal.SIGKILL)
         self._remove_fences()
+        self.delete_accounts()
+
+    def delete_accounts(self) -> None:
+        """Delete the accounts this hub made, ending whatever of theirs still runs (by pid)."""
         for account in self.accounts():
             uid = pwd.getpwnam(account).pw_uid
             for pid in uid_pids(uid):  # anything of the account's still running (this hub's servers' own)

@@ -110,6 +110,9 @@ class _Scoped(_InFence, _Recorder):
     def _create_fence(self):
         self._scope_prefix = ["systemd-run", "--scope", "--"]
 
+    async def server_account_problem(self):
+        return None
+
     def gpu_event(self, message, progress):
         self.events = [*getattr(self, "events", []), message]
 
