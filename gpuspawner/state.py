@@ -5,6 +5,7 @@ What they must agree on lives in one object per hub, created on first use and
 found again by :func:`hub_state`:
 
 - the ledger (who holds which GPU, under one lock) and the fair queue;
+- the GPUs held out of service (what last held them is not over) and their retries;
 - the cached GPU inventory (NVML on this host, or the configured list);
 - reconciliation with the runtime (containers, processes, pods, Slurm jobs), run once per
   hub before anything is placed, what it learnt, and, where the cluster holds the truth, the
@@ -38,6 +39,7 @@ from .gpu import GPU
 from .inventory import CachedInventory, NVMLInventory, StaticInventory, gpus_from_config
 from .ledger import Ledger, cluster_resource
 from .metrics import HubMetrics, stop_serving
+from .outofservice import OutOfService
 from .queue import GPUQueue
 from .reconcile import Flights
 from .usage import UsageRecorder
@@ -201,6 +203,8 @@ class HubState:
         self.inventory = CachedInventory(source, ttl=settings.gpu_inventory_ttl)
         self.ledger = Ledger()
         self.queue = GPUQueue()
+        #: GPUs held because what last held them is not over (processes that would not die)
+        self.out_of_service = OutOfService(self.ledger, self.queue.wake)
         #: the notebook GPU jobs' manager (gpuspawner.jobs.manager), made by the hub's job API on first use
         self.jobs: Any = None
         #: usage accounting: every hold and release of the ledger, in the hub's database
@@ -284,8 +288,9 @@ class HubState:
         return self.caches[key]
 
     def close(self) -> None:
-        """Stop serving this state's metrics and stop its timers."""
+        """Stop serving this state's metrics, stop its timers and retrying out-of-service GPUs."""
         self.metrics.unregister()
+        self.out_of_service.close()
         timers, self._timers = self._timers, {}
         for timer in timers.values():
             timer.cancel()

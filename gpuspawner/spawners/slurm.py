@@ -33,6 +33,7 @@ import time
 from batchspawner import JobStatus, SlurmSpawner
 from traitlets import Bool, Dict, TraitError, Unicode, default, validate
 
+from ..accounts import AccountError, SystemAccounts
 from ..compat import min_cuda
 from ..form import form_context
 from ..gpu import GPU
@@ -69,8 +70,13 @@ def slurm_memory(limit: str | int) -> str:
     return f"{math.ceil(number * 1024 ** 'KMGT'.index(unit) / 1024)}M"  # "1.5G" -> "1536M"
 
 
-class GPUSlurmSpawner(GPUSpawnerMixin, SlurmSpawner):
-    """SlurmSpawner with gpuspawner's GPU profiles, Slurm's availability and its queue in words."""
+class GPUSlurmSpawner(GPUSpawnerMixin, SystemAccounts, SlurmSpawner):
+    """SlurmSpawner with gpuspawner's GPU profiles, Slurm's availability and its queue in words.
+
+    With ``create_system_users`` a job runs as its user's account (made by the hub on first
+    use): batchspawner's ``{username}`` is that account, so ``exec_prefix`` (e.g.
+    ``runuser -u {username} --``, or its default ``sudo -E -u {username}``) submits as it.
+    """
 
     slurm_gres_types = Dict(
         Unicode(),
@@ -181,17 +187,23 @@ class GPUSlurmSpawner(GPUSpawnerMixin, SlurmSpawner):
 
     # ------------------------------------------------------------ where jobs run
 
+    @default("req_username")
+    def _req_username_default(self):
+        return self.account()  # the hub user's name, or the account the hub makes for them
+
     @default("req_homedir")
     def _req_homedir_default(self):
+        if self.create_system_users:
+            return self.account_home()
         if self.home_dir_template:
             return self.home_dir_template.format(username=self.user.name)
         return super()._req_homedir_default()
 
     def user_env(self, env):
         """batchspawner's USER, HOME and SHELL; HOME from ``home_dir_template`` when it is set."""
-        if not self.home_dir_template:
+        if not (self.home_dir_template or self.create_system_users):
             return super().user_env(env)
-        env["USER"] = self.user.name
+        env["USER"] = self.req_username
         env["HOME"] = self.req_homedir
         return env
 
@@ -358,8 +370,13 @@ class GPUSlurmSpawner(GPUSpawnerMixin, SlurmSpawner):
         """batchspawner's submission; when sbatch fails, HTTP 409 (Slurm refused the job) or 503 (sbatch
         could not reach Slurm) saying what Slurm said.
 
-        Nothing stays held: the failed start releases this server's count of GPUs.
+        Nothing stays held: the failed start releases this server's count of GPUs. With
+        ``create_system_users``, the user's account is made first (it submits the job).
         """
+        try:
+            await self.ensure_account()
+        except AccountError as e:
+            raise user_error(503, f"This hub cannot start your server: {e}. Ask an admin.") from e
         try:
             job_id = await super().submit_batch_script()
         except RuntimeError as e:  # batchspawner's run_command: sbatch's stderr
