@@ -226,7 +226,7 @@ def test_100_concurrent_requests_respect_quotas_and_queue_order(ops_hub):
     rows = r.json()["rows"]
     assert len(rows) >= 6, rows  # four first holders, then the two served from the queue
     assert max(max_held_at_once(rows).values()) == 1
-    assert max_held_at_once(rows, set(STUDENTS))["group"] <= 3
+    assert max_held_at_once(rows, set(STUDENTS)).get("group", 0) <= 3  # no student may be among the six
 
 
 def test_group_profiles_are_hidden_and_refused_by_name(ops_hub):
