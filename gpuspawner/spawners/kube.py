@@ -315,7 +315,11 @@ class GPUKubeSpawner(GPUSpawnerMixin, KubeSpawner):
         elif not spec.get("choices"):
             raise user_error(400, f"{name}{UNLISTED}: '{label}' needs a value")
 
-    def options_from_form(self, formdata):
+    def gpu_form_field(self, name: str) -> bool:
+        """KubeSpawner's form fields: ``profile`` and ``profile-option-<slug>--<name>``."""
+        return name == "profile" or name.startswith("profile-option-")
+
+    def gpu_options_from_form(self, formdata):
         """KubeSpawner's form fields (``profile``, ``profile-option-<slug>--<name>``); ``gpus`` as a number."""
         options = self._options_from_form(formdata)
         for key in [k for k, v in options.items() if v == ""]:
