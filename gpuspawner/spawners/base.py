@@ -11,6 +11,7 @@ device requests, pod resources).
 from __future__ import annotations
 
 import asyncio
+import sys
 from typing import Any
 
 from jinja2 import Environment, PackageLoader, select_autoescape
@@ -223,7 +224,7 @@ class GPUSpawnerMixin(GPUPolicyMixin, GPUHubSettings):
 
     @default("options_form")
     def _gpu_default_options_form(self):
-        return self._render_gpu_form
+        return self._render_options_form
 
     async def get_options_form(self) -> str:
         """The spawn form: the GPU choices, then the site's own ``options_form`` if it set one.
@@ -231,15 +232,15 @@ class GPUSpawnerMixin(GPUPolicyMixin, GPUHubSettings):
         Empty (JupyterHub then starts the server without a form) when there is nothing to
         choose and the site has no form: one profile, one GPU count, no model or image to pick.
         """
-        ours = await self._render_gpu_form()
+        ours = await self._render_options_form()
         theirs = self.options_form
-        if theirs == self._render_gpu_form:
+        if theirs == self._render_options_form:
             return ours
         if callable(theirs):
             theirs = await maybe_future(theirs(self))
         return ours + (theirs or "")
 
-    async def _render_gpu_form(self, spawner=None) -> str:
+    async def _render_options_form(self, spawner=None) -> str:
         try:
             await self.ensure_reconciled()
         except Exception as e:  # the form still renders; a spawn will say what is wrong
@@ -315,7 +316,7 @@ class GPUSpawnerMixin(GPUPolicyMixin, GPUHubSettings):
         for them, not refused."""
         return (self.apply_user_options is not None
                 or self.options_from_form != self.gpu_options_from_form
-                or self.options_form != self._render_gpu_form)
+                or self.options_form != self._render_options_form)
 
     # ------------------------------------------------------------ user options
 
@@ -575,36 +576,36 @@ def refusal_at_start(spawner_class: type, config) -> str | None:
 
 
 def _check_configuration_at_hub_start() -> None:
-    """When a running JupyterHub imports a gpuspawner backend (to use it as its spawner class),
-    check the class's configuration once, right after the hub has loaded it: a setting the
-    class refuses stops the hub at start with its sentence, never only at the first spawn.
+    """Make a starting JupyterHub check its gpuspawner class's configuration before anything else:
+    a setting the class refuses (:func:`refusal_at_start`) stops the hub at start with its
+    sentence, instead of a bare 500 at the first spawn.
 
-    Outside a starting hub (a script, the tests, ``jupyterhub --generate-config``) nothing
-    is scheduled.
+    JupyterHub has no hook for this, and loads every spawner class it knows (gpuspawner's
+    among them) before its configuration exists. So the first import of a gpuspawner backend
+    in a process that runs JupyterHub wraps, once, ``JupyterHub.init_spawners``, which every
+    hub start awaits once its configuration and database are loaded; a hub whose spawner
+    class is not gpuspawner's is not affected. Outside a hub process nothing changes.
     """
-    from jupyterhub.app import JupyterHub
-
-    try:
-        loop = asyncio.get_running_loop()
-    except RuntimeError:
+    app_module = sys.modules.get("jupyterhub.app")
+    if app_module is None:
         return
-    if not JupyterHub.initialized():
+    hub = app_module.JupyterHub
+    original = hub.init_spawners
+    if getattr(original, "gpuspawner_checks_configuration", False):
         return
-    app = JupyterHub.instance()
-    if getattr(app, "_gpuspawner_checked", False):
-        return
-    app._gpuspawner_checked = True
 
-    def check() -> None:
-        spawner_class = app.spawner_class
-        if not (isinstance(spawner_class, type) and issubclass(spawner_class, GPUSpawnerMixin)):
-            return
-        refusal = refusal_at_start(spawner_class, app.config)
-        if refusal is not None:
-            app.log.critical("Refusing to start: %s", refusal)
-            raise SystemExit(1)  # out of the event loop that runs the hub's start: the hub exits
+    async def init_spawners(self, *args, **kwargs):
+        spawner_class = self.spawner_class
+        if isinstance(spawner_class, type) and issubclass(spawner_class, GPUSpawnerMixin):
+            refusal = refusal_at_start(spawner_class, self.config)
+            if refusal is not None:
+                self.log.critical("Refusing to start: %s", refusal)
+                self.exit(1)
+        return await original(self, *args, **kwargs)
 
-    loop.call_soon(check)
+    init_spawners.gpuspawner_checks_configuration = True
+    init_spawners.__doc__ = original.__doc__
+    hub.init_spawners = init_spawners
 
 
 _check_configuration_at_hub_start()
