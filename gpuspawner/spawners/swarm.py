@@ -230,9 +230,9 @@ class GPUSwarmSpawner(GPUDockerSpawner, SwarmSpawner):
                        "Choose another image, or ask an administrator to publish it.")
             self.gpu_event(f"Failed: {message}", 100)
             raise user_error(400, message)
+        check = "that node's NVIDIA runtime" if "nvidia" in why.lower() else "that node"
         message = (f"Swarm could not start your server (service {self.service_name}, node {node}): "
-                   f"{why}. Ask an administrator to check that node's NVIDIA runtime "
-                   "if this happens again.")
+                   f"{why}. Ask an administrator to check {check} if this happens again.")
         self.gpu_event(f"Failed: {message}", 100)
         raise user_error(500, message)
 
