@@ -85,7 +85,7 @@ def test_dockerspawners_picker_is_still_dockerspawners():
     spawner = GPUDockerSpawner(config=config())
     spawner.allowed_images = {"1.0": "jupyterhub/singleuser:1.0", "1.1": "jupyterhub/singleuser:1.1"}
     assert 'name="image"' in spawner._default_options_form()  # DockerSpawner's own method, untouched
-    assert spawner.options_form == spawner._render_gpu_form  # the form users get: the GPU choices, picker inside
+    assert spawner.options_form == spawner._render_options_form  # the form users get: the GPU choices, picker inside
     assert spawner.offered_images() == spawner.allowed_images
 
 
