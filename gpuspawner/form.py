@@ -18,7 +18,7 @@ from .profiles import OfferedImages, Profile, default_profile, without_gpus
 
 def _profile_context(
     profile: Profile, models: list[ModelAvailability], chosen: Mapping[str, Any], unknown: bool = False,
-    waits: bool = False, offered_images: OfferedImages = None,
+    waits: bool = False, offered_images: OfferedImages = None, default_image: str | None = None,
 ) -> dict:
     offered = [m for m in models if profile.allows_model(m.slug)]
     # the most GPUs one request may ask for: free on one host now, or (waits) on one host ever
@@ -46,10 +46,12 @@ def _profile_context(
         }
         for n in profile.gpu_counts
     ]
-    # the profile's images, else the backend's (DockerSpawner shows its picker for two or more)
-    images = list(profile.images)
+    # the profile's images, else the backend's (DockerSpawner shows its picker for two or more,
+    # the one that is the spawner's configured image preselected)
+    images, preselected = list(profile.images), None
     if not images and isinstance(offered_images, Mapping) and len(offered_images) > 1:
         images = list(offered_images)
+        preselected = next((name for name, image in offered_images.items() if image == default_image), None)
     return {
         "profile": profile,
         # form field names (gpu-kube uses KubeSpawner's profile-option-<slug>--<name> instead)
@@ -61,7 +63,8 @@ def _profile_context(
         "largest": largest,
         "counts": counts,
         "images": images,
-        "selected_image": chosen["image"] if chosen.get("image") in images else (images[0] if images else None),
+        "selected_image": chosen["image"] if chosen.get("image") in images else (
+            preselected or (images[0] if images else None)),
     }
 
 
@@ -75,6 +78,7 @@ def form_context(
     unknown: str | None = None,
     waits: bool = False,
     offered_images: OfferedImages = None,
+    default_image: str | None = None,
 ) -> dict:
     """Everything form.html needs. ``previous`` pre-selects the user's last choice.
 
@@ -84,7 +88,8 @@ def form_context(
     ``waits``: a request that does not fit now waits in the backend's queue (Slurm),
     so only counts no host could ever hold are disabled.
     ``offered_images``: the images a profile without ``images`` offers (gpu-docker:
-    DockerSpawner's ``allowed_images``; a picker when there are two or more).
+    DockerSpawner's ``allowed_images``; a picker when there are two or more, preselecting
+    the one that is ``default_image``, the spawner's configured image, as DockerSpawner's does).
 
     Where no GPU was found at all (``no_gpus``), only the profiles that run without a
     GPU are shown, each with no GPU preselected (:func:`~gpuspawner.profiles.without_gpus`),
@@ -102,7 +107,7 @@ def form_context(
     return {
         "profiles": [
             _profile_context(p, models, previous if remembered and p.slug == last else {}, unknown is not None,
-                             waits, offered_images)
+                             waits, offered_images, default_image)
             for p in shown
         ],
         "selected_profile": selected,

@@ -254,7 +254,7 @@ class GPUSpawnerMixin(GPUPolicyMixin, GPUHubSettings):
         """What the form shows; backends that count GPUs their own way override this."""
         reading = await self.inventory.read()
         return form_context(self.profiles, reading, self.ledger.held(), self.user_options or {},
-                            offered_images=self.offered_images())
+                            offered_images=self.offered_images(), default_image=self.default_image())
 
     async def offered_models(self) -> set[str]:
         """The model slugs users may pick (``gpu_model``); backends override with their inventory."""
@@ -264,6 +264,10 @@ class GPUSpawnerMixin(GPUPolicyMixin, GPUHubSettings):
     def offered_images(self) -> OfferedImages:
         """The images a profile without ``images`` offers (:data:`~gpuspawner.profiles.OfferedImages`):
         none here; gpu-docker offers DockerSpawner's ``allowed_images``."""
+        return None
+
+    def default_image(self) -> str | None:
+        """The image a server gets when the user picks none (preselected among :meth:`offered_images`)."""
         return None
 
     async def gpus_found(self) -> bool:

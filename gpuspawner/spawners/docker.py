@@ -190,6 +190,9 @@ class GPUDockerSpawner(GPUSpawnerMixin, DockerSpawner):
         without ``images`` lets users pick, by the names DockerSpawner's picker shows."""
         return self._get_allowed_images()
 
+    def default_image(self) -> str | None:
+        return getattr(self, "_configured_image", self.image)
+
     def apply_profile(self, choice: Choice) -> None:
         super().apply_profile(choice)
         if not hasattr(self, "_configured_image"):

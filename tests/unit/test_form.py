@@ -335,6 +335,10 @@ def test_offered_images_are_the_picker_of_profiles_without_images():
     form = submit(render(context))
     assert options_from_form(form) == {"profile": "cpu", "gpus": 0, "image": "4"}
     assert parse_options(options_from_form(form), PROFILES, (), offered_images=images).image == "4"
+    # no choice of the user's yet: the spawner's configured image is preselected, as DockerSpawner's picker does
+    fresh = form_context(PROFILES, READING, HELD, offered_images=images, default_image=images["4"])
+    assert by_slug(fresh, "cpu")["selected_image"] == "4"
+    assert by_slug(form_context(PROFILES, READING, HELD, offered_images=images), "cpu")["selected_image"] == "4.0"
 
 
 # ==========================================================================
