@@ -12,6 +12,11 @@ makes every server a Slurm job (``gpu-slurm``): on the site's cluster when
 a private one-node cluster with the simulated GPUs, started here and stopped
 when the hub exits.
 
+No server runs as root: local servers and the private cluster's jobs run as a
+system account per user, ``jupyter-<name>`` (GPUSPAWNER_ACCOUNT_PREFIX changes
+the prefix), which the hub makes on the user's first start, with its home under
+the state folder; a hub that is not root runs local servers as its own user.
+
 Start it with ``scripts/hub`` (which installs what is missing and builds the
 stand-in library), or ``jupyterhub -f jupyterhub_config.py`` once built.
 """
@@ -26,8 +31,14 @@ from gpuspawner.hub.setup import (
     RECOMMENDED_QUOTA_PER_USER,
     configure,
 )
-from gpuspawner.hub.sqlite import sqlite_db_kwargs
-from gpuspawner.simulation import SIMULATION_ENV, place_on_device_files, real_or_simulated
+from gpuspawner.hub.sqlite import private_database, sqlite_db_kwargs
+from gpuspawner.simulation import (
+    SIMULATION_ENV,
+    make_device_files,
+    place_on_device_files,
+    real_or_simulated,
+    simulated_devices_in,
+)
 from gpuspawner.spawners.docker import reachable_engine
 
 c = get_config()  # noqa: F821 (provided by JupyterHub)
@@ -45,7 +56,8 @@ c.JupyterHub.bind_url = os.environ.get("GPUSPAWNER_BIND_URL", "http://127.0.0.1:
 # the hub's internal API and the proxy's API (change them to run two hubs on one machine)
 c.JupyterHub.hub_bind_url = os.environ.get("GPUSPAWNER_HUB_BIND_URL", "http://127.0.0.1:8081")
 c.ConfigurableHTTPProxy.api_url = os.environ.get("GPUSPAWNER_PROXY_API_URL", "http://127.0.0.1:8001")
-c.JupyterHub.db_url = f"sqlite:///{state / 'jupyterhub.sqlite'}"
+# the hub's database holds every user's tokens: the hub's alone (servers run on this host as other users)
+c.JupyterHub.db_url = f"sqlite:///{private_database(state / 'jupyterhub.sqlite')}"
 # WAL, commits that do not wait for the disk: JupyterHub commits ~10 times per spawn on its event
 # loop, and a storm of spawns otherwise blocks every answer for seconds (gpuspawner/hub/sqlite.py).
 c.JupyterHub.db_kwargs = sqlite_db_kwargs(os.environ.get("GPUSPAWNER_SQLITE_SYNCHRONOUS", "NORMAL"))
@@ -118,13 +130,21 @@ elif backend == "slurm":
             print("[gpuspawner] Slurm: no cgroup v1 devices controller here: jobs are not confined "
                   "to their GPUs (ConstrainDevices)", file=sys.stderr)
     c.JupyterHub.spawner_class = "gpuspawner.spawners.slurm.GPUSlurmSpawner"  # (entry point gpu-slurm)
-    # jobs are submitted as the hub's user (this hub's users are not system accounts), and start in
-    # a folder per user under the state folder (on a site's cluster: one the nodes share)
-    c.GPUSlurmSpawner.exec_prefix = ""
-    c.GPUSlurmSpawner.home_dir_template = str(state / "users" / "{username}")
-    c.Spawner.pre_spawn_hook = lambda spawner: Path(spawner.req_homedir).mkdir(parents=True, exist_ok=True)
-    if os.geteuid() == 0:
-        c.Spawner.args = ["--allow-root"]
+    if private and os.geteuid() == 0:
+        # the private cluster runs on this host: each user's jobs run as a system account of their own
+        # (jupyter-<name>, made by the hub on first use, home under the state folder), never as root
+        c.GPUSlurmSpawner.create_system_users = True
+        c.GPUSlurmSpawner.system_user_prefix = os.environ.get("GPUSPAWNER_ACCOUNT_PREFIX", "jupyter-")
+        c.GPUSlurmSpawner.system_user_home = str(state / "users")
+        c.GPUSlurmSpawner.exec_prefix = "runuser -u {username} --"  # sbatch, squeue, scancel as that account
+    else:
+        # a site's cluster: jobs are submitted as the hub's user (this hub's users are not the site's
+        # accounts), and start in a folder per user under the state folder (one the nodes share)
+        c.GPUSlurmSpawner.exec_prefix = ""
+        c.GPUSlurmSpawner.home_dir_template = str(state / "users" / "{username}")
+        c.Spawner.pre_spawn_hook = lambda spawner: Path(spawner.req_homedir).mkdir(parents=True, exist_ok=True)
+        if os.geteuid() == 0:
+            c.Spawner.args = ["--allow-root"]
     # the job runs batchspawner-singleuser and jupyterhub-singleuser from this environment
     os.environ["PATH"] = f"{Path(sys.executable).parent}:{os.environ['PATH']}"
     c.Spawner.cmd = [str(Path(sys.executable).parent / "jupyterhub-singleuser")]
@@ -132,17 +152,25 @@ elif backend == "slurm":
                           *(SIMULATION_ENV if private else ())]
     c.Spawner.start_timeout = 300  # includes the wait in Slurm's queue
 else:
-    # Servers: local processes in per-user folders, on exactly their GPUs (fenced by device
-    # cgroups where this host allows it; the hub says at start when it cannot).
-    c.JupyterHub.spawner_class = "gpu-local-simple"
+    # Servers: local processes on exactly their GPUs (fenced by device cgroups where this host
+    # allows it; the hub says at start when it cannot), each user's running as a system account
+    # of their own, never as root: jupyter-<name>, made by the hub on the user's first start, home
+    # under the state folder. A hub that is not root runs every server as its own user instead.
     from gpuspawner.fence import detect
 
     isolation = detect()
     if not isolation.enforced:
         print(f"[gpuspawner] {isolation.note}", file=sys.stderr)
-    c.SimpleLocalProcessSpawner.home_dir_template = str(state / "users" / "{username}")
     if os.geteuid() == 0:
-        c.Spawner.args = ["--allow-root"]
+        c.JupyterHub.spawner_class = "gpu-local"
+        c.GPULocalProcessSpawner.create_system_users = True
+        c.GPULocalProcessSpawner.system_user_prefix = os.environ.get("GPUSPAWNER_ACCOUNT_PREFIX", "jupyter-")
+        c.GPULocalProcessSpawner.system_user_home = str(state / "users")
+        if simulated:  # the simulated GPUs get device files, which the fence refuses to other users' servers
+            place_on_device_files(state, make_device_files(state / "dev", len(simulated_devices_in(state))))
+    else:
+        c.JupyterHub.spawner_class = "gpu-local-simple"
+        c.SimpleLocalProcessSpawner.home_dir_template = str(state / "users" / "{username}")
     c.Spawner.cmd = [str(Path(sys.executable).parent / "jupyterhub-singleuser")]
     if simulated:  # servers load the same stand-in NVML as the hub
         c.Spawner.env_keep = ["JUPYTERHUB_SINGLEUSER_APP", "PATH", "LANG", *SIMULATION_ENV]

@@ -28,6 +28,8 @@ from __future__ import annotations
 import argparse
 import fcntl
 import os
+import pwd
+import secrets
 import signal
 import socket
 import subprocess
@@ -192,6 +194,8 @@ def stop_and_watch(proc: subprocess.Popen, terminal: int | None, started: list[i
 
 def run(how: str, servers: int, direct: bool, wait: float) -> None:
     state = Path(tempfile.mkdtemp(prefix="hub-stop-"))
+    state.chmod(0o711)  # the servers' accounts reach their homes in it (the database stays 0600)
+    prefix = "b" + secrets.token_hex(3) + "-"  # this run's accounts, deleted at the end
     url = f"http://127.0.0.1:{free_port()}"
     password = "bench"
     env = {k: v for k, v in os.environ.items() if not k.startswith("JUPYTERHUB_")}
@@ -200,6 +204,7 @@ def run(how: str, servers: int, direct: bool, wait: float) -> None:
         "GPUSPAWNER_BIND_URL": url, "GPUSPAWNER_HUB_BIND_URL": f"http://127.0.0.1:{free_port()}",
         "GPUSPAWNER_PROXY_API_URL": f"http://127.0.0.1:{free_port()}",
         "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")])),
+        "GPUSPAWNER_ACCOUNT_PREFIX": prefix,
     })
     log_path = state / "hub.log"
     proc, terminal = start_hub(how, direct, env, log_path)
@@ -230,6 +235,8 @@ def run(how: str, servers: int, direct: bool, wait: float) -> None:
                 os.kill(pid, signal.SIGKILL)
         if terminal is not None:
             os.close(terminal)
+        for account in [e.pw_name for e in pwd.getpwall() if e.pw_name.startswith(prefix)]:
+            subprocess.run(["userdel", "--remove", account], capture_output=True, timeout=60)
         print(f"  log: {log_path}")
 
 

@@ -177,6 +177,8 @@ class StormHub(Hub):
             "GPUSPAWNER_HUB_BIND_URL": self.settings["hub_bind_url"],
             "GPUSPAWNER_PROXY_API_URL": self.settings["proxy_api_url"],
             "GPUSPAWNER_BACKEND": backend,
+            # gpu-local's accounts (jupyter-<name> by default): this run's own, deleted by close()
+            "GPUSPAWNER_ACCOUNT_PREFIX": self.settings["account_prefix"],
             "PYTHONPATH": os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]),
         })
         self.headers = {"Authorization": f"token {self.token}"}
@@ -242,6 +244,7 @@ class StormHub(Hub):
                 time.sleep(0.1)
             if pid_alive(pid):
                 os.kill(pid, signal.SIGKILL)
+        self.delete_accounts()
 
 
 # ------------------------------------------------------------ the storm

@@ -12,14 +12,24 @@ The scope ends when its last process exits, so there is nothing to remove, and a
 restarted hub's adopted servers are still in theirs. ``systemd-run --uid`` does
 not reset supplementary groups: the caller sets the user's before exec.
 
+Ending a start (:class:`ScopeFence`): its scope's cgroup (``systemctl show -P
+ControlGroup``) lists every process of the start, whatever session or
+environment it made itself; writing ``1`` to that cgroup's ``cgroup.kill``
+(cgroup v2, Linux 5.14+) SIGKILLs all of them at once, forks in flight included.
+Where the scope lives in a v1 hierarchy only, its processes are SIGKILLed one
+by one, round after round, until none is left.
+
 Nothing here knows about JupyterHub.
 """
 
 from __future__ import annotations
 
 import re
+import subprocess
 from collections.abc import Iterable
 from pathlib import Path
+
+from .fence_starts import RECORDS, StartRecord, StartRecords, cgroup_pids, kill_pids
 
 SYSTEMD_DIR = Path("/run/systemd/system")  # exists iff systemd is PID 1 (sd_booted)
 CAPABILITIES = Path("/proc/driver/nvidia/capabilities")
@@ -28,7 +38,11 @@ SHARED_NODES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/
 # (nvidia-modprobe), after the scope starts; Jupyter's terminals open /dev/ptmx and /dev/pts/N.
 OTHER_DEVICES = ("char-nvidia-uvm", "/dev/tty", "/dev/ptmx", "char-pts")
 
-__all__ = ["SYSTEMD_DIR", "device_allow", "mig_nodes", "scope_command", "unit_name"]
+# Where a unit's ControlGroup lies: the v2 hierarchy (pure v2 hosts; hybrid hosts mount it at
+# unified/), then systemd's own v1 hierarchy (legacy hosts).
+CGROUP_ROOTS = (Path("/sys/fs/cgroup"), Path("/sys/fs/cgroup/unified"), Path("/sys/fs/cgroup/systemd"))
+
+__all__ = ["SYSTEMD_DIR", "ScopeFence", "device_allow", "kill_cgroup", "mig_nodes", "scope_command", "unit_name"]
 
 
 def unit_name(hub_id: str, spawn: str) -> str:
@@ -87,3 +101,78 @@ def scope_command(
     for allow in device_allow(own_minors, capabilities):
         cmd += ["-p", f"DeviceAllow={allow}"]
     return cmd + ["--"]
+
+
+def kill_cgroup(group: Path) -> None:
+    """SIGKILL every process in cgroup ``group``: at once through ``cgroup.kill`` (v2), else one by one."""
+    kill = Path(group) / "cgroup.kill"
+    if kill.exists():
+        try:
+            kill.write_text("1")
+            return
+        except FileNotFoundError:  # the group went away meanwhile: nothing left to kill
+            return
+    kill_pids(cgroup_pids(group))
+
+
+class ScopeFence:
+    """The scopes of one hub's server starts (systemd): their processes, ending them, their records."""
+
+    def __init__(self, hub_id: str, records: Path = RECORDS, systemctl: str = "systemctl",
+                 roots: Iterable[Path] = CGROUP_ROOTS) -> None:
+        self.hub_id = hub_id
+        self.records = StartRecords(hub_id, records)
+        self.systemctl = systemctl
+        self.roots = tuple(Path(r) for r in roots)
+        self._groups: dict[str, Path] = {}  # start -> its scope's cgroup (fixed for the scope's life)
+
+    def create(self, spawn: str, record: StartRecord | None = None) -> None:
+        """Save start ``spawn``'s record before its scope exists (``scope_command`` makes the scope)."""
+        if record is not None:
+            self.records.write(spawn, record)
+
+    def group(self, spawn: str) -> Path | None:
+        """The cgroup of start ``spawn``'s scope; None when the scope is gone (or never was)."""
+        if spawn in self._groups:
+            return self._groups[spawn]
+        try:
+            out = subprocess.run(
+                [self.systemctl, "show", "--property=ControlGroup", "--value", unit_name(self.hub_id, spawn)],
+                capture_output=True, text=True, timeout=30,
+            ).stdout.strip()
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        if not out:
+            return None
+        candidates = [root / out.lstrip("/") for root in self.roots]
+        found = [c for c in candidates if (c / "cgroup.procs").exists()]
+        best = next((c for c in found if (c / "cgroup.kill").exists()), found[0] if found else None)
+        if best is not None:
+            self._groups[spawn] = best
+        return best
+
+    def pids(self, spawn: str) -> list[int]:
+        group = self.group(spawn)
+        return cgroup_pids(group) if group is not None else []
+
+    def kill(self, spawn: str) -> None:
+        group = self.group(spawn)
+        if group is not None:
+            kill_cgroup(group)
+
+    def remove(self, spawn: str) -> bool:
+        """False while the scope still has processes; else forget the start (systemd drops the scope)."""
+        if self.pids(spawn):
+            return False
+        self._groups.pop(spawn, None)
+        self.records.remove(spawn)
+        return True
+
+    def starts(self) -> list[str]:
+        return self.records.starts()
+
+    def record(self, spawn: str) -> StartRecord | None:
+        return self.records.read(spawn)
+
+    def knows(self, spawn: str) -> bool:
+        return spawn in self.records.starts() or self.group(spawn) is not None

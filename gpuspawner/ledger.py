@@ -193,6 +193,28 @@ class Ledger:
         self._notify()
         return uuids
 
+    def transfer(self, owner: str, to: str) -> tuple[str, ...]:
+        """Move everything ``owner`` holds to ``to`` in one step, and return those UUIDs.
+
+        No other request can take the GPUs in between (e.g. a stopped server's GPUs
+        that stay out of service). :class:`ValueError` when ``to`` already holds
+        something; ``()`` when ``owner`` holds nothing.
+        """
+        with self._lock:
+            if to in self._by_owner:
+                raise ValueError(f"{to!r} already holds GPUs {', '.join(self._by_owner[to])}")
+            uuids = self._by_owner.pop(owner, ())
+            since = self._since.pop(owner, None)
+            if uuids:
+                self._events.append(("release", owner, uuids, since))
+                self._by_owner[to] = uuids
+                self._since[to] = now = self._clock()
+                for uuid in uuids:
+                    self._by_uuid[uuid] = to
+                self._events.append(("hold", to, uuids, now))
+        self._notify()
+        return uuids
+
     def holder(self, uuid: str) -> str | None:
         """The owner holding ``uuid``, or ``None``."""
         with self._lock:

@@ -115,12 +115,32 @@ def real_or_simulated(library_dir: Path, state_dir: Path, a100: int = 2, t4: int
     return True
 
 
+def simulated_devices_in(state_dir: Path) -> list[dict]:
+    """The simulated GPUs of the runnable default's state folder."""
+    return json.loads((Path(state_dir) / "simulated-gpus.json").read_text())["devices"]
+
+
+def make_device_files(folder: Path, count: int) -> list[Path]:
+    """``folder/nvidia0`` ... ``nvidia<count-1>``: character devices ``195:N`` (mode 0666), as NVIDIA's
+    driver makes its GPUs' nodes (needs root). Nodes already there are kept."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    nodes = []
+    for minor in range(count):
+        node = folder / f"nvidia{minor}"
+        if not node.exists():
+            os.mknod(node, 0o666 | 0o020000, os.makedev(195, minor))  # S_IFCHR
+        node.chmod(0o666)  # as the driver's: every user may open it (the fence decides), whatever the umask
+        nodes.append(node)
+    return nodes
+
+
 def place_on_device_files(state_dir: Path, nodes: list[Path]) -> None:
     """Put the simulated GPUs on device files, in order (GPU N on ``nodes[N]``, minor number N).
 
     The stand-in NVML then opens a GPU's file to give out its handle, as the real
-    one does, so a process whose device cgroup refuses the file (Slurm's
-    ConstrainDevices) cannot use that GPU, and counts only the others.
+    one does, so a process whose device cgroup refuses the file (gpu-local's fence,
+    Slurm's ConstrainDevices) cannot use that GPU, and counts only the others.
     """
     config_path = Path(state_dir) / "simulated-gpus.json"
     config = json.loads(config_path.read_text())

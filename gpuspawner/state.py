@@ -5,9 +5,12 @@ What they must agree on lives in one object per hub, created on first use and
 found again by :func:`hub_state`:
 
 - the ledger (who holds which GPU, under one lock) and the fair queue;
+- the GPUs held out of service (what last held them is not over) and their retries;
 - the cached GPU inventory (NVML on this host, or the configured list);
-- reconciliation with the runtime (containers, processes), run once per hub
-  before anything is placed, and what it learnt;
+- reconciliation with the runtime (containers, processes, pods, Slurm jobs), run once per
+  hub before anything is placed, what it learnt, and, where the cluster holds the truth, the
+  timer that runs it again every ``gpu_reconcile_interval`` seconds and the record of which
+  owners are in flight meanwhile (:class:`~gpuspawner.reconcile.Flights`);
 - the Prometheus metrics, registered in JupyterHub's registry;
 - the notebook GPU jobs' manager (made by the job API's first use);
 - the admin overview's live readings and per-client caches (cluster capacity).
@@ -23,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import threading
 import warnings
 from collections.abc import Awaitable, Callable, Hashable
@@ -35,8 +39,12 @@ from .gpu import GPU
 from .inventory import CachedInventory, NVMLInventory, StaticInventory, gpus_from_config
 from .ledger import Ledger, cluster_resource
 from .metrics import HubMetrics, stop_serving
+from .outofservice import OutOfService
 from .queue import GPUQueue
+from .reconcile import Flights
 from .usage import UsageRecorder
+
+log = logging.getLogger("gpuspawner")
 
 __all__ = ["GPUHubSettings", "HubState", "hub_state", "stop_serving_hub_metrics"]
 
@@ -102,6 +110,29 @@ class GPUHubSettings(Configurable):
         for less (``time_limit`` in its request), never more.
         """,
     ).tag(config=True)
+
+    gpu_reconcile_interval = Float(
+        60.0,
+        help="""
+        Seconds between two reconciliations of the hub's GPU ledger with what the cluster
+        runs, on the backends where the cluster holds the truth (gpu-slurm's jobs, gpu-kube's
+        pods, gpu-docker's containers, gpu-swarm's services). The hub reconciles once at start
+        (before it places anything) and then every this many seconds, on a timer of its own,
+        never per request: an owner charged for GPUs whose workload is gone (ended, cancelled
+        or deleted behind the hub's back) is released, a live workload of this hub is charged
+        to its owner, and one no server or notebook job of the hub's database names is
+        cancelled (gpu-slurm, ``slurm_cancel_orphans``) or adopted (the others); the hub's log
+        says which. Starts and stops in flight are left alone. ``0`` reconciles only at start.
+        At least 1 second otherwise (each pass lists the cluster's workloads).
+        """,
+    ).tag(config=True)
+
+    @validate("gpu_reconcile_interval")
+    def _check_reconcile_interval(self, proposal):
+        value = proposal["value"]
+        if value != 0 and not value >= 1:
+            raise TraitError(f"gpu_reconcile_interval must be 0 (only at start) or at least 1 second, not {value}")
+        return value
 
     @validate("gpu_inventory")
     def _check_inventory(self, proposal):
@@ -172,6 +203,8 @@ class HubState:
         self.inventory = CachedInventory(source, ttl=settings.gpu_inventory_ttl)
         self.ledger = Ledger()
         self.queue = GPUQueue()
+        #: GPUs held because what last held them is not over (processes that would not die)
+        self.out_of_service = OutOfService(self.ledger, self.queue.wake)
         #: the notebook GPU jobs' manager (gpuspawner.jobs.manager), made by the hub's job API on first use
         self.jobs: Any = None
         #: usage accounting: every hold and release of the ledger, in the hub's database
@@ -184,6 +217,12 @@ class HubState:
         #: per-purpose caches a backend or handler keeps for this hub (e.g. cluster capacity)
         self.caches: dict[Hashable, Any] = {}
         self._once: dict[Hashable, asyncio.Future] = {}
+        #: owners whose start or stop (or notebook job) is in flight: reconciliation leaves them alone
+        self.flights = Flights()
+        #: seconds between reconciliations with the cluster (0: only at start)
+        self.reconcile_interval = settings.gpu_reconcile_interval
+        self._every: dict[Hashable, Callable[[], Awaitable[None]]] = {}
+        self._timers: dict[Hashable, asyncio.TimerHandle | asyncio.Future] = {}
 
     def gpu_info(self, uuid: str) -> dict:
         """What the usage records keep of one held GPU (a cluster token: its resource)."""
@@ -217,6 +256,31 @@ class HubState:
             future = self._once[key] = asyncio.ensure_future(run())
         await asyncio.shield(future)
 
+    def every(self, key: Hashable, interval: float, run: Callable[[], Awaitable[None]]) -> None:
+        """Run ``run`` every ``interval`` seconds on the running event loop (the hub's), from now on.
+
+        One timer per ``key``: calling again only replaces ``run`` (the next round calls the
+        newest). Rounds never overlap: the next is timed from the end of the last. A round
+        that raises is logged and the timer goes on. ``interval`` 0: no timer.
+        """
+        self._every[key] = run
+        if key in self._timers or interval <= 0:
+            return
+        loop = asyncio.get_running_loop()
+
+        def fire() -> None:
+            round_ = self._timers[key] = asyncio.ensure_future(self._every[key]())
+            round_.add_done_callback(landed)
+
+        def landed(round_: asyncio.Future) -> None:
+            if round_.cancelled() or self._timers.get(key) is not round_:
+                return
+            if round_.exception() is not None:
+                log.error("gpuspawner: periodic %s failed", key, exc_info=round_.exception())
+            self._timers[key] = loop.call_later(interval, fire)
+
+        self._timers[key] = loop.call_later(interval, fire)
+
     def cache(self, key: Hashable, make: Callable[[], Any]) -> Any:
         """The object kept under ``key`` for this hub, made on first use."""
         if key not in self.caches:
@@ -224,8 +288,12 @@ class HubState:
         return self.caches[key]
 
     def close(self) -> None:
-        """Stop serving this state's metrics."""
+        """Stop serving this state's metrics, stop its timers and retrying out-of-service GPUs."""
         self.metrics.unregister()
+        self.out_of_service.close()
+        timers, self._timers = self._timers, {}
+        for timer in timers.values():
+            timer.cancel()
 
 
 class _HubStates:

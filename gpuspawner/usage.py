@@ -321,10 +321,11 @@ class UsageRecorder:
         return True
 
     @contextmanager
-    def reconciling(self, held: Callable[[], dict[str, tuple[str, ...]]]) -> Iterator[None]:
+    def reconciling(self, held: Callable[[], dict[str, tuple[str, ...]]], reason: str = "crashed") -> Iterator[None]:
         """While the hub rebuilds its ledger from the runtime: releases followed by an adoption
         of the same owner keep its row; what stays released, and the rows a previous hub
-        process left open whose owner holds nothing afterwards, end as ``crashed``."""
+        process left open whose owner holds nothing afterwards, end as ``reason``: ``crashed``
+        at hub start, ``failed`` for a workload found gone while the hub ran."""
         self._reconciling += 1
         try:
             yield
@@ -339,7 +340,7 @@ class UsageRecorder:
                 for owner, at in gone.items():
                     if owner not in holding:
                         row_id = self._open.get(owner)
-                        self._close(owner, at, "crashed")
+                        self._close(owner, at, reason)
                         if row_id is not None:
                             self._found_gone[owner] = row_id
                 self._from_before.clear()

@@ -19,7 +19,41 @@ from pathlib import Path
 from needs import missing
 
 MOUNT = Path("/sys/fs/cgroup/devices")
+FREEZER = Path("/sys/fs/cgroup/freezer")
 NVIDIA_MAJOR = 195
+
+# A process that leaves everything a hub could find it by: it forks, the child starts a session
+# of its own and forks again, and the grandchild (reparented to init) runs with an empty
+# environment. It prints the grandchild's pid; ``argv[1]``, when given, is a device node the
+# grandchild tries to open every 0.1 s, writing what it got (``ENXIO``: the kernel let it
+# through to a node without a driver; ``EPERM``: refused) to the file ``argv[2]``.
+ESCAPER = r"""
+import os, sys
+r, w = os.pipe()
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        os.close(r)
+        os.write(w, str(os.getpid()).encode())
+        os.close(w)
+        null = os.open(os.devnull, os.O_RDWR)
+        for fd in (0, 1, 2):  # nothing of its starter's: no terminal, no pipe
+            os.dup2(null, fd)
+        loop = ("import errno, os, sys, time\n"
+                "while True:\n"
+                "    if len(sys.argv) > 2:\n"
+                "        try:\n"
+                "            os.close(os.open(sys.argv[1], os.O_RDWR)); got = 'opened'\n"
+                "        except OSError as e:\n"
+                "            got = errno.errorcode[e.errno]\n"
+                "        open(sys.argv[2] + '.tmp', 'w').write(f'{os.getpid()} {got}')\n"
+                "        os.replace(sys.argv[2] + '.tmp', sys.argv[2])\n"
+                "    time.sleep(0.1)\n")
+        os.execve(sys.executable, [sys.executable, "-c", loop, *sys.argv[1:]], {})
+    os._exit(0)
+os.close(w)
+print(os.read(r, 32).decode(), flush=True)
+"""
 
 
 def require() -> None:
@@ -71,5 +105,48 @@ def gpu_nodes(directory: Path, minors: Iterable[int]) -> list[Path]:
     for minor in minors:
         node = directory / f"nvidia{minor}"
         os.mknod(node, stat.S_IFCHR | 0o666, os.makedev(NVIDIA_MAJOR, minor))
+        node.chmod(0o666)  # whatever the umask: servers run as other users (the fence decides)
         nodes.append(node)
     return nodes
+
+
+@contextmanager
+def frozen(pid: int) -> Iterator[Path]:
+    """Hold process ``pid`` in a frozen freezer cgroup of its own, as the kernel holds a process stuck in a
+    driver call: SIGKILL does not end it (it shows state D) until the group thaws; then it dies."""
+    require()
+    path = FREEZER / f"gpuspawner-frozen-{os.getpid()}-{os.urandom(3).hex()}"
+    path.mkdir()
+    try:
+        (path / "cgroup.procs").write_text(str(pid))
+        (path / "freezer.state").write_text("FROZEN")
+        deadline = time.monotonic() + 10
+        while (path / "freezer.state").read_text().strip() != "FROZEN" and time.monotonic() < deadline:
+            time.sleep(0.01)
+        yield path
+    finally:
+        thaw(path)
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                path.rmdir()
+                break
+            except FileNotFoundError:
+                break
+            except OSError:  # a thawed process still in it: move it back to the root before removing
+                for left in (path / "cgroup.procs").read_text().split():
+                    try:
+                        (FREEZER / "cgroup.procs").write_text(left)
+                    except OSError:
+                        pass
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
+
+
+def thaw(path: Path) -> None:
+    """Let the processes of freezer group ``path`` run again (a SIGKILL sent meanwhile ends them now)."""
+    try:
+        (path / "freezer.state").write_text("THAWED")
+    except FileNotFoundError:
+        pass

@@ -37,7 +37,14 @@ class _Overview:
     def _holders(self, allocations: dict, ledger) -> tuple[dict, dict]:
         holders, targets = {}, {}
         jobs = self.hub_state.jobs
+        out_of_service = self.hub_state.out_of_service
         for owner in allocations:
+            withheld = out_of_service.get(owner)
+            if withheld is not None:  # what last held them is not over: held, and why
+                user_name, server_name = withheld.was.split("/", 1)
+                kind = "job" if job_of_owner(withheld.was) is not None else "server"
+                holders[owner] = Holder(owner, user_name, server_name, withheld.since, "out of service", None, kind)
+                continue
             user_name, server_name = owner.split("/", 1)
             job_id = job_of_owner(owner)
             if job_id is not None:
@@ -75,6 +82,7 @@ class _Overview:
             live.update(await live_stats.from_hub_nvml([g.uuid for g in reading.gpus]))
         token = (self.settings.get(SETTINGS_KEY) or {}).get("token")
         from_servers, problems = await live_stats.from_monitors(targets, token)
+        problems = {**problems, **{w.owner: w.reason for w in state.out_of_service.entries()}}
         for uuid, numbers in from_servers.items():
             if uuid not in live or numbers.sampled_at >= live[uuid].sampled_at - 5:
                 live[uuid] = numbers

@@ -26,7 +26,7 @@ class Holder:
     user: str
     server: str  # "" for the default server
     since: float | None  # time.time() when it got the GPUs
-    state: str  # "running", "starting", "stopping" or "not running"
+    state: str  # "running", "starting", "stopping", "not running" or "out of service" (see outofservice.py)
     url: str | None = None  # the server's public path, when running
     kind: str = "server"  # or "job": a notebook GPU job (server is "job/<id>")
 

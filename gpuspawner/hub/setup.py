@@ -19,7 +19,9 @@ from the hub's start, whether or not a server spawns or a page is read) and
 recovers the jobs a previous run of the hub left, creates the hub-internal
 service ``gpuspawner-overview`` (scope ``access:servers``) whose token reads
 the servers' monitors, and, with ``culler``, starts the GPU idle culler as a
-managed service with the role it needs. The culler is told the pid of the
+managed service with the role it needs. It also checks the spawner's settings
+(:func:`check_spawner`): a hub whose servers could not start, or would run as
+root, stops at start with sentences saying why and what to do. The culler is told the pid of the
 process that loads this configuration (the hub) and exits when that hub is
 gone; ``pid_file`` (default ``jupyterhub-gpu-culler.pid`` in the hub's working
 directory) keeps a restarted hub from having two cullers (see ``culler.py``).
@@ -60,7 +62,8 @@ CULLER_OPTIONS = {
 
 
 def configure(c: Any, *, culler: dict | None = None, python: str = sys.executable) -> None:
-    """Add the GPU overview, its scope, and optionally the GPU idle culler, to config ``c``."""
+    """Add the GPU overview, its scope, and optionally the GPU idle culler, to config ``c``; check the spawner."""
+    check_spawner(c)
     c.JupyterHub.extra_handlers.extend(usage.handlers() + handlers())
     c.JupyterHub.extra_handlers.extend(jobs.handlers())
     c.JupyterHub.template_paths.append(TEMPLATES)
@@ -93,6 +96,34 @@ def configure(c: Any, *, culler: dict | None = None, python: str = sys.executabl
         c.JupyterHub.services.append({"name": CULLER_SERVICE, "command": command})
         roles.append({"name": CULLER_SERVICE, "description": "Stop servers whose GPUs stay idle",
                       "scopes": CULLER_SCOPES, "services": [CULLER_SERVICE]})
+
+
+def spawner_class(c: Any) -> type | None:
+    """The class ``c.JupyterHub.spawner_class`` names (an entry point name, an import path or a class)."""
+    from importlib.metadata import entry_points
+
+    from traitlets.utils.importstring import import_item
+
+    named = c.JupyterHub.get("spawner_class") if "JupyterHub" in c else None
+    if named is None or isinstance(named, type):
+        return named
+    if isinstance(named, str):
+        found = entry_points(group="jupyterhub.spawners", name=named)
+        return next(iter(found)).load() if found else import_item(named)
+    return None
+
+
+def check_spawner(c: Any) -> None:
+    """Stop the hub's start (SystemExit, with sentences) where its gpuspawner spawner could start no server.
+
+    gpu-local and gpu-local-simple say why: servers that would run as root, accounts that
+    could not run the servers' program (a Python under a folder only root may enter).
+    """
+    cls = spawner_class(c)
+    problems = getattr(cls, "gpu_startup_problems", None)
+    found = problems(c) if problems is not None else []
+    if found:
+        raise SystemExit("\n".join(f"[gpuspawner] cannot start servers: {p}." for p in found))
 
 
 #: JupyterHub's default scopes of the roles gpuspawner adds the job scope to

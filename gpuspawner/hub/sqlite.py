@@ -17,11 +17,20 @@ every commit: nothing committed is ever lost, at one sync per commit instead of
 several.
 
     c.JupyterHub.db_kwargs = sqlite_db_kwargs()   # in jupyterhub_config.py, for a sqlite:/// db_url
+
+The database holds every user's tokens. Where servers run on the hub's host as
+other accounts (gpu-local), it must be the hub's alone: :func:`private_database`
+makes it (and SQLite's files beside it, which SQLite creates with the database's
+mode) readable and writable by the hub's user only.
+
+    private_database(state / "jupyterhub.sqlite")  # before the hub opens it
 """
 
 from __future__ import annotations
 
+import os
 import sqlite3
+from pathlib import Path
 from typing import Any
 
 SYNCHRONOUS = ("NORMAL", "FULL")
@@ -47,3 +56,17 @@ def sqlite_db_kwargs(synchronous: str = "NORMAL") -> dict[str, Any]:
 
     # JupyterHub's own default for SQLite is check_same_thread=False; db_kwargs replaces connect_args.
     return {"connect_args": {"check_same_thread": False, "factory": WALConnection}}
+
+
+def private_database(path: str | os.PathLike) -> Path:
+    """Make the SQLite database at ``path`` (and its journal, WAL and shared-memory files) mode 0600.
+
+    Creates it empty where it does not exist yet (SQLite takes an empty file for a new database).
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o600))
+    for file in (path, *(path.with_name(path.name + end) for end in ("-journal", "-wal", "-shm"))):
+        if file.exists():
+            file.chmod(0o600)
+    return path

@@ -161,23 +161,32 @@ class JobManager:
             spec={**spec.to_dict(), "profile": choice.profile.slug, "gpu_count": choice.gpus,
                   "gpu_model": choice.gpu_model, "image": choice.image},
         )
-        if not (choice.profile.queue and choice.gpus):
-            await spawner.reserve_gpus()  # a refusal is the 409 a server gets; nothing is saved
-            record = record.changed(state="starting", gpus=tuple(g.to_dict() for g in spawner.gpu_allocation))
-            try:
+        with self.state.flights.flying(owner):  # until its watch (below) takes over
+            if not (choice.profile.queue and choice.gpus):
+                await spawner.reserve_gpus()  # a refusal is the 409 a server gets; nothing is saved
+                record = record.changed(state="starting", gpus=tuple(g.to_dict() for g in spawner.gpu_allocation))
+                try:
+                    self._add(record)
+                except BaseException:
+                    spawner.release_gpus()
+                    raise
+            else:
                 self._add(record)
-            except BaseException:
-                spawner.release_gpus()
-                raise
-        else:
-            self._add(record)
-        self._start(record, spawner)
+            self._start(record, spawner)
         return record
 
     def _start(self, record: JobRecord, spawner: Any, resume: bool = False) -> None:
+        # while the manager runs and watches a job, the job's charge is the manager's: the hub's
+        # reconciliation with the cluster leaves it alone (the watch frees it when the job ends)
+        flight = self.state.flights.begin(spawner.gpu_owner)
         task = asyncio.ensure_future(self._run(record, spawner, resume))
         self._tasks[record.id] = task
-        task.add_done_callback(lambda _t, job_id=record.id: self._tasks.pop(job_id, None))
+
+        def done(_task: asyncio.Task, job_id: str = record.id) -> None:
+            self._tasks.pop(job_id, None)
+            self.state.flights.end(flight)
+
+        task.add_done_callback(done)
 
     async def _run(self, record: JobRecord, spawner: Any, resume: bool) -> None:
         spec = JobSpec.from_dict(record.spec)
@@ -280,6 +289,7 @@ class JobManager:
     async def _recover(self) -> None:
         active = [r for r in self.store.list(limit=100_000) if r.state in ACTIVE]
         if not active:
+            await self._reconcile_at_start()
             return
         first = self._user(active[0].user)
         if first is not None:  # rebuild the ledger from what really runs, once, before anything else
@@ -317,6 +327,23 @@ class JobManager:
                 ended = await self.runner.ended(spawner, record.id, record.handle, spec)
                 state, text = outcome_of(ended)
                 self._finish(record, spawner, state, text + " (ended while the hub was down)", ended.exit_code)
+
+    async def _reconcile_at_start(self) -> None:
+        """Where the cluster holds the truth, reconcile the ledger with it now (which starts its timer),
+        even when no server or job is left to poll: jobs of this hub the cluster still runs are
+        counted or cancelled from the hub's start. Through a spawner of any user (none: no hub user yet)."""
+        if not getattr(self.spawner_class, "reconciles_with_cluster", False) or self.settings.get("db") is None:
+            return
+        from jupyterhub import orm
+
+        found = self.settings["db"].query(orm.User).first()
+        user = self._user(found.name) if found is not None else None
+        if user is None:
+            return
+        try:
+            await self._spawner(user, f"{user.name}/").ensure_reconciled()
+        except Exception as e:  # the first poll or spawn tries again
+            log.warning("the GPU ledger was not reconciled with the cluster at hub start: %s", e)
 
     async def close(self) -> None:
         """Stop watching (the jobs go on running; a restarted hub watches them again)."""

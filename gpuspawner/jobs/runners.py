@@ -2,12 +2,12 @@
 
 A runner works through the job's own spawner object (an instance of the hub's
 spawner class, made for the job by the :class:`~.manager.JobManager`), so a
-job gets what a server of that user would: on gpu-local the user's account,
-home and device fence; on gpu-docker the user's image, volumes and a device
-request by UUID. What marks a job as the hub's, for finding it after a hub
-restart, is the same as for servers: ``GPUSPAWNER_HUB``/``SERVER``/``SPAWN``
-in the process environment (the ledger owner ``user/job/<id>`` and the job id),
-or the container labels.
+job gets what a server of that user would: on gpu-local the user's account
+(made on first use where the hub makes them), home and device fence; on
+gpu-docker the user's image, volumes and a device request by UUID. What marks
+a job as the hub's, for finding it after a hub restart, is the same as for
+servers: ``GPUSPAWNER_HUB``/``SERVER``/``SPAWN`` in the process environment
+(the ledger owner ``user/job/<id>`` and the job id), or the container labels.
 
 A job's environment is its server's: :func:`server_environment` is the
 backend's own ``get_env`` (``env_keep``, ``environment``, the user's HOME, its
@@ -24,14 +24,13 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import pwd
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 from ..inputs import shown
-from ..spawners.processes import HUB_VAR, SERVER_VAR, SPAWN_VAR, alive, end_processes, find_servers
+from ..spawners.processes import HUB_VAR, SERVER_VAR, SPAWN_VAR, alive, end_processes
 from .execute import STOPPED_EXIT
 from .outcome import Ended, outcome_of  # noqa: F401 (what runners answer, re-exported for backends)
 from .spec import JobSpec
@@ -107,7 +106,7 @@ class LocalJobs:
     def root_dir(spawner: Any) -> str:
         """The user's files: the folder their server starts in."""
         if getattr(spawner, "_switches_user", True):
-            home = pwd.getpwnam(spawner.user.name).pw_dir
+            home = spawner._system_user().pw_dir
         else:
             home = spawner.home_dir
         notebook_dir = spawner.notebook_dir
@@ -117,22 +116,27 @@ class LocalJobs:
 
     async def check_files(self, spawner: Any, spec: JobSpec) -> str | None:
         """A sentence when the notebook is not there (the hub can look on this host)."""
+        await spawner.ensure_account()  # the user's files are in their account's home (made on first use)
         return await asyncio.to_thread(notebook_problem, self.root_dir(spawner), spec)
 
     def _env(self, spawner: Any, job_id: str, owner: str, home: str) -> dict[str, str]:
         """Its server's environment (with CUDA_VISIBLE_DEVICES of its GPUs), marked as this job."""
         env = server_environment(spawner)
-        user = spawner.user.name
+        user = spawner._system_user().pw_name if getattr(spawner, "_switches_user", True) else spawner.user.name
         env.update({"HOME": home, "USER": user, "LOGNAME": user})
         env.update({HUB_VAR: spawner.gpu_hub_id, SERVER_VAR: owner, SPAWN_VAR: job_id})
-        return env
+        return spawner.passable_env(env)
 
     async def launch(self, spawner: Any, job_id: str, owner: str, spec: JobSpec) -> dict:
+        await spawner.ensure_account()
+        problem = spawner.root_problem()  # a job runs as whom the user's server would: never root
+        if problem:
+            raise RuntimeError(problem)
         spawner.gpu_spawn_id = job_id
         spawner._create_fence()
         root = self.root_dir(spawner)
         switches = getattr(spawner, "_switches_user", True)
-        home = pwd.getpwnam(spawner.user.name).pw_dir if switches else spawner.home_dir
+        home = spawner._system_user().pw_dir if switches else spawner.home_dir
         if not switches:
             os.makedirs(root, 0o755, exist_ok=True)
         cmd = [*(spawner._scope_prefix or []), sys.executable, *executor_args(spec, job_id)]
@@ -146,7 +150,8 @@ class LocalJobs:
         return {"pid": proc.pid, "root": root}
 
     def _pids(self, spawner: Any, job_id: str) -> list[int]:
-        return [pid for group in find_servers(spawner.gpu_hub_id, "/proc", job_id) for pid in group.pids]
+        """The job's processes: its fence's (cgroup or scope), else those carrying its marks."""
+        return spawner._fences().pids(job_id)
 
     async def running(self, spawner: Any, job_id: str, handle: dict) -> bool:
         proc = self._procs.get(job_id)
@@ -158,13 +163,13 @@ class LocalJobs:
         return bool(await asyncio.to_thread(self._pids, spawner, job_id))
 
     async def ended(self, spawner: Any, job_id: str, handle: dict, spec: JobSpec) -> Ended:
-        """How it ended; ends what it left behind (kernels) and removes its device fence."""
+        """How it ended; ends what it left behind (kernels, daemons) and removes its device fence.
+
+        What would not die keeps the job's GPUs out of service (the manager's release then frees nothing).
+        """
         proc = self._procs.pop(job_id, None)
         code = proc.returncode if proc is not None else None
-        left = await asyncio.to_thread(self._pids, spawner, job_id)
-        if left:
-            await end_processes(left)
-        spawner._remove_fence(job_id)
+        await spawner._end_processes(job_id)
         where = Path(handle.get("root", "/")) / status_path(spec, job_id)
         outcome, error = await asyncio.to_thread(read_status, where)
         return Ended(code, outcome, error)

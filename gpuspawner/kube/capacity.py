@@ -366,6 +366,8 @@ def place(
         state += [f"{_label(p)} has {p.free} free." for p in others[:3]]
         raise CapacityError(" ".join(state) + " Pick another model or try again later.", never=False)
     products = tuple(sorted({prod for p in fits_ever for prod in p.products}))
+    if "" in products:  # nodes without GPU Feature Discovery's product label: only the resource can select them
+        products = ()
     return Placement(key[0], key[1], products, what, count)
 
 

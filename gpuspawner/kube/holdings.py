@@ -29,6 +29,8 @@ class ServerHoldings:
 
     #: ledger owner ``"user/server"`` -> GPU resource -> count
     holdings: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
+    #: ledger owner -> its live pods holding GPUs (``namespace/name``)
+    pods: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     #: names of this hub's pods holding GPUs that do not say whose they are
     unnamed: tuple[str, ...] = ()
 
@@ -47,6 +49,7 @@ def server_holdings(pods: Iterable[Mapping[str, Any]], component: str = "singleu
     deleted hold nothing.
     """
     holdings: dict[str, dict[str, int]] = {}
+    named: dict[str, list[str]] = {}
     unnamed: list[str] = []
     for pod in pods:
         meta = pod.get("metadata") or {}
@@ -64,4 +67,5 @@ def server_holdings(pods: Iterable[Mapping[str, Any]], component: str = "singleu
         held = holdings.setdefault(owner, {})
         for resource, n in gpus.items():
             held[resource] = held.get(resource, 0) + n
-    return ServerHoldings(holdings, tuple(unnamed))
+        named.setdefault(owner, []).append(f"{meta.get('namespace', '')}/{meta.get('name', '')}")
+    return ServerHoldings(holdings, {owner: tuple(pods) for owner, pods in named.items()}, tuple(unnamed))

@@ -152,3 +152,35 @@ def merge_overrides(configured: Mapping[str, Any], overrides: Mapping[str, Any])
         "extra_pod_config": pod_config,
         "environment": environment,
     }
+
+
+def replaced_settings(configured: Mapping[str, Any], *, gpu_choices: bool,
+                      product_labels: Sequence[str] = (PRODUCT_LABEL,)) -> list[str]:
+    """The configured (class-level) KubeSpawner settings gpu-kube would replace on some server, with why.
+
+    ``configured`` holds the values of :data:`GPU_TRAITS` as the site configured them;
+    ``gpu_choices``: some profile lets the user pick GPUs (``gpu_profiles``, the default
+    profiles, a ``profile_list`` entry with ``gpu_counts``/``gpu_models``). Each sentence
+    names the setting and says what to do: gpu-kube refuses such a configuration
+    rather than drop a setting silently (:func:`merge_overrides` replaces these).
+    """
+    found = []
+    environment = configured.get("environment") or {}
+    for key in _NVIDIA_ENV:
+        if key in environment:
+            found.append(f"environment[{key!r}]: gpu-kube sets it for each server itself (NVIDIA_VISIBLE_DEVICES: "
+                         "'void' for CPU-only servers, the device plugin's GPUs otherwise; "
+                         "NVIDIA_DRIVER_CAPABILITIES: the profile's 'capabilities'). Remove it.")
+    resources = [f"{trait}[{key!r}]" for trait in ("extra_resource_limits", "extra_resource_guarantees")
+                 for key in (configured.get(trait) or {}) if str(key).startswith("nvidia.com/")]
+    selector = configured.get("node_selector") or {}
+    products = [f"node_selector[{label!r}]" for label in dict.fromkeys(product_labels) if label in selector]
+    if gpu_choices and (resources or products):
+        found.append(f"{', '.join(resources + products)}: a server of a profile with GPU choices gets the GPUs "
+                     "its user picks, so this would be replaced. Set it in a profile_list entry's "
+                     "kubespawner_override instead (a KubeSpawner-style GPU profile), or remove it.")
+    elif products and not resources:
+        found.append(f"{', '.join(products)}: without a GPU resource beside it, gpu-kube's servers ask for no GPU "
+                     "and get no GPU node selection, so this would be dropped. Ask for 'nvidia.com/gpu' in "
+                     "extra_resource_limits too, or set it in a profile's kubespawner_override.")
+    return found

@@ -84,10 +84,18 @@ def combined_entries(gpu_profiles: Sequence[Mapping], profile_list: Sequence[Map
     """What gpu-kube offers: ``gpu_profiles`` (as entries), then ``profile_list``.
 
     Without either, gpuspawner's default profiles; with only ``profile_list``, just those.
+    The default profile is the one marked ``default``; where none is, it is the one
+    KubeSpawner would pick from the site's ``profile_list``, its first entry (adding
+    ``gpu_profiles`` beside a ``profile_list`` does not change what a user who picks
+    nothing gets), and without ``profile_list`` the first of ``gpu_profiles``.
     """
     listed = [copy.deepcopy(dict(e)) if isinstance(e, Mapping) else e for e in profile_list or []]
     own = gpu_profiles or ([] if listed else DEFAULT_PROFILES)
-    return [entry_from_gpu_profile(e, n) for n, e in enumerate(own)] + listed
+    entries = [entry_from_gpu_profile(e, n) for n, e in enumerate(own)] + listed
+    marked = any(isinstance(e, Mapping) and e.get("default") for e in entries)
+    if own and listed and isinstance(listed[0], dict) and not marked:
+        listed[0]["default"] = True
+    return entries
 
 
 def _where(entry: Any, position: int) -> str:

@@ -153,10 +153,12 @@ class SlurmCluster:
         shutil.rmtree(d / "state", ignore_errors=True)  # a private cluster starts with no jobs
         for sub in ("munge", "state", "spool", "dev"):
             (d / sub).mkdir(parents=True, exist_ok=True)
-        (d / "munge").chmod(0o700)
+        # users who submit jobs (accounts the hub makes) reach munged's socket here, never its key (0400)
+        (d / "munge").chmod(0o711)
         key = d / "munge" / "munge.key"
-        key.write_bytes(os.urandom(1024))
-        key.chmod(0o400)
+        key.unlink(missing_ok=True)
+        with open(os.open(key, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o400), "wb") as out:
+            out.write(os.urandom(1024))
         gres_lines = []
         index = 0
         for model, n in self.gpus.items():
@@ -165,6 +167,7 @@ class SlurmCluster:
                 node = d / "dev" / f"nvidia{index}"
                 if not node.exists():
                     os.mknod(node, 0o666 | 0o020000, os.makedev(195, index))
+                node.chmod(0o666)  # whatever the umask: jobs run as other users (ConstrainDevices decides)
                 index += 1
             files = f"{d}/dev/nvidia[{first}-{index - 1}]" if n > 1 else f"{d}/dev/nvidia{first}"
             gres_lines.append(f"Name=gpu Type={model} File={files}\n")

@@ -19,8 +19,8 @@ from typing import Any
 
 from .sinfo import check_errors
 
-__all__ = ["ENDED", "SlurmJob", "job_comment", "parse_comment", "read_jobs", "reason_words", "slurm_seconds",
-           "slurm_time", "submit_refusal", "wait_words"]
+__all__ = ["ENDED", "SlurmJob", "comment_start", "job_comment", "parse_comment", "read_jobs", "reason_words",
+           "slurm_seconds", "slurm_time", "submit_refusal", "wait_words"]
 
 #: the states of a job that has ended (squeue lists them for ``MinJobAge`` seconds); any other
 #: state Slurm lists (PENDING, CONFIGURING, RUNNING, COMPLETING, SUSPENDED, ...) still holds or waits
@@ -121,17 +121,29 @@ REASONS: dict[str, str] = {
 #: Start estimates further away than this are Slurm's placeholders (jobs without a time limit), not estimates.
 _MAX_ESTIMATE = 7 * 24 * 3600
 _COMMENT = re.compile(r"jupyterhub:(?P<hub>[^ ]*) user:(?P<user>[^ ]+) server:(?P<server>[^ ]*)")
+_START = re.compile(r"(?:^| )start:(?P<start>[^ ]+)")
 
 
-def job_comment(hub: str, user: str, server: str) -> str:
-    """The ``--comment`` that ties a job to a hub's server: ``jupyterhub:HUB user:NAME server:NAME``."""
-    return f"jupyterhub:{hub} user:{user} server:{server}"
+def job_comment(hub: str, user: str, server: str, start: str = "") -> str:
+    """The ``--comment`` that ties a job to a hub's server: ``jupyterhub:HUB user:NAME server:NAME``,
+    and to one start of it (`` start:MARK``, new for every start), where given."""
+    return f"jupyterhub:{hub} user:{user} server:{server}" + (f" start:{start}" if start else "")
 
 
 def parse_comment(comment: str) -> tuple[str, str, str] | None:
     """(hub, user, server) from :func:`job_comment`'s text; None for other jobs."""
     match = _COMMENT.search(comment or "")
     return (match["hub"], match["user"], match["server"]) if match else None
+
+
+def comment_start(comment: str) -> str:
+    """The start mark of :func:`job_comment`'s text; ``""`` when it has none.
+
+    >>> comment_start(job_comment("hub1", "ada", "", "3f2a9c")), comment_start(job_comment("hub1", "ada", ""))
+    ('3f2a9c', '')
+    """
+    match = _START.search(comment or "")
+    return match["start"] if match else ""
 
 
 @dataclass(frozen=True)

@@ -6,10 +6,12 @@ count: Docker's ``count=N`` is always GPUs 0..N-1, which puts every user on
 the same GPU), and is written on the container as labels and in spawner state.
 
 The running containers are the truth: the first time the hub needs the
-ledger (a poll at hub start, a spawn, the form), it lists this hub's labelled
-containers and makes the ledger hold exactly what the running ones hold,
-including containers the hub's database forgot (a hub killed mid-spawn).
-Exited or removed containers hold nothing. Every Docker call runs in
+ledger (a poll at hub start, a spawn, the form), and then every
+``gpu_reconcile_interval`` seconds, it lists this hub's labelled containers
+and makes the ledger hold exactly what the running ones hold, including
+containers the hub's database forgot (a hub killed mid-spawn: adopted, and
+logged). Exited or removed containers hold nothing (a container removed behind
+the hub's back stops counting without a restart). Every Docker call runs in
 DockerSpawner's worker thread, off the event loop; the decisions are the pure
 functions of :mod:`gpuspawner.spawners.docker_objects` and
 :mod:`gpuspawner.compat`.
@@ -37,6 +39,7 @@ from .. import compat
 from ..cpus import Binding, cpu_binding, host_numa_nodes
 from ..placement import PlacementError
 from ..profiles import Choice, OfferedImages
+from ..reconcile import Workload
 from .base import GPUSpawnerMixin, user_error
 from .docker_objects import (
     HUB,
@@ -263,39 +266,34 @@ class GPUDockerSpawner(GPUSpawnerMixin, DockerSpawner):
 
     # ------------------------------------------------------------ reconciliation
 
+    reconciles_with_cluster = True
     backend_name = "gpu-docker"  # how this backend's log lines begin
+    workload_word = "container"
 
-    async def reconcile_allocations(self) -> None:
-        """Make the ledger hold exactly what this hub's live servers hold (from the engine)."""
+    async def live_workloads(self) -> list[Workload]:
+        """This hub's running labelled servers, each holding the GPUs its labels name.
+
+        Every one is its owner's (adopted where the hub's database forgot it: a hub killed
+        mid-spawn); two claiming one GPU (which gpuspawner never does) are logged, the older
+        keeping it. The GPUs' records from the labels are kept for the servers (``found``).
+        """
         try:
             containers = await self._labelled_servers()
         except Exception as e:
             if _is_unreachable(e):
                 raise self._unreachable(e, "No GPU was reserved.") from e
             raise
-        ledger = self.ledger
-        before = ledger.allocations()
-        plan = reconcile(self.gpu_hub_id, containers, before)
+        plan = reconcile(self.gpu_hub_id, containers, {})
+        said = self.hub_state.cache(("docker-conflicts", self.backend_name), set)
         for sentence in plan.conflicts:
-            self.log.error("%s: %s", self.backend_name, sentence)
-        # Nothing is reserved before this runs (spawns wait for it), so what the ledger
-        # holds now came from saved state: replace it with what the engine says.
-        for owner in before:
-            ledger.release(owner)
-        for owner, uuids in plan.holdings.items():
-            ledger.adopt(owner, uuids)
+            if sentence not in said:  # once, not every pass
+                said.add(sentence)
+                self.log.error("%s: %s", self.backend_name, sentence)
         self.hub_state.found = await self._found_gpus(plan)
-        for owner in plan.release:
-            self.log.warning(
-                "%s: %s's GPUs %s were freed: no running server holds them",
-                self.backend_name, owner, ", ".join(before[owner]),
-            )
-        self.log.info(
-            "%s: ledger rebuilt from %d labelled server(s) on %s: %d server(s) hold %d GPU(s)",
-            self.backend_name, len(containers), self.engine_url, len(plan.holdings),
-            sum(len(u) for u in plan.holdings.values()),
-        )
-        self._check_inventory_source()
+        self.hub_state.cache(("inventory-source-checked", self.backend_name),  # once per hub
+                             lambda: self._check_inventory_source() or True)
+        return [Workload(plan.names[owner], owner, uuids, what=f"{self.workload_word} {plan.names[owner]}")
+                for owner, uuids in plan.holdings.items()]
 
     async def _labelled_servers(self) -> list[dict]:
         """This hub's containers (any state), as ``docker ps`` lists them."""
@@ -557,14 +555,15 @@ class GPUDockerSpawner(GPUSpawnerMixin, DockerSpawner):
 
     async def stop(self, now: bool = False):
         # Not the mixin's stop: if Docker cannot stop the container, it may still be
-        # running on its GPUs, so they stay held (a later start or hub restart settles it).
-        try:
-            await DockerSpawner.stop(self, now=now)
-        except Exception as e:
-            if _is_unreachable(e):
-                self.log.error(
-                    "%s: the Docker engine cannot be reached to stop %s; its GPUs stay held",
-                    self._log_name, self.object_name,
-                )
-            raise
-        self.release_gpus()
+        # running on its GPUs, so they stay held (a later reconciliation settles it).
+        with self.hub_state.flights.flying(self.gpu_owner):
+            try:
+                await DockerSpawner.stop(self, now=now)
+            except Exception as e:
+                if _is_unreachable(e):
+                    self.log.error(
+                        "%s: the Docker engine cannot be reached to stop %s; its GPUs stay held",
+                        self._log_name, self.object_name,
+                    )
+                raise
+            self.release_gpus()

@@ -27,6 +27,7 @@ __all__ = [
     "Reconciliation",
     "allocation_from_labels",
     "allocation_labels",
+    "container_name",
     "device_request",
     "other_gpu_access",
     "reconcile",
@@ -172,6 +173,7 @@ class Reconciliation:
     release: tuple[str, ...] = ()  # owners the ledger holds GPUs for, with no running container
     conflicts: tuple[str, ...] = ()  # sentences for the log
     allocations: dict[str, ContainerAllocation] = field(default_factory=dict)
+    names: dict[str, str] = field(default_factory=dict)  # owner -> the name of its container that counts
 
 
 def reconcile(
@@ -195,11 +197,12 @@ def reconcile(
             continue
         if c.get("State") != "running":
             continue
-        running.append((c.get("Created", 0), c.get("Id", ""), _name(c), allocation))
+        running.append((c.get("Created", 0), c.get("Id", ""), container_name(c), allocation))
     running.sort(key=lambda item: (item[0], item[1]))
 
     holdings: dict[str, tuple[str, ...]] = {}
     allocations: dict[str, ContainerAllocation] = {}
+    names: dict[str, str] = {}
     taken: dict[str, str] = {}
     conflicts = []
     for _, _, name, allocation in running:
@@ -219,12 +222,14 @@ def reconcile(
             kept.append(uuid)
         holdings[allocation.owner] = tuple(kept)
         allocations[allocation.owner] = allocation
+        names[allocation.owner] = name
     release = tuple(sorted(owner for owner, uuids in ledger.items() if uuids and owner not in holdings))
     holdings = {owner: uuids for owner, uuids in holdings.items() if uuids}
-    return Reconciliation(holdings, release, tuple(conflicts), allocations)
+    return Reconciliation(holdings, release, tuple(conflicts), allocations, names)
 
 
-def _name(container: Mapping) -> str:
+def container_name(container: Mapping) -> str:
+    """A container's name as ``docker ps`` lists it (its short id when it has none)."""
     names = container.get("Names") or []
     if names:
         return str(names[0]).lstrip("/")

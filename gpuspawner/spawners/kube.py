@@ -12,11 +12,13 @@ with HTTP 409 and a sentence when no node can take the request) and lets the
 scheduler place it. The hub still counts each server's GPUs in its ledger (as
 cluster tokens, not exact GPUs), so the quotas apply as on the other backends:
 the quota check and the count are one step under the ledger's lock, the count
-is given back on stop and on every failed start, and after a hub restart it is
-rebuilt from the hub's live single-user pods. A ``queue: true`` profile waits in
-the hub's queue until the cluster has room (no pod exists meanwhile), with the
-same progress words as the other backends; a profile whose pods go to a Kueue
-queue waits in Kueue instead, so ``queue: true`` is refused beside Kueue.
+is given back on stop and on every failed start, and it is reconciled with the
+hub's live single-user pods at hub start and every ``gpu_reconcile_interval``
+seconds (a pod deleted behind the hub's back stops counting; one the hub did not
+count is counted). A ``queue: true`` profile waits in the hub's queue until the
+cluster has room (no pod exists meanwhile), with the same progress words as the
+other backends; a profile whose pods go to a Kueue queue waits in Kueue instead,
+so ``queue: true`` is refused beside Kueue.
 
 Notebook GPU jobs (:class:`~gpuspawner.jobs.runners.KubeJobs`) go through the
 same :meth:`~GPUKubeSpawner.reserve_gpus` (capacity check and quota claim,
@@ -36,7 +38,8 @@ from typing import Any
 
 from jupyterhub.utils import maybe_future
 from kubespawner import KubeSpawner
-from traitlets import Dict, Float, List, TraitError, Unicode, validate
+from tornado import web
+from traitlets import Callable, Dict, Float, List, TraitError, Unicode, Union, default, observe, validate
 
 from ..compat import CudaVersion, cuda_version_text, min_cuda
 from ..form import form_context
@@ -64,12 +67,14 @@ from ..kube.podspec import (
     PodGPUSettings,
     gpu_overrides,
     merge_overrides,
+    replaced_settings,
 )
 from ..kube.profiles import GPU_OPTIONS, UNLISTED, check_entries, combined_entries, refuse_queue
 from ..ledger import cluster_tokens
 from ..placement import GPURequest, PlacementError
 from ..profiles import Choice, OptionsError, Profile, gpu_resource_choice, load_profiles, parse_options
 from ..quota import check
+from ..reconcile import Workload
 from .base import GPUSpawnerMixin, checked_cuda_map, user_error
 
 # KubeSpawner settings gpu-kube cannot honour (it draws its own form): refused, never ignored.
@@ -83,6 +88,15 @@ def _copy(value: Any) -> Any:
     if isinstance(value, (list, tuple, set)):
         return type(value)(_copy(v) for v in value)
     return value
+
+
+class UserOptionsError(web.HTTPError, ValueError):
+    """user_options gpu-kube refuses: HTTP 400 with a sentence for JupyterHub, and the
+    ``ValueError`` KubeSpawner's ``load_user_options`` raises for options it cannot load."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(400, "%s", message)
+        self.jupyterhub_message = message
 
 
 def image_repository(image: str) -> str:
@@ -167,6 +181,7 @@ class GPUKubeSpawner(GPUSpawnerMixin, KubeSpawner):
         return value
 
     honours_kubespawner_override = True  # KubeSpawner applies every key
+    form_is_the_parents = True  # KubeSpawner's profile form: a site's own form and reader replace it
     honours_interconnect = False  # the cluster places the GPUs
     honours_kueue = True  # a profile's kueue queue labels its pods
 
@@ -182,6 +197,20 @@ class GPUKubeSpawner(GPUSpawnerMixin, KubeSpawner):
                 raise TraitError(f"Invalid profile_list for gpu-kube: {e}") from e
         return value
 
+    # JupyterHub's setting, declared again here: the mixin's own method must not hide it (a site's
+    # c.KubeSpawner.options_from_form would be ignored)
+    options_from_form = Union(
+        [Callable(), Unicode()],
+        help="""
+        How the spawn form's fields become user_options (JupyterHub's ``Spawner.options_from_form``).
+        gpu-kube's own (the default) reads the fields of its form as KubeSpawner reads its own
+        (``profile``, ``profile-option-<slug>--<option>``, ``...--unlisted-choice``) plus
+        ``profile-option-<slug>--gpus`` and ``--gpu_model``. A site's callable, ``"simple"`` or
+        ``"passthrough"`` replaces it, as on KubeSpawner; the user_options it returns are then
+        checked like a REST request's (HTTP 400 naming the field) before anything starts.
+        """,
+    ).tag(config=True)
+
     @validate(*_FORM_TRAITS)
     def _refuse_form_templates(self, proposal):
         if proposal["value"]:
@@ -192,23 +221,68 @@ class GPUKubeSpawner(GPUSpawnerMixin, KubeSpawner):
     _event_context: EventContext | None = None
     _entries: tuple[list[dict], tuple[Profile, ...]] | None = None
     _spawn_base: dict[str, Any] | None = None
+    #: what this spawn's options changed: setting -> (its value before, the value they set)
+    _spawn_changes: dict[str, tuple[Any, Any]] | None = None
+    _spawn_before: dict[str, Any] | None = None
+    #: set by reserve_gpus once it has loaded this start's options; KubeSpawner's _start then loads none again
+    _options_loaded_for_start = False
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        # every spawn starts from these (see restore_configured)
-        self._configured_traits = {name: _copy(getattr(self, name)) for name in self.trait_names(config=True)}
+        self._refuse_replaced_settings()
+
+    def _refuse_replaced_settings(self) -> None:
+        """Configured KubeSpawner settings gpu-kube would replace on some server: refused, naming them.
+
+        Checked once the configuration is loaded (the hub makes its spawners with it), so a
+        setting gpu-kube cannot honour stops the hub's spawner with a sentence instead of
+        being dropped from pods. A callable ``profile_list`` counts as offering no GPU choices.
+        """
+        listed = self.profile_list
+        if callable(listed):
+            gpu_choices = bool(self.gpu_profiles)
+        else:
+            entries = self._sorted_dict_values(listed) or []
+            gpu_choices = bool(self.gpu_profiles) or not entries or any(
+                isinstance(e, Mapping) and {"gpu_counts", "gpu_models"} & set(e) for e in entries)
+        configured = {t: getattr(self, t) for t in GPU_TRAITS}
+        found = replaced_settings(configured, gpu_choices=gpu_choices,
+                                  product_labels=(PRODUCT_LABEL, self.gpu_product_label))
+        if found:
+            raise TraitError("gpu-kube cannot honour c.KubeSpawner." + found[0])
+
+    @observe("profile_list", "gpu_profiles")
+    def _forget_entries(self, change) -> None:
+        self._entries = None  # read again from the new value
+
+    def _record_spawn_changes(self) -> None:
+        """Note every setting this spawn's options (profile, choices, GPU request) changed so far."""
+        before = self._spawn_before or {}
+        changes = self._spawn_changes if self._spawn_changes is not None else {}
+        for name, value in before.items():
+            now = getattr(self, name)
+            if now != value:
+                changes[name] = (value, _copy(now))
+            else:
+                changes.pop(name, None)
+        self._spawn_changes = changes
 
     def restore_configured(self) -> None:
-        """Set every configurable setting back to its configured value; forget the last choice.
+        """Undo what the last spawn's options changed; forget the last choice.
 
-        Runs when a server stops (JupyterHub stops a failed spawn too), so the next
-        spawn of this spawner object starts from the configuration plus its own
-        options, as a new spawner object would: KubeSpawner merges dict overrides
-        into its settings in place, and JupyterHub reuses the object (kubespawner issue 546).
+        Runs when a server stops (JupyterHub stops a failed spawn too) and before
+        options are loaded again, so each spawn of this spawner object starts from
+        the settings it had before its options were applied, as a new spawner
+        object would: KubeSpawner merges dict overrides into its settings in
+        place, and JupyterHub reuses the object (kubespawner issue 546). A
+        setting changed since by something else (an admin, a hook) keeps that value.
         """
-        for name, value in self._configured_traits.items():
-            if getattr(self, name) != value:
-                setattr(self, name, _copy(value))
+        for name, (before, after) in (self._spawn_changes or {}).items():
+            if getattr(self, name) == after:
+                setattr(self, name, _copy(before))
+        self._spawn_changes = None
+        self._spawn_before = None
+        self._options_loaded_for_start = False
         self.gpu_choice = None
         self._spawn_base = None
 
@@ -259,11 +333,11 @@ class GPUKubeSpawner(GPUSpawnerMixin, KubeSpawner):
         if options is None:
             options = {}
         if not isinstance(options, Mapping):
-            raise user_error(400, f"user_options: must be a JSON object, not {type(options).__name__}")
+            raise UserOptionsError(f"user_options: must be a JSON object, not {type(options).__name__}")
         try:  # free-text values end up in the pod: finite numbers and storable text only
             check_json(options)
         except OptionsError as e:
-            raise user_error(400, str(e)) from e
+            raise UserOptionsError(str(e)) from e
         visible = self.profiles_for_options(options)  # 403 for a profile of other groups
         by_slug = {p.slug: (e, p) for e, p in zip(entries, profiles, strict=True) if p in visible}
         slug = options.get("profile")
@@ -274,20 +348,20 @@ class GPUKubeSpawner(GPUSpawnerMixin, KubeSpawner):
             entry, profile = by_slug[slug]
         else:
             shown = slug[:40] if isinstance(slug, str) else type(slug).__name__
-            raise user_error(400, f"profile: no profile {shown!r}; choose one of: {', '.join(by_slug)}")
+            raise UserOptionsError(f"profile: no profile {shown!r}; choose one of: {', '.join(by_slug)}")
         option_specs = entry.get("profile_options") or {}
         allowed = {"profile", *GPU_OPTIONS, *option_specs, *(f"{n}{UNLISTED}" for n in option_specs)}
         unknown = sorted(field_name(k) for k in options if k not in allowed)
         if unknown:
-            raise user_error(400, f"{unknown[0]}: unknown option for profile '{profile.slug}'; allowed options: "
-                                  + ", ".join(sorted(allowed)))
+            raise UserOptionsError(f"{unknown[0]}: unknown option for profile '{profile.slug}'; allowed options: "
+                                   + ", ".join(sorted(allowed)))
         for name, spec in option_specs.items():
             self._check_option(name, spec, options)
         gpu_options = {k: options[k] for k in GPU_OPTIONS if k in options}
         try:
             choice = parse_options(gpu_options, (profile,), await self.offered_models())
         except OptionsError as e:
-            raise user_error(400, str(e)) from e
+            raise UserOptionsError(str(e)) from e
         return entry, choice
 
     @staticmethod
@@ -295,25 +369,29 @@ class GPUKubeSpawner(GPUSpawnerMixin, KubeSpawner):
         value, text = options.get(name), options.get(f"{name}{UNLISTED}")
         for key, given in ((name, value), (f"{name}{UNLISTED}", text)):
             if given is not None and not isinstance(given, str):
-                raise user_error(400, f"{key}: must be a string, not {type(given).__name__}")
+                raise UserOptionsError(f"{key}: must be a string, not {type(given).__name__}")
         unlisted = spec.get("unlisted_choice") or {}
         label = spec.get("display_name") or name
         if text:
             if not unlisted.get("enabled"):
-                raise user_error(400, f"{name}{UNLISTED}: '{label}' takes no value of your own; "
-                                      f"choose one of: {', '.join(spec.get('choices') or {})}")
+                raise UserOptionsError(f"{name}{UNLISTED}: '{label}' takes no value of your own; "
+                                       f"choose one of: {', '.join(spec.get('choices') or {})}")
             regex = unlisted.get("validation_regex")
             if regex and not re.match(regex, text):
                 shown = text if len(text) <= 60 else text[:60] + "..."
                 why = unlisted.get("validation_message") or f"it must match {regex}"
-                raise user_error(400, f"{name}{UNLISTED}: {shown!r} is not accepted for '{label}': {why}")
+                raise UserOptionsError(f"{name}{UNLISTED}: {shown!r} is not accepted for '{label}': {why}")
         elif value:
             if value not in (spec.get("choices") or {}):
                 what = "enter a value" if value == "unlisted-choice" else f"{value[:40]!r} is not a choice"
-                raise user_error(400, f"{name}: {what} for '{label}'; choose one of: "
-                                      + ", ".join(spec.get("choices") or {}))
+                raise UserOptionsError(f"{name}: {what} for '{label}'; choose one of: "
+                                       + ", ".join(spec.get("choices") or {}))
         elif not spec.get("choices"):
-            raise user_error(400, f"{name}{UNLISTED}: '{label}' needs a value")
+            raise UserOptionsError(f"{name}{UNLISTED}: '{label}' needs a value")
+
+    @default("options_from_form")  # (the trait is declared again above: its default is set here)
+    def _kube_default_options_from_form(self):
+        return self.gpu_options_from_form
 
     def gpu_form_field(self, name: str) -> bool:
         """KubeSpawner's form fields: ``profile`` and ``profile-option-<slug>--<name>``."""
@@ -327,7 +405,7 @@ class GPUKubeSpawner(GPUSpawnerMixin, KubeSpawner):
         gpus = options.get("gpus")
         if gpus is not None:
             if not re.fullmatch(r"[0-9]{1,4}", gpus.strip()):
-                raise user_error(400, f"gpus: {gpus[:20]!r} is not a whole number from 0 to 9999")
+                raise UserOptionsError(f"gpus: {gpus[:20]!r} is not a whole number from 0 to 9999")
             options["gpus"] = int(gpus)
         return options
 
@@ -381,19 +459,39 @@ class GPUKubeSpawner(GPUSpawnerMixin, KubeSpawner):
 
     # ------------------------------------------------------------ applying a choice
 
-    async def load_spawn_options(self) -> Choice:
-        """Apply this spawn's user_options as KubeSpawner does, and say which GPUs they ask for.
+    async def load_user_options(self):
+        """Apply this spawn's user_options to the spawner's settings, as KubeSpawner 7.1 does.
 
-        Every spawn starts here from its own options (never an earlier spawn's choice):
-        KubeSpawner's ``_load_profile`` applies the profile's ``kubespawner_override`` and
-        each chosen option's, merged as KubeSpawner merges them. A profile without GPU keys
-        asks for the GPU resource its overrides leave in ``extra_resource_limits`` (or
-        guarantees), MIG and shared GPUs included.
+        KubeSpawner's contract: the chosen profile's ``kubespawner_override`` and each
+        chosen option's (an ``unlisted_choice``'s with ``{value}`` filled in) are applied,
+        merged as KubeSpawner merges them, so every setting read afterwards (the pod,
+        the progress page, admin tools) is this spawn's. Options gpu-kube refuses raise
+        :class:`UserOptionsError` (HTTP 400, and the ``ValueError`` KubeSpawner raises).
+        Each call starts from the settings as they were before the previous call's
+        options were applied. The GPU request itself (resources, node selection) is
+        set by :meth:`reserve_gpus` at start, once the cluster has room.
+
+        JupyterHub's start runs :meth:`reserve_gpus`, which loads the options first;
+        KubeSpawner's ``_start`` then calls this again, which loads nothing twice.
         """
-        if self._spawn_base is not None:  # started again without a stop in between: start over
-            self.restore_configured()
-        entry, choice = await self.check_options(self.user_options or {})
-        self._load_profile(entry["slug"], [entry])
+        if self._options_loaded_for_start:
+            self._options_loaded_for_start = False
+            return
+        await self._load_options()
+
+    async def _load_options(self) -> Choice:
+        """:meth:`load_user_options`; returns the GPU choice they make.
+
+        A profile without GPU keys asks for the GPU resource its overrides leave in
+        ``extra_resource_limits`` (or guarantees), MIG and shared GPUs included.
+        """
+        entry, choice = await self.check_options(self.user_options or {})  # refused: nothing changes
+        self.restore_configured()  # never an earlier spawn's choice
+        self._spawn_before = {name: _copy(getattr(self, name)) for name in self.trait_names(config=True)}
+        try:
+            self._load_profile(entry["slug"], [entry])
+        finally:
+            self._record_spawn_changes()  # what a failed override changed is undone too
         if not {"gpu_counts", "gpu_models"} & set(entry):
             effective = {"extra_resource_limits": self.extra_resource_limits,
                          "extra_resource_guarantees": self.extra_resource_guarantees,
@@ -401,7 +499,7 @@ class GPUKubeSpawner(GPUSpawnerMixin, KubeSpawner):
             try:
                 asked = gpu_resource_choice(effective, f"profile '{choice.profile.slug}'")
             except OptionsError as e:
-                raise user_error(400, str(e)) from e
+                raise UserOptionsError(str(e)) from e
             counts, models = asked.get("gpu_counts", [0]), tuple(asked.get("gpu_models", ["any"]))
             profile = dataclasses.replace(choice.profile, gpu_counts=tuple(counts), default_gpus=counts[0],
                                           gpu_models=models)
@@ -418,6 +516,7 @@ class GPUKubeSpawner(GPUSpawnerMixin, KubeSpawner):
         values = merge_overrides(base, gpu_overrides(request, settings))
         for trait, value in values.items():
             setattr(self, trait, value)
+        self._record_spawn_changes()
 
     async def _apply_gpu_options(self, user_options: dict[str, Any]) -> None:
         """JupyterHub's apply_user_options hook: check the options at once (400/403) and set the
@@ -425,9 +524,6 @@ class GPUKubeSpawner(GPUSpawnerMixin, KubeSpawner):
         _entry, choice = await self.check_options(user_options)
         self.gpu_choice = choice
         self.apply_queue_policy(choice)
-
-    async def load_user_options(self):
-        """Done by reserve_gpus (load_spawn_options) before KubeSpawner's start, for every spawn."""
 
     def _request_for(self, choice: Choice, reading: ClusterReading) -> tuple[PodGPURequest, EventContext]:
         cuda = self.cuda_requirement(self.image)
@@ -455,18 +551,20 @@ class GPUKubeSpawner(GPUSpawnerMixin, KubeSpawner):
         ledger's lock. A request over a quota, or that no node can take now or
         ever, is refused with HTTP 409 and a sentence, and nothing is created.
         """
-        choice = await self.load_spawn_options()  # this spawn's options, whatever JupyterHub ran before
+        choice = await self._load_options()  # this spawn's options, whatever JupyterHub ran before
         self._gpu_events = []
         self._kueue_messages = []
         queue = self._kueue_queue = self.kueue_queue(choice.profile)
         if queue:
             self.extra_labels = {**self.extra_labels, QUEUE_LABEL: queue}
+            self._record_spawn_changes()
         self.gpu_allocation = ()
         self.release_gpus()  # a failed earlier start of this server holds nothing
         if choice.gpus == 0:
             self._apply_request(PodGPURequest(0))
             self._event_context = EventContext("GPU", 0)
             self.gpu_event("Starting a CPU-only server (no GPU)", 10)
+            self._options_loaded_for_start = True
             return ()
         self.gpu_event(f"Checking the cluster for {self.describe_request(choice)}", 10)
         self._apply_request(PodGPURequest(0))  # until the request is admitted, ask for no GPU
@@ -494,6 +592,7 @@ class GPUKubeSpawner(GPUSpawnerMixin, KubeSpawner):
         where = f" on nodes with CUDA >= {cuda_version_text(request.cuda)}" if request.cuda else ""
         via = f" through the Kueue queue {queue}" if queue else ""
         self.gpu_event(f"Asking Kubernetes for {request.count} x {context.name} ({request.resource}){where}{via}", 30)
+        self._options_loaded_for_start = True
         return ()
 
     async def never_fits(self, choice: Choice) -> PlacementError | None:
@@ -566,12 +665,16 @@ class GPUKubeSpawner(GPUSpawnerMixin, KubeSpawner):
 
     # ------------------------------------------------------------ the cluster's truth
 
-    async def reconcile_allocations(self) -> None:
-        """Count in the ledger what this hub's live single-user pods hold (after a hub restart).
+    reconciles_with_cluster = True
+    backend_name = "gpu-kube"
+    workload_word = "pod"
 
-        Runs once per hub (tried again until it succeeds) before any GPU spawn is
-        admitted, so the ledger counts nothing else yet; a server it already
-        counts would keep its count.
+    async def live_workloads(self) -> list[Workload]:
+        """This hub's live single-user pods (KubeSpawner's ``component_label``; notebook GPU job pods
+        too), per server: the GPU resources they ask for, counted as the hub's claims count them.
+
+        Every such pod is its owner's (the hub keeps no other record of pods): one the hub's
+        database does not know is adopted, counted against the user its annotations name.
         """
         namespace = None if self.enable_user_namespaces else self.namespace
         pods = await list_server_pods(self.api, self.component_label, namespace, self.k8s_api_request_timeout)
@@ -579,16 +682,9 @@ class GPUKubeSpawner(GPUSpawnerMixin, KubeSpawner):
         for name in found.unnamed:
             self.log.warning("gpu-kube: pod %s holds GPUs but has no %s annotation; it is not counted",
                              name, USERNAME_ANNOTATION)
-        ledger = self.ledger
-        counted = ledger.allocations()
-        for owner, holdings in found.holdings.items():
-            if owner not in counted:
-                ledger.adopt(owner, cluster_tokens(owner, holdings))
-        self.log.info(
-            "gpu-kube: ledger rebuilt from %d single-user pod(s) in %s: %d server(s) hold %d GPU(s)",
-            len(pods), "every namespace" if namespace is None else f"namespace {namespace}",
-            len(found.holdings), sum(sum(h.values()) for h in found.holdings.values()),
-        )
+        return [Workload(",".join(found.pods[owner]), owner, cluster_tokens(owner, holdings),
+                         what=f"pod {', '.join(found.pods[owner])}")
+                for owner, holdings in found.holdings.items()]
 
     _replacing_pod = False
 
@@ -653,6 +749,13 @@ class GPUKubeSpawner(GPUSpawnerMixin, KubeSpawner):
 
     async def _start(self):
         """KubeSpawner's start; with Kueue, watched so an eviction or rejection fails it with a sentence."""
+        try:
+            return await self._start_watched()
+        finally:
+            self._options_loaded_for_start = False  # loaded once, for this start only
+
+    async def _start_watched(self):
+        """KubeSpawner's ``_start``, raced against the Kueue watch where the pod goes to a Kueue queue."""
         queue = self._kueue_queue
         if not queue:
             return await super()._start()

@@ -29,21 +29,42 @@ import os
 import pwd
 import shutil
 import uuid as uuidlib
+from dataclasses import dataclass
+from pathlib import Path
 
 from jupyterhub.spawner import LocalProcessSpawner, SimpleLocalProcessSpawner
 from jupyterhub.utils import random_port
-from traitlets import TraitError, Unicode, validate
+from traitlets import Bool, Float, TraitError, Unicode, validate
 
+from ..accounts import (
+    ANYONE,
+    AccountError,
+    SystemAccounts,
+    interpreters,
+    passable_path,
+    unreachable,
+    user_groups,
+)
 from ..cpus import cpu_binding, host_cpus
 from ..fence import DeviceFence, Isolation, detect
-from ..fence_systemd import scope_command
+from ..fence_starts import StartRecord
+from ..fence_systemd import ScopeFence, scope_command
 from ..gpu import nvidia_visible_devices
 from ..jobs.spec import job_of_owner
 from .base import GPUSpawnerMixin, user_error
-from .processes import HUB_VAR, SERVER_VAR, SPAWN_VAR, ServerProcesses, end_processes, find_servers
+from .processes import (
+    HUB_VAR,
+    SERVER_VAR,
+    SPAWN_VAR,
+    MarkedStarts,
+    StartFence,
+    describe_processes,
+    end_start,
+    find_servers,
+)
 
 
-def orphan_owner(group: ServerProcesses) -> str:
+def orphan_owner(group) -> str:
     """The ledger owner of an unrecorded start being stopped: ``user/server/stopping-<start id>``."""
     return f"{group.owner}/stopping-{group.spawn[:12]}"
 
@@ -102,9 +123,53 @@ class _LocalGPUs(GPUSpawnerMixin):
             raise TraitError(f"gpu_isolation must be 'auto', 'required' or 'off', not {proposal['value']!r}")
         return proposal["value"]
 
+    fence_end_timeout = Float(
+        30.0,
+        help="""
+        Seconds the hub keeps trying to end a server start's last processes when the server
+        stops (or dies, or a notebook job ends): every process of the start, however it left
+        its session or cleared its environment, is SIGKILLed at once (cgroup v1: frozen
+        first, so that none can fork meanwhile; a systemd scope: ``cgroup.kill``), and again
+        every second. Its GPUs are given back only once none is left. JupyterHub shows the
+        server as stopping meanwhile. A process still there after this time (stuck in the
+        kernel, e.g. inside a GPU driver call: it dies only when it comes back) keeps the
+        start's GPUs out of service: held, and shown on the admin overview (``/hub/gpus``,
+        ``/hub/api/gpus``) with the processes and why, until the hub finds them gone (see
+        ``fence_retry_interval``); until then that server is refused a new start with a
+        sentence saying so.
+        """,
+    ).tag(config=True)
+
+    fence_retry_interval = Float(
+        10.0,
+        help="""
+        Seconds between the hub's attempts to end what a stopped server or job left
+        behind while its GPUs are out of service (see ``fence_end_timeout``); the GPUs go
+        back to service at the first attempt that finds no process left.
+        """,
+    ).tag(config=True)
+
+    @validate("fence_end_timeout", "fence_retry_interval")
+    def _check_positive(self, proposal):
+        if proposal["value"] <= 0:
+            raise TraitError(f"{proposal['trait'].name} must be > 0 seconds, not {proposal['value']}")
+        return proposal["value"]
+
+    allow_root_servers = Bool(
+        False,
+        help="""
+        Let servers run as root. By default they never do: gpu-local-simple, which runs
+        every server as the hub's own user, refuses to start a hub that runs as root
+        (a server as root can leave any fence, read the hub's database and open every
+        GPU), and gpu-local refuses to start a server whose account is root. Set it only
+        for a single-user machine or a throwaway demo; jupyter_server then also needs its
+        own ``--allow-root`` in ``c.Spawner.args``.
+        """,
+    ).tag(config=True)
+
     gpu_job_runner = "gpuspawner.jobs.runners.LocalJobs"
     gpu_spawn_id: str = ""
-    _fence_path = None
+    _fence_path: list | None = None  # the cgroups a start's process joins before it runs (cgroup v1)
     _scope_prefix: list[str] | None = None  # systemd-run words before the server's command
     _switches_user = True  # servers run as their user (the hub drops privileges for them)
 
@@ -113,17 +178,32 @@ class _LocalGPUs(GPUSpawnerMixin):
         """How this host isolates local servers' GPUs (shown on the admin overview)."""
         return detect()
 
-    @property
-    def fence(self) -> DeviceFence | None:
-        """This hub's cgroup v1 device cgroups, or None where isolation is off or done otherwise here."""
-        if self.gpu_isolation == "off" or self.hub_state.cache("local-isolation", detect).mechanism != "cgroup-v1":
-            return None
-        return DeviceFence(self.gpu_hub_id)
+    def _mechanism(self) -> str:
+        if self.gpu_isolation == "off":
+            return "advisory"
+        return self.hub_state.cache("local-isolation", detect).mechanism
+
+    def _fences(self) -> StartFence:
+        """This hub's starts and their processes: cgroups or scopes where the kernel fences them, else marks."""
+        mechanism = self._mechanism()
+
+        def make() -> StartFence:
+            kernel = {"cgroup-v1": DeviceFence, "systemd": ScopeFence}.get(mechanism)
+            return StartFence(kernel(self.gpu_hub_id) if kernel else None, MarkedStarts(self.gpu_hub_id))
+
+        return self.hub_state.cache(("local-fence", mechanism), make)
 
     def get_env(self):
         env = super().get_env()
         env.update(visible_devices(self.gpu_uuids))
         env.update({HUB_VAR: self.gpu_hub_id, SERVER_VAR: self.gpu_owner, SPAWN_VAR: self.gpu_spawn_id})
+        return self.passable_env(env)
+
+    def passable_env(self, env: dict) -> dict:
+        """``env`` with a ``PATH`` the server's account may walk (the hub's may name root's own folders)."""
+        if self._switches_user and env.get("PATH"):
+            uid, gids, _ = self._server_identity()
+            env["PATH"] = passable_path(env["PATH"], uid, gids)
         return env
 
     # ------------------------------------------------------------ state
@@ -151,7 +231,13 @@ class _LocalGPUs(GPUSpawnerMixin):
     # ------------------------------------------------------------ reconciliation
 
     async def reconcile_allocations(self) -> None:
-        """Make the ledger hold exactly what this hub's live server processes hold."""
+        """Make the ledger hold exactly what this hub's live server starts hold.
+
+        A start is live while any process of it is: in its cgroup or scope (the kernel's
+        list, which a process that cleared its environment cannot leave), or, unfenced,
+        carrying its marks. Its owner and GPUs come from the marks of its processes, else
+        from the record saved when its fence was made.
+        """
         isolation = self.hub_state.cache("local-isolation", detect)
         if self.gpu_isolation == "off":
             self.log.warning("gpu-local: gpu_isolation is 'off': servers get CUDA_VISIBLE_DEVICES only")
@@ -159,8 +245,7 @@ class _LocalGPUs(GPUSpawnerMixin):
             self.log.info("gpu-local: %s", isolation.note)
         else:
             self.log.warning("gpu-local: %s", isolation.note)
-        groups = await asyncio.to_thread(find_servers, self.gpu_hub_id)
-        self._remove_stale_fences({g.spawn for g in groups})
+        starts = await asyncio.to_thread(live_starts, self._fences(), self.gpu_hub_id)
         state = self.hub_state
         recorded: dict[str, str] = state.cache("local-starts", dict)
         found_pids: dict[str, int] = state.cache("local-pids", dict)
@@ -170,44 +255,89 @@ class _LocalGPUs(GPUSpawnerMixin):
         # from saved state; the processes say what is really held.
         for owner in before:
             ledger.release(owner)
-        for group in groups:
-            if job_of_owner(group.owner) == group.spawn:  # a notebook job: the job manager watches it
-                conflict = ledger.adopt(group.owner, group.uuids)
-                self.log.info("gpu-local: job %s of %s runs (pid %d) on GPUs %s", group.spawn,
-                              group.owner.split("/", 1)[0], group.leader, ", ".join(group.uuids) or "none")
-            elif recorded.get(group.owner) == group.spawn:
-                conflict = ledger.adopt(group.owner, group.uuids)
-                found_pids[group.owner] = group.leader
-                self.log.info("gpu-local: adopted %s's server (pid %d) on GPUs %s",
-                              group.owner, group.leader, ", ".join(group.uuids) or "none")
+        for start in starts:
+            if job_of_owner(start.owner) == start.spawn:  # a notebook job: the job manager watches it
+                conflict = ledger.adopt(start.owner, start.uuids)
+                self.log.info("gpu-local: job %s of %s runs (pids %s) on GPUs %s", start.spawn,
+                              start.owner.split("/", 1)[0], _pids(start.pids), ", ".join(start.uuids) or "none")
+            elif recorded.get(start.owner) == start.spawn:
+                conflict = ledger.adopt(start.owner, start.uuids)
+                if start.leader:
+                    found_pids[start.owner] = start.leader
+                self.log.info("gpu-local: adopted %s's server (pids %s) on GPUs %s",
+                              start.owner, _pids(start.pids), ", ".join(start.uuids) or "none")
             else:
-                conflict = ledger.adopt(orphan_owner(group), group.uuids)
+                conflict = ledger.adopt(orphan_owner(start), start.uuids)
                 self.log.warning(
                     "gpu-local: stopping pid(s) %s of %s: the hub's database does not record this start "
-                    "(the hub stopped while it was starting); its GPUs %s stay held until they are gone",
-                    ", ".join(map(str, group.pids)), group.owner, ", ".join(group.uuids) or "none",
+                    "(the hub stopped while it was starting or stopping it); its GPUs %s stay held until they "
+                    "are gone", _pids(start.pids), start.owner, ", ".join(start.uuids) or "none",
                 )
-                state.cache("local-orphans", set).add(asyncio.ensure_future(self._end_orphan(group)))
+                state.cache("local-orphans", set).add(asyncio.ensure_future(self._end_orphan(start)))
             if conflict:
                 self.log.error("gpu-local: GPUs %s are used by two live servers (%s among them)",
-                               ", ".join(conflict), group.owner)
-        live = {g.owner for g in groups}
+                               ", ".join(conflict), start.owner)
+        live = {s.owner for s in starts}
         for owner, uuids in before.items():
             if owner not in live:
                 self.log.warning("gpu-local: %s's GPUs %s were freed: no live process holds them",
                                  owner, ", ".join(uuids))
-        self.log.info("gpu-local: ledger rebuilt from %d live server start(s)", len(groups))
+        self.log.info("gpu-local: ledger rebuilt from %d live server start(s)", len(starts))
 
-    async def _end_orphan(self, group: ServerProcesses) -> None:
-        left = await end_processes(group.pids)
-        if left:
-            self.log.error("gpu-local: pid(s) %s of %s would not die; their GPUs stay held",
-                           ", ".join(map(str, left)), group.owner)
-            return
-        self.log.info("gpu-local: stopped the unrecorded start of %s; GPUs %s are free",
-                      group.owner, ", ".join(group.uuids) or "none")
-        self._remove_fence(group.spawn)
-        self.gpu_released(self.ledger.release(orphan_owner(group)))
+    async def _end_orphan(self, start: LiveStart) -> None:
+        if await self._end_processes(start.spawn, start.owner, holder=orphan_owner(start)):
+            self.log.info("gpu-local: stopped the unrecorded start of %s; GPUs %s are free",
+                          start.owner, ", ".join(start.uuids) or "none")
+            self.gpu_released(self.ledger.release(orphan_owner(start)))
+
+    # ------------------------------------------------------------ ending a start
+
+    async def _end_processes(self, spawn: str, owner: str | None = None, holder: str | None = None) -> bool:
+        """End every process of start ``spawn`` still alive (kernels, daemons it left); True once none is.
+
+        Then the start's fence is removed, and the caller gives its GPUs back. Where
+        some process is still there after ``fence_end_timeout``, the GPUs that ``holder``
+        (default: the start's owner, ``owner`` or this spawner's) holds go out of service
+        instead, and the hub retries every ``fence_retry_interval`` seconds.
+        """
+        if not spawn:
+            return True
+        fence = self._fences()
+        owner = owner or self.gpu_owner
+        left = await end_start(fence, spawn, self.fence_end_timeout)
+        if not left:
+            await asyncio.to_thread(fence.remove, spawn)
+            return True
+        interval = self.fence_retry_interval
+
+        async def retry() -> str | None:
+            still = await end_start(fence, spawn, min(interval, 1.0))
+            if still:
+                return leftover_reason(owner, await asyncio.to_thread(describe_processes, still), interval)
+            await asyncio.to_thread(fence.remove, spawn)
+            return None
+
+        reason = leftover_reason(owner, await asyncio.to_thread(describe_processes, left), interval)
+        self.hub_state.out_of_service.withhold(owner, spawn, reason, retry, interval, holder=holder)
+        if holder is None and owner == self.gpu_owner:
+            self.gpu_allocation = ()
+        return False
+
+    async def _end_start(self, spawn: str) -> None:
+        """End start ``spawn``'s processes, then give its GPUs back (unless they went out of service).
+
+        Once per start: a stop polls, and a poll that finds the server gone ends its start too.
+        """
+        endings: dict = self.__dict__.setdefault("_gpu_endings", {})
+        if spawn not in endings:
+            endings.clear()  # only the latest start is ever ended twice
+
+            async def end() -> None:
+                if await self._end_processes(spawn):
+                    self.release_gpus()
+
+            endings[spawn] = asyncio.ensure_future(end())
+        await asyncio.shield(endings[spawn])
 
     # ------------------------------------------------------------ the device fence
 
@@ -231,29 +361,98 @@ class _LocalGPUs(GPUSpawnerMixin):
                 raise user_error(503, f"GPU isolation cannot be enforced: {message}. Ask an admin.")
             self.log.warning("%s: not fenced: %s", self._log_name, message)
             return
+        record = StartRecord(self.gpu_owner, tuple(g.uuid for g in self.gpu_allocation))
+        kernel = self._fences().kernel
         if isolation.mechanism == "systemd":
-            user = pwd.getpwnam(self.user.name) if self._switches_user else None
+            user = self._system_user() if self._switches_user else None
+            kernel.create(self.gpu_spawn_id, record)
             self._scope_prefix = scope_command(
                 self.gpu_hub_id, self.gpu_spawn_id, minors,
                 user=user.pw_name if user else None, group=user.pw_gid if user else None,
                 program=shutil.which("systemd-run") or "systemd-run",
             )
         else:
-            self._fence_path = self.fence.create(self.gpu_spawn_id, minors)
+            self._fence_path = kernel.create(self.gpu_spawn_id, minors, record)
 
-    def _remove_fence(self, spawn: str) -> None:
-        fence = self.fence
-        if fence is not None and spawn and not fence.remove(spawn):
-            self.log.error("gpu-local: the device cgroup of start %s still has processes; left in place", spawn)
+    def _system_user(self) -> pwd.struct_passwd:
+        """The account this user's servers run as (gpu-local: the system account of the same name)."""
+        return pwd.getpwnam(self.user.name)
 
-    def _remove_stale_fences(self, live: set[str]) -> None:
-        """Remove the (empty) cgroups of starts that have no process left."""
-        fence = self.fence
-        for spawn in fence.starts() if fence is not None else ():
-            if spawn not in live:
-                fence.remove(spawn)
+    def _server_identity(self) -> tuple[int, list[int], str]:
+        """Who the server runs as: uid, groups, and a name for sentences."""
+        if not self._switches_user:
+            return os.geteuid(), os.getgroups(), "the hub's own user"
+        entry = self._system_user()
+        return entry.pw_uid, user_groups(entry), f"the account {entry.pw_name}"
+
+    def _server_program(self) -> str:
+        """The program a server start executes first (the shell of ``shell_cmd``, else ``cmd``'s)."""
+        return (list(self.shell_cmd) or list(self.cmd) or ["jupyterhub-singleuser"])[0]
+
+    def program_problem(self, uid: int, gids, who: str) -> str | None:
+        """Why ``who`` (``uid`` in ``gids``) cannot execute the server's program and its interpreters."""
+        program = self._server_program()
+        for path, script in interpreters(program, os.environ.get("PATH")):
+            where = unreachable(path, uid, gids, read=script)
+            if where:
+                via = "" if str(path) == program else f" (it runs {path})"
+                return (f"servers run as {who}, which cannot run {program}{via}: {where}. Make the servers' "
+                        "Python environment from an interpreter outside such a folder (scripts/setup makes .venv "
+                        "from one every user may run), or point c.Spawner.cmd at one")
+        return None
+
+    def root_problem(self) -> str | None:
+        """Why this server would run as root, or None."""
+        if self.allow_root_servers or (self._switches_user is False and os.geteuid() != 0):
+            return None
+        if not self._switches_user:
+            return ("gpu-local-simple runs every server as the hub's own user, which is root here: any user could "
+                    "leave the GPU fence, read the hub's database and open every GPU. Use gpu-local (a system "
+                    "account per user; with c.GPULocalProcessSpawner.create_system_users = True the hub makes "
+                    "them), run the hub as an unprivileged user, or set "
+                    "c.GPUSimpleLocalProcessSpawner.allow_root_servers = True to accept root servers")
+        return None
+
+    async def server_account_problem(self) -> str | None:
+        """Why this server cannot run as whom it would (root, or a program it cannot execute), or None.
+
+        Makes the account first where the hub makes them (gpu-local's ``create_system_users``).
+        """
+        problem = self.root_problem()
+        if problem:
+            return problem
+        if getattr(self, "create_system_users", False):  # before an account is made for nothing
+            problem = await asyncio.to_thread(self.program_problem, *ANYONE, "accounts the hub makes")
+            if problem:
+                return problem
+        try:
+            await self.ensure_account()
+            uid, gids, who = self._server_identity()
+        except (AccountError, KeyError) as e:
+            return f"no system account to run {self.user.name}'s server as: {e}"
+        if uid == 0 and not self.allow_root_servers:
+            return (f"{who} is root, and servers never run as root (c.{type(self).__name__}.allow_root_servers "
+                    "allows it)")
+        return await asyncio.to_thread(self.program_problem, uid, gids, who)
+
+    async def ensure_account(self) -> None:
+        """Make the account this user's servers run as, where the hub makes them (gpu-local)."""
+
+    @classmethod
+    def gpu_startup_problems(cls, config) -> list[str]:
+        """Why a hub with this spawner and ``config`` could start no server: sentences for the hub's start.
+
+        Called by :func:`gpuspawner.hub.setup.configure` while the hub loads its configuration.
+        """
+        probe = cls(config=config)  # the settings only: no user
+        return [p for p in (probe.root_problem(), *probe.startup_problems()) if p]
+
+    def startup_problems(self) -> list[str]:
+        return []
 
     def make_preexec_fn(self, name):
+        if self._switches_user:
+            name = self._system_user().pw_name  # the hub user's account (made by the hub, or their own)
         if self._scope_prefix is not None and self._switches_user:
             return groups_and_home(name)  # systemd-run sets the user and group
         inner = super().make_preexec_fn(name)
@@ -262,7 +461,7 @@ class _LocalGPUs(GPUSpawnerMixin):
             return inner
 
         def preexec():
-            DeviceFence.join(path)  # still root: join before dropping privileges
+            DeviceFence.join(path)  # still root: join (devices and freezer) before dropping privileges
             if inner is not None:
                 inner()
 
@@ -271,13 +470,20 @@ class _LocalGPUs(GPUSpawnerMixin):
     # ------------------------------------------------------------ lifecycle
 
     async def start(self):
+        await self.ensure_reconciled()
+        left = self.hub_state.out_of_service.of(self.gpu_owner)
+        if left:
+            raise user_error(409, (
+                "This server cannot start yet: processes of its last start are still running and would not "
+                f"die ({left[0].reason}). It can start again once they are gone; an administrator sees them "
+                "on the GPU overview."))
         self.gpu_spawn_id = spawn = uuidlib.uuid4().hex
         if self.port == 0:
             self.port = random_port()  # chosen now, so that the saved state has it
         try:
             return await super().start()
         except BaseException:
-            self._remove_fence(spawn)  # no process was started in it
+            await asyncio.to_thread(self._fences().remove, spawn)  # no process was started in it
             raise
 
     async def poll(self):
@@ -289,8 +495,8 @@ class _LocalGPUs(GPUSpawnerMixin):
             if pid:
                 self.pid = pid
         status = await super().poll()
-        if status is not None and self.gpu_allocation:
-            await self._release_after(spawn)
+        if status is not None and spawn:
+            await self._end_start(spawn)  # the server is gone: so must be all it left behind
         return status
 
     async def get_url(self):
@@ -304,28 +510,68 @@ class _LocalGPUs(GPUSpawnerMixin):
     async def stop(self, now: bool = False):
         spawn = self.gpu_spawn_id
         await LocalProcessSpawner.stop(self, now=now)
-        await self._release_after(spawn)
+        await self._end_start(spawn)
 
-    async def _release_after(self, spawn: str) -> None:
-        """End what is left of start ``spawn`` (kernels the server left behind), then give its GPUs back."""
-        if spawn:
-            for group in await asyncio.to_thread(find_servers, self.gpu_hub_id, "/proc", spawn):
-                self.log.info("%s: ending %d leftover process(es) of the server", self._log_name, len(group.pids))
-                left = await end_processes(group.pids)
-                if left:
-                    self.log.error("%s: pid(s) %s would not die; the server's GPUs stay held",
-                                   self._log_name, ", ".join(map(str, left)))
-                    return
-            self._remove_fence(spawn)
-        self.release_gpus()
+
+@dataclass(frozen=True)
+class LiveStart:
+    """A start of this hub with live processes, as found at hub start."""
+
+    owner: str
+    spawn: str
+    uuids: tuple[str, ...]
+    pids: tuple[int, ...]
+    leader: int | None  # the server (or its shell), where it still carries its marks
+
+
+def live_starts(fence: StartFence, hub_id: str) -> list[LiveStart]:
+    """Every start of hub ``hub_id`` with a live process; removes the fences of those without."""
+    marked = {g.spawn: g for g in find_servers(hub_id)}
+    found = []
+    for spawn in sorted(set(fence.starts()) | set(marked)):
+        pids = set(fence.pids(spawn))
+        group = marked.get(spawn)
+        if group is not None:
+            pids |= set(group.pids)
+        if not pids:
+            fence.remove(spawn)  # a start that is over: its cgroup and record go
+            continue
+        record = fence.record(spawn)
+        if group is not None:
+            owner, uuids, leader = group.owner, group.uuids, group.leader
+        elif record is not None:
+            owner, uuids, leader = record.owner, record.uuids, None
+        else:  # a cgroup without record or marks (made by an older gpuspawner): end it, holding nothing
+            owner, uuids, leader = "unknown/", (), None
+        found.append(LiveStart(owner, spawn, uuids, tuple(sorted(pids)), leader))
+    return found
+
+
+def leftover_reason(owner: str, processes: list[str], interval: float) -> str:
+    """Why ``owner``'s GPUs are out of service: what of its start would not die."""
+    user, _, name = owner.partition("/")
+    job = job_of_owner(owner)
+    what = f"{user}'s job {job}" if job else (f"{user}'s server '{name}'" if name else f"{user}'s server")
+    listed = "; ".join(processes) if processes else "a process that is gone by now"
+    return (f"{len(processes) or 1} process(es) of {what} would not die on SIGKILL: {listed}. Its GPUs stay out "
+            f"of service until they are gone (the hub tries again every {interval:g} s)")
+
+
+def _pids(pids) -> str:
+    return ", ".join(map(str, pids))
 
 
 class _InFence:
-    """Between the GPU mixin and JupyterHub's spawner: the fence of a start, made once its GPUs
-    are placed and before JupyterHub builds the command (which a systemd scope's
+    """Between the GPU mixin and JupyterHub's spawner: the account and fence of a start, made once
+    its GPUs are placed and before JupyterHub builds the command (which a systemd scope's
     ``systemd-run`` words go before, ahead of any ``shell_cmd``)."""
 
     async def start(self):
+        # once its GPUs are placed (a refusal comes first, and makes no account): who it runs as
+        problem = await self.server_account_problem()
+        if problem:
+            self.log.error("%s: %s", self._log_name, problem)
+            raise user_error(503, f"This hub cannot start your server: {problem}. Ask an admin.")
         self._create_fence()
         prefix = (self._scope_prefix or []) + self._pin_words()
         if not prefix:
@@ -357,8 +603,42 @@ class _InFence:
         return [taskset, "-c", binding.cpuset_cpus]
 
 
-class GPULocalProcessSpawner(_LocalGPUs, _InFence, LocalProcessSpawner):
-    """LocalProcessSpawner whose servers see only the GPUs placed for them."""
+class GPULocalProcessSpawner(_LocalGPUs, SystemAccounts, _InFence, LocalProcessSpawner):
+    """LocalProcessSpawner whose servers see only the GPUs placed for them, each running as its user's account."""
+
+    def _system_user(self) -> pwd.struct_passwd:
+        return pwd.getpwnam(self.account())
+
+    async def ensure_account(self) -> None:
+        lock = self.hub_state.cache(("local-account", self.account()), asyncio.Lock)
+        async with lock:  # two servers of one user start at once: one useradd
+            await SystemAccounts.ensure_account(self)
+
+    def startup_problems(self) -> list[str]:
+        if not self.create_system_users:
+            return []  # the accounts are the site's: checked at each start
+        if os.geteuid() != 0:
+            return ["c.GPULocalProcessSpawner.create_system_users needs a hub that runs as root "
+                    "(it makes accounts with useradd and starts servers as them)"]
+        uid, gids = ANYONE
+        homes = Path(self.system_user_home)
+        made = next(p for p in (homes, *homes.parents) if p.exists())  # the rest is made (mode 0755) later
+        home = unreachable(made, uid, gids)
+        problems = []
+        if home:
+            problems.append(f"the accounts' homes are made in c.GPULocalProcessSpawner.system_user_home = "
+                            f"{self.system_user_home}, which the accounts cannot reach: {home}")
+        problems.append(self.program_problem(uid, gids, "accounts the hub makes"))
+        return [p for p in problems if p]
+
+    def user_env(self, env):
+        entry = self._system_user()
+        env["USER"] = entry.pw_name
+        if entry.pw_dir:
+            env["HOME"] = entry.pw_dir
+        if entry.pw_shell:
+            env["SHELL"] = entry.pw_shell
+        return env
 
 
 class _VforkSimpleLocalProcessSpawner(SimpleLocalProcessSpawner):
@@ -383,8 +663,10 @@ class _VforkSimpleLocalProcessSpawner(SimpleLocalProcessSpawner):
 class GPUSimpleLocalProcessSpawner(_LocalGPUs, _InFence, _VforkSimpleLocalProcessSpawner):
     """The same, running every server as the hub's own user in a per-user folder.
 
-    For demos and tests with made-up user names (``gpu-local-simple``); use
-    ``gpu-local`` where users are system accounts.
+    For demos with made-up user names (``gpu-local-simple``) on a hub that does not run as
+    root (it refuses root unless ``allow_root_servers``): users share the hub's account, so
+    they can read each other's files and the hub's. Use ``gpu-local`` (with
+    ``create_system_users`` where users are not system accounts) to keep them apart.
     """
 
     _switches_user = False

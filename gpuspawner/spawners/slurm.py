@@ -33,6 +33,7 @@ import time
 from batchspawner import JobStatus, SlurmSpawner
 from traitlets import Bool, Dict, TraitError, Unicode, default, validate
 
+from ..accounts import AccountError, SystemAccounts
 from ..compat import min_cuda
 from ..form import form_context
 from ..gpu import GPU
@@ -40,9 +41,10 @@ from ..inventory import InventoryReading
 from ..ledger import cluster_tokens
 from ..placement import GPURequest, PlacementError
 from ..profiles import Choice, load_profiles
+from ..reconcile import Workload
 from ..slurm.commands import SlurmReader, run_slurm
 from ..slurm.cuda import CudaNeed, DriverCuda
-from ..slurm.jobs import job_comment, parse_comment, submit_refusal, wait_words
+from ..slurm.jobs import ENDED, comment_start, job_comment, parse_comment, submit_refusal, wait_words
 from ..slurm.sinfo import UNTYPED, GresTypes, NeverFits, choose_type, cuda_constraint, gpu_availability, parse_gres
 from .base import GPUSpawnerMixin, checked_cuda_map, user_error
 
@@ -68,8 +70,13 @@ def slurm_memory(limit: str | int) -> str:
     return f"{math.ceil(number * 1024 ** 'KMGT'.index(unit) / 1024)}M"  # "1.5G" -> "1536M"
 
 
-class GPUSlurmSpawner(GPUSpawnerMixin, SlurmSpawner):
-    """SlurmSpawner with gpuspawner's GPU profiles, Slurm's availability and its queue in words."""
+class GPUSlurmSpawner(GPUSpawnerMixin, SystemAccounts, SlurmSpawner):
+    """SlurmSpawner with gpuspawner's GPU profiles, Slurm's availability and its queue in words.
+
+    With ``create_system_users`` a job runs as its user's account (made by the hub on first
+    use): batchspawner's ``{username}`` is that account, so ``exec_prefix`` (e.g.
+    ``runuser -u {username} --``, or its default ``sudo -E -u {username}``) submits as it.
+    """
 
     slurm_gres_types = Dict(
         Unicode(),
@@ -130,8 +137,12 @@ class GPUSlurmSpawner(GPUSpawnerMixin, SlurmSpawner):
 
     slurm_cancel_orphans = Bool(
         True,
-        help="""On hub start, cancel jobs of this hub (their comment names ``gpu_hub_id``) that no
-        server's state names: the hub died between submitting them and saving their id.""",
+        help="""Cancel live jobs of this hub (their comment names ``gpu_hub_id``) that neither a server
+        JupyterHub shows running or starting (its state) nor an active notebook GPU job names: the hub
+        died between submitting them and saving their id, or stopped their server without ending
+        them. Checked at hub start and every ``gpu_reconcile_interval`` seconds; the log names each
+        job cancelled. False: such jobs run on, their GPUs counted against the user their comment
+        names (also logged).""",
     ).tag(config=True)
 
     job_python = Unicode(
@@ -176,17 +187,23 @@ class GPUSlurmSpawner(GPUSpawnerMixin, SlurmSpawner):
 
     # ------------------------------------------------------------ where jobs run
 
+    @default("req_username")
+    def _req_username_default(self):
+        return self.account()  # the hub user's name, or the account the hub makes for them
+
     @default("req_homedir")
     def _req_homedir_default(self):
+        if self.create_system_users:
+            return self.account_home()
         if self.home_dir_template:
             return self.home_dir_template.format(username=self.user.name)
         return super()._req_homedir_default()
 
     def user_env(self, env):
         """batchspawner's USER, HOME and SHELL; HOME from ``home_dir_template`` when it is set."""
-        if not self.home_dir_template:
+        if not (self.home_dir_template or self.create_system_users):
             return super().user_env(env)
-        env["USER"] = self.user.name
+        env["USER"] = self.req_username
         env["HOME"] = self.req_homedir
         return env
 
@@ -200,7 +217,7 @@ class GPUSlurmSpawner(GPUSpawnerMixin, SlurmSpawner):
         subvars = super().get_req_subvars()
         server = self.gpu_owner[len(self.user.name) + 1:]  # the server's name, or "job/<id>" for a notebook job
         subvars["job_name"] = shlex.quote(f"jupyterhub-{self.gpu_hub_id}-{self.user.name}-{server}".rstrip("-"))
-        subvars["job_comment"] = shlex.quote(job_comment(self.gpu_hub_id, self.user.name, server))
+        subvars["job_comment"] = shlex.quote(job_comment(self.gpu_hub_id, self.user.name, server, self.gpu_start_mark))
         return subvars
 
     # ------------------------------------------------------------ reading Slurm
@@ -353,8 +370,13 @@ class GPUSlurmSpawner(GPUSpawnerMixin, SlurmSpawner):
         """batchspawner's submission; when sbatch fails, HTTP 409 (Slurm refused the job) or 503 (sbatch
         could not reach Slurm) saying what Slurm said.
 
-        Nothing stays held: the failed start releases this server's count of GPUs.
+        Nothing stays held: the failed start releases this server's count of GPUs. With
+        ``create_system_users``, the user's account is made first (it submits the job).
         """
+        try:
+            await self.ensure_account()
+        except AccountError as e:
+            raise user_error(503, f"This hub cannot start your server: {e}. Ask an admin.") from e
         try:
             job_id = await super().submit_batch_script()
         except RuntimeError as e:  # batchspawner's run_command: sbatch's stderr
@@ -419,55 +441,64 @@ class GPUSlurmSpawner(GPUSpawnerMixin, SlurmSpawner):
             self.log.warning("%s: Slurm jobs of this hub not reconciled yet: %s", self._log_name, e)
         return await super().poll()
 
-    # ------------------------------------------------------------ after a hub restart
+    # ------------------------------------------------------------ the cluster's truth
 
-    def _jobs_in_state(self) -> dict[str, str]:
-        """Slurm job id -> owner of every server whose state names a job (``user/server``) and of every
-        active notebook GPU job (``user/job/<id>``), from the database."""
+    reconciles_with_cluster = True
+    backend_name = "gpu-slurm"
+    workload_word = "Slurm job"
+
+    async def live_workloads(self) -> list[Workload]:
+        """This hub's jobs Slurm lists that have not ended and are not ending (``COMPLETING``: its
+        epilog runs), found by their comment (``gpu_hub_id``), each holding the GPUs its ``--gres``
+        asks for (as cluster tokens, as the hub's claims count them)."""
+        reading = await self.slurm().jobs(max_age=0)
+        if reading.unknown is not None:
+            raise RuntimeError(reading.unknown)
+        live = []
+        for job in reading.value:
+            tag = parse_comment(job.comment)
+            if tag is None or tag[0] != self.gpu_hub_id or job.state in ENDED or job.state == "COMPLETING":
+                continue
+            owner = f"{tag[1]}/{tag[2]}"
+            gpus = parse_gres(job.gpus.replace("gres:", ""))
+            holds = cluster_tokens(owner, {_ledger_resource(t): n for t, n in gpus.items()})
+            live.append(Workload(job.id, owner, holds, comment_start(job.comment), f"Slurm job {job.id}"))
+        return live
+
+    async def recorded_workloads(self) -> dict[str, set[str]] | None:
+        """Owner -> Slurm job ids of every server JupyterHub shows running or starting whose state names
+        a job (``user/server``), and of every active notebook GPU job (``user/job/<id>``)."""
+        if getattr(self, "db", None) is None:
+            return None
         from jupyterhub import orm
 
         from ..jobs.spec import job_owner
         from ..jobs.store import JobStore
 
-        owners: dict[str, str] = {}
-        for row in self.db.query(orm.Spawner).all():
+        owners: dict[str, set[str]] = {}
+        for row in self.db.query(orm.Spawner).filter(orm.Spawner.server != None).all():  # noqa: E711 (SQL)
             job_id = (row.state or {}).get("job_id")
             if job_id and row.user is not None:
-                owners[str(job_id)] = f"{row.user.name}/{row.name or ''}"
+                owners.setdefault(f"{row.user.name}/{row.name or ''}", set()).add(str(job_id))
         manager = self.hub_state.jobs
         store = manager.store if manager is not None else JobStore(self.db.get_bind())
         for record in store.list(active_only=True, limit=100_000):
             if record.handle.get("slurm_job"):
-                owners[str(record.handle["slurm_job"])] = job_owner(record.user, record.id)
+                owners.setdefault(job_owner(record.user, record.id), set()).add(str(record.handle["slurm_job"]))
         return owners
 
-    async def reconcile_allocations(self) -> None:
-        """Count the GPUs of this hub's live jobs; cancel (and log) those no server's state names."""
-        reading = await self.slurm().jobs(max_age=0)
-        if reading.unknown is not None:
-            raise RuntimeError(reading.unknown)
-        known = self._jobs_in_state() if getattr(self, "db", None) is not None else None
-        ledger = self.ledger
-        counted = ledger.allocations()
-        for job in reading.value:
-            tag = parse_comment(job.comment)
-            if tag is None or tag[0] != self.gpu_hub_id or job.state not in ("PENDING", "RUNNING", "CONFIGURING"):
-                continue
-            owner = f"{tag[1]}/{tag[2]}"
-            if known is not None and job.id not in known:
-                if self.slurm_cancel_orphans:
-                    self.log.warning("gpu-slurm: cancelling Slurm job %s of %s: no server of this hub names it "
-                                     "(the hub stopped before saving it)", job.id, owner)
-                    try:
-                        await run_slurm("scancel", job.id)
-                    except RuntimeError as e:
-                        self.log.error("gpu-slurm: could not cancel job %s: %s", job.id, e)
-                continue
-            gpus = parse_gres(job.gpus.replace("gres:", ""))
-            if gpus and owner not in counted:
-                ledger.adopt(owner, cluster_tokens(owner, {_ledger_resource(t): n for t, n in gpus.items()}))
-        self.log.info("gpu-slurm: this hub's Slurm jobs reconciled")
+    def stops_orphans(self) -> bool:
+        return self.slurm_cancel_orphans
 
+    async def end_orphan(self, workload: Workload) -> None:
+        """``scancel`` a job of this hub that no server's state and no active notebook job names."""
+        self.log.warning("gpu-slurm: cancelling Slurm job %s of %s: no server or notebook job of this hub's "
+                         "database names it (the hub stopped before saving it, or its server was stopped)",
+                         workload.id, workload.owner)
+        try:
+            await run_slurm("scancel", workload.id)
+        except RuntimeError as e:
+            self.log.error("gpu-slurm: could not cancel Slurm job %s: %s", workload.id, e)
 
 
 __all__ = ["GPUSlurmSpawner", "slurm_memory"]

@@ -135,6 +135,7 @@ class GPUSwarmSpawner(GPUDockerSpawner, SwarmSpawner):
     # ------------------------------------------------------------ reconciliation
 
     backend_name = "gpu-swarm"
+    workload_word = "service"
 
     async def _labelled_servers(self) -> list[dict]:
         """This hub's services with their live task, in the shape of ``docker ps`` (GPUs Swarm assigned)."""

@@ -38,6 +38,7 @@ c.GPUDockerSpawner.check_cuda_compatibility = settings["check_cuda"]
 c.GPUSpawnerMixin.simulated_gpus = True
 c.GPUSpawnerMixin.gpu_inventory_ttl = 0.5
 c.GPUSpawnerMixin.gpu_profiles = settings["profiles"]
+c.GPUSpawnerMixin.gpu_reconcile_interval = 2  # the ledger checked against the engine every 2 s
 """
 
 CONTAINER_LIB = "/opt/fakenvml"

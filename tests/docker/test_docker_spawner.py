@@ -22,6 +22,8 @@ import requests
 
 from dockerhub import free_in_form
 from engine import IMAGE_TAG, device_requests, visible_devices
+from gpuspawner.gpu import GPU as Gpu
+from gpuspawner.spawners.docker_objects import allocation_labels
 
 pytestmark = pytest.mark.docker
 
@@ -97,6 +99,37 @@ def test_three_users_two_gpus_each_on_four(docker_hub):
     assert no_container(hub, "alice")
     assert start(hub, "carol") == alice
     assert_exact_device_requests(hub)
+
+
+def test_containers_removed_or_made_behind_the_hubs_back_are_counted_without_a_restart(docker_hub, engine):
+    hub = docker_hub(gpus=4)
+    hub.add_users("kim")
+    kim = start(hub, "kim")
+    assert free_in_form(hub) == (2, 4)
+    # an admin removes kim's container (docker rm -f): its GPUs go back, no restart needed
+    hub.container("kim").remove(force=True)
+    deadline = time.monotonic() + 60
+    while free_in_form(hub) != (4, 4):
+        assert time.monotonic() < deadline, f"kim's GPUs still held\n{hub.log()}"
+        time.sleep(1)
+    assert "gpu-docker: kim/'s GPU charge (2) freed: no live container of it" in hub.log_path.read_text()
+
+    # a container of this hub that no spawn of this hub process made (labelled as the hub labels its
+    # servers': another process of the hub on the same engine, say) holds a GPU: it is counted
+    ghost = next(Gpu(host="localhost", index=i, uuid=d["uuid"], name=d["name"])
+                 for i, d in enumerate(hub.gpus) if d["uuid"] not in kim)
+    engine.client.containers.run(IMAGE_TAG, ["sleep", "300"], name=f"{hub.prefix}-ghost", detach=True,
+                                 labels=allocation_labels(hub.hub_id, "ghost/", [ghost]))
+    deadline = time.monotonic() + 60
+    while free_in_form(hub) != (3, 4):
+        assert time.monotonic() < deadline, f"the ghost's GPU is not counted\n{hub.log()}"
+        time.sleep(1)
+    assert (f"gpu-docker: container {hub.prefix}-ghost of ghost/ counted: it holds 1 GPU(s) the hub did not count"
+            in hub.log_path.read_text())
+    # and it is not given to anyone else: a 4-GPU request does not fit, a 2-GPU one gets two others
+    hub.add_users("lee")
+    assert hub.spawn("lee", {"profile": "gpu", "gpus": 4, "gpu_model": "any"}).status_code == 409
+    assert ghost.uuid not in start(hub, "lee")
 
 
 def test_nvml_inside_a_container_shows_only_its_gpus(docker_hub):

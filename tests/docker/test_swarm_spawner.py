@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import shutil
 import signal
+import time
 
 import docker
 import pytest
@@ -21,7 +22,8 @@ import requests
 
 import fakenvml
 from dockerhub import free_in_form
-from engine import process_environ
+from engine import IMAGE_TAG, process_environ
+from gpuspawner.spawners.docker_objects import HUB, OWNER
 
 pytestmark = pytest.mark.docker
 
@@ -136,6 +138,33 @@ def test_three_users_two_gpus_each_on_four_then_hub_killed(swarm_hub):
     assert carol == alice and carol.isdisjoint(task_gpus(hub, "bob"))
     assert free_in_form(hub) == (0, 4)
 
+
+
+def test_services_removed_or_made_behind_the_hubs_back_are_counted_without_a_restart(swarm_hub):
+    hub = swarm_hub
+    hub.add_users("alice")
+    start(hub, "alice")
+    assert free_in_form(hub) == (2, 4)
+    # an admin removes alice's service (docker service rm): once Swarm has shut its task down, its
+    # GPUs go back, no restart needed
+    hub.engine.client.services.get(f"{hub.prefix}-alice").remove()
+    deadline = time.monotonic() + 90
+    while free_in_form(hub) != (4, 4):
+        assert time.monotonic() < deadline, f"alice's GPUs still held\n{hub.log()}"
+        time.sleep(1)
+    assert "gpu-swarm: alice/'s GPU charge (2) freed: no live service of it" in hub.log_path.read_text()
+
+    # a service of this hub no spawn of this hub process made (labelled as the hub labels its servers')
+    # reserving a GPU: once Swarm assigns it one, that GPU is counted
+    hub.engine.client.services.create(
+        IMAGE_TAG, ["sleep", "300"], name=f"{hub.prefix}-ghost", labels={HUB: hub.hub_id, OWNER: "ghost/"},
+        resources=docker.types.Resources(generic_resources={"NVIDIA-GPU": 1}))
+    deadline = time.monotonic() + 90
+    while free_in_form(hub) != (3, 4):
+        assert time.monotonic() < deadline, f"the ghost's GPU is not counted\n{hub.log()}"
+        time.sleep(1)
+    assert (f"gpu-swarm: service {hub.prefix}-ghost of ghost/ counted: it holds 1 GPU(s) the hub did not count"
+            in hub.log_path.read_text())
 
 
 def test_two_gpus_split_over_nodes_are_refused_then_a_queued_request_waits_for_a_whole_node(swarm_hub):

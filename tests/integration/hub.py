@@ -1,9 +1,18 @@
-"""A real JupyterHub process for integration tests, on loopback, stopped by pid."""
+"""A real JupyterHub process for integration tests, on loopback, stopped by pid.
+
+Its servers run as gpu-local does in the runnable default: each user's as a system
+account the hub makes on their first start (``create_system_users``), never as root.
+The accounts of one Hub share a prefix of their own (``t1a2b3c-ada``), so that test
+runs side by side never share one; :meth:`Hub.close` deletes them. The hub's folder
+(database, cookie secret, log) is the hub's alone; the accounts' homes and the
+servers' start script lie beside it, in ``<folder>-servers``.
+"""
 
 from __future__ import annotations
 
 import json
 import os
+import pwd
 import secrets
 import signal
 import socket
@@ -40,6 +49,33 @@ def _ignore_sigint() -> None:
     signal.signal(signal.SIGQUIT, signal.SIG_IGN)
 
 
+def passable(path: Path) -> Path:
+    """Let every user pass through ``path`` and the folders above it that this user owns, up to the test
+    session's temporary folder (mode +x: entered, not listed): servers run as other accounts and must
+    reach what tests write for them (tests/conftest.py says where the session's folders are)."""
+    path = Path(path)
+    for folder in [path, *path.parents]:
+        if folder.name.startswith("gpuspawner-tests-") or folder == folder.parent:
+            break
+        info = folder.stat()
+        if info.st_uid == os.geteuid():
+            folder.chmod(info.st_mode | 0o111)
+    return path
+
+
+def uid_pids(uid: int) -> list[int]:
+    """The live processes running as ``uid``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if entry.stat().st_uid == uid and pid_alive(int(entry.name)):
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
+
+
 def process_env(pid: int) -> dict[str, str]:
     """The environment a process was started with, as the kernel holds it."""
     raw = Path(f"/proc/{pid}/environ").read_bytes()
@@ -71,10 +107,12 @@ c.JupyterHub.load_roles = [{
 """
 
 HUB_CONFIG = BASE_HUB_CONFIG + """
-c.JupyterHub.spawner_class = "gpu-local-simple"
-c.SimpleLocalProcessSpawner.home_dir_template = settings["dir"] + "/users/{username}"
+c.JupyterHub.spawner_class = "gpu-local"
+c.GPULocalProcessSpawner.create_system_users = True
+c.GPULocalProcessSpawner.system_user_prefix = settings["account_prefix"]
+c.GPULocalProcessSpawner.system_user_home = settings["homes"]
 c.Spawner.cmd = [settings["singleuser"]]
-c.Spawner.args = ["--allow-root"] if os.geteuid() == 0 else []
+c.Spawner.args = []  # (no --allow-root: no server runs as root)
 c.Spawner.start_timeout = 60
 c.Spawner.http_timeout = 60
 c.LocalProcessSpawner.env_keep = ["PATH", "LANG", "LD_LIBRARY_PATH", "FAKENVML_CONFIG"]
@@ -106,18 +144,31 @@ class Hub:
             "proxy_api_url": f"http://127.0.0.1:{free_port()}",
             "token": self.token,
             "profiles": profiles,
-            "singleuser": str(self.dir / "singleuser.sh"),
+            # what the servers' accounts may reach lies beside the hub's own folder (its database,
+            # cookie secret, log: the hub's alone, mode 0700)
+            "singleuser": str(self.dir.parent / f"{self.dir.name}-servers" / "singleuser.sh"),
             # this hub's own id (kept across its restarts): a hub adopts or stops the servers
             # that carry its id, so two test hubs alive at once must not share one
             "hub_id": "test-" + secrets.token_hex(4),
+            # the system accounts its servers run as: <prefix><user name>, homes in <dir>/homes
+            "account_prefix": "t" + secrets.token_hex(3) + "-",
+            "homes": str(self.dir.parent / f"{self.dir.name}-servers" / "homes"),
         }
+        servers = Path(self.settings["singleuser"]).parent
+        servers.mkdir(exist_ok=True)
+        passable(servers)
+        if config_file is None:
+            self.dir.chmod(0o700)  # the test configuration keeps its database here
+        else:
+            passable(self.dir)  # another configuration (the runnable default's) may keep its state here
         # the real single-user server, except for the user "crash", whose server dies at start
-        (self.dir / "singleuser.sh").write_text(
+        singleuser = Path(self.settings["singleuser"])
+        singleuser.write_text(
             "#!/bin/sh\n"
             'if [ "$JUPYTERHUB_USER" = crash ]; then echo "crashing on purpose" >&2; exit 3; fi\n'
             f'exec {VENV_BIN / "jupyterhub-singleuser"} "$@"\n'
         )
-        (self.dir / "singleuser.sh").chmod(0o755)
+        singleuser.chmod(0o755)
         if config_file is None:
             config_file = self.dir / "jupyterhub_config.py"
             config_file.write_text(HUB_CONFIG + extra_config)
@@ -177,8 +228,22 @@ class Hub:
         self.stop()
         self.start()
 
+    def home(self, name: str) -> Path:
+        """User ``name``'s home: their account's, made now if the hub has not made it yet."""
+        from gpuspawner.accounts import ensure_account
+
+        entry = ensure_account(name, self.settings["account_prefix"], Path(self.settings["homes"]))
+        return Path(entry.pw_dir)
+
+    def accounts(self) -> list[str]:
+        """The system accounts this hub made."""
+        from gpuspawner.accounts import MARK
+
+        return sorted(e.pw_name for e in pwd.getpwall()
+                      if e.pw_name.startswith(self.settings["account_prefix"]) and e.pw_gecos.startswith(MARK))
+
     def close(self) -> None:
-        """Stop every server this hub started, then the hub, all by pid."""
+        """Stop every server this hub started, then the hub, all by pid; delete the accounts it made."""
         if self.proc is not None and self.proc.poll() is None:
             for name in self.user_names():
                 self.api("DELETE", f"/users/{name}/server")
@@ -193,6 +258,25 @@ class Hub:
                 time.sleep(0.1)
             if pid_alive(pid):
                 os.kill(pid, signal.SIGKILL)
+        self._remove_fences()
+        self.delete_accounts()
+
+    def delete_accounts(self) -> None:
+        """Delete the accounts this hub made, ending whatever of theirs still runs (by pid)."""
+        for account in self.accounts():
+            uid = pwd.getpwnam(account).pw_uid
+            for pid in uid_pids(uid):  # anything of the account's still running (this hub's servers' own)
+                os.kill(pid, signal.SIGKILL)
+            subprocess.run(["userdel", "--remove", account], capture_output=True, timeout=60)
+
+    def _remove_fences(self) -> None:
+        """The (empty) cgroups and records of this hub's server starts: a hub stopped right after its
+        servers' stops were asked for has not removed them (a later hub of the same id would)."""
+        from gpuspawner.fence import DeviceFence
+
+        fence = DeviceFence(self.settings["hub_id"])
+        for spawn in fence.starts():
+            fence.remove(spawn)
 
     def marked_pids(self) -> set[int]:
         """Live processes whose environment carries this hub's id (gpu-local's GPUSPAWNER_HUB marker)."""

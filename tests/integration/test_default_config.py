@@ -3,22 +3,29 @@
 It must fall back to 2 x A100 + 2 x T4 simulated through the stand-in NVML,
 say so in the form, and start a JupyterLab server on the GPUs chosen there; a
 notebook GPU job must see through NVML exactly what that server's processes see.
+That server runs as the user's own account, which the hub made (never root): from
+a notebook in it, the hub's database cannot be read and another GPU's device
+file cannot be opened (nor used through NVML), while its own GPU's can.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import pwd
+import secrets
+import signal
 import sqlite3
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 import requests
 
-from hub import Hub
+from hub import Hub, uid_pids
 from jobnotebooks import outputs_text, write
+from kernels import execute, start_kernel
 from test_local_hub import login, xsrf_token
 from test_ops_overview import user_token
 
@@ -48,6 +55,7 @@ def default_hub(tmp_path_factory, fakenvml_libdir):
         "GPUSPAWNER_HUB_BIND_URL": hub.settings["hub_bind_url"],
         "GPUSPAWNER_PROXY_API_URL": hub.settings["proxy_api_url"],
         "GPUSPAWNER_PASSWORD": "test-password",
+        "GPUSPAWNER_ACCOUNT_PREFIX": "d" + secrets.token_hex(3) + "-",  # this test's accounts alone
     })
     for name in ("LD_LIBRARY_PATH", "FAKENVML_CONFIG"):  # as on a fresh machine
         hub.env.pop(name, None)
@@ -56,6 +64,11 @@ def default_hub(tmp_path_factory, fakenvml_libdir):
         yield hub, state
     finally:
         hub.close()
+        for entry in pwd.getpwall():
+            if entry.pw_name.startswith(hub.env["GPUSPAWNER_ACCOUNT_PREFIX"]):
+                for pid in uid_pids(entry.pw_uid):
+                    os.kill(pid, signal.SIGKILL)
+                subprocess.run(["userdel", "--remove", entry.pw_name], capture_output=True, timeout=60)
 
 
 def server_envs(hub: Hub, user: str) -> list[dict[str, str]]:
@@ -72,6 +85,30 @@ def server_envs(hub: Hub, user: str) -> list[dict[str, str]]:
             hub.server_pids.add(int(p.name))
             envs.append(dict(i.split("=", 1) for i in raw.decode().split("\0") if "=" in i))
     return envs
+
+
+# From a notebook: what the server's account may read and open.
+PROBE = """
+import errno, json, os, pynvml
+def attempt(path, flags):
+    try:
+        os.close(os.open(path, flags))
+        return "opened"
+    except OSError as e:
+        return errno.errorcode[e.errno]
+pynvml.nvmlInit()
+def handle(uuid):
+    try:
+        pynvml.nvmlDeviceGetHandleByUUID(uuid)
+        return "handle"
+    except pynvml.NVMLError as e:
+        return type(e).__name__
+print(json.dumps({{
+    "uid": os.getuid(), "database": attempt({database!r}, os.O_RDONLY),
+    "nodes": {{d["uuid"]: attempt(d["device_node"], os.O_RDWR) for d in {devices!r}}},
+    "nvml": {{d["uuid"]: handle(d["uuid"]) for d in {devices!r}}},
+}}))
+"""
 
 
 def test_default_config_simulates_gpus_and_starts_jupyterlab_on_them(default_hub):
@@ -101,31 +138,58 @@ def test_default_config_simulates_gpus_and_starts_jupyterlab_on_them(default_hub
     envs = server_envs(hub, "ada")
     assert envs, "the server process was not found"
     t4_uuids = {d["uuid"] for d in devices if d["name"] == "Tesla T4"}
-    assert envs[0]["CUDA_VISIBLE_DEVICES"] in t4_uuids
+    mine = envs[0]["CUDA_VISIBLE_DEVICES"]
+    assert mine in t4_uuids
     assert envs[0]["FAKENVML_CONFIG"] == str(state / "simulated-gpus.json")
+
+    # it runs as ada's own account, made by the hub: not root
+    account = pwd.getpwnam(hub.env["GPUSPAWNER_ACCOUNT_PREFIX"] + "ada")
+    assert account.pw_uid != 0 and Path(account.pw_dir).parent == state / "users"
+    for pid in hub.server_pids:  # real, effective, saved and filesystem uid: all the account's
+        status = Path(f"/proc/{pid}/status").read_text()
+        uids = next(line.split()[1:] for line in status.splitlines() if line.startswith("Uid:"))
+        assert uids == [str(account.pw_uid)] * 4, status
+    # from a notebook: no hub database, no other GPU; its own GPU's device file as far as the fence goes
+    devices = json.loads((state / "simulated-gpus.json").read_text())["devices"]
+    assert all(d.get("device_node") for d in devices)  # the simulated GPUs are on device files
+    xsrf = web.cookies.get("_xsrf", path="/hub/")
+    token = web.post(f"{hub.url}/hub/api/users/ada/tokens", json={"note": "test"},
+                     headers={"X-XSRFToken": xsrf, "Referer": hub.url + "/hub/token"}).json()["token"]
+    server_url = hub.url + "/user/ada/"
+    kernel = start_kernel(server_url, token)
+    seen = json.loads(execute(server_url, token, kernel, PROBE.format(
+        database=str(state / "jupyterhub.sqlite"), devices=[{k: d[k] for k in ("uuid", "device_node")}
+                                                          for d in devices])))
+    assert seen["uid"] == account.pw_uid
+    assert seen["database"] == "EACCES"
+    assert seen["nodes"] == {d["uuid"]: "ENXIO" if d["uuid"] == mine else "EPERM" for d in devices}, seen
+    assert seen["nvml"] == {d["uuid"]: "handle" if d["uuid"] == mine else "NVMLError_NoPermission"
+                            for d in devices}, seen
 
 
 def test_a_job_sees_through_nvml_what_a_server_sees(default_hub):
-    """A notebook job calling NVML gets the simulated GPUs as a server does: same count, names, UUIDs."""
+    """A notebook job calling NVML gets the simulated GPUs as a server's kernel does: same count, names, UUIDs."""
     hub, state = default_hub
-    devices = json.loads((state / "simulated-gpus.json").read_text())["devices"]
     web = login(hub, "grace")
-    auth = {"Authorization": f"token {user_token(hub, web, 'grace')}"}
+    token = user_token(hub, web, "grace")
+    auth = {"Authorization": f"token {token}"}
     api = hub.url + "/hub/api/users/grace"
     one_a100 = {"profile": "gpu", "gpus": 1, "gpu_model": "a100-sxm4-80gb"}  # ada holds a T4
     r = requests.post(api + "/server", json=one_a100, headers=auth, timeout=60)
     assert r.status_code in (201, 202), r.text
     deadline = time.monotonic() + 90
-    while not (envs := server_envs(hub, "grace")) and time.monotonic() < deadline:
+    while not requests.get(api, headers=auth, timeout=30).json()["servers"].get("", {}).get("ready"):
+        assert time.monotonic() < deadline, f"grace's server did not start:\n{hub.log()}"
         time.sleep(0.5)
-    assert envs, f"grace's server process was not found:\n{hub.log()}"
-    # what the server's processes (its kernels inherit its environment) see through NVML
-    seen = subprocess.run([sys.executable, "-c", NVML_VIEW], env=envs[0], capture_output=True, text=True, timeout=60)
-    assert seen.returncode == 0, seen.stderr
-    server_view = json.loads(seen.stdout.split("NVML=", 1)[1])
-    assert server_view == [[d["name"], d["uuid"]] for d in devices]
+    server_envs(hub, "grace")  # its pids, for the hub's close
+    # what the server's kernels see through NVML, from inside its fence and account
+    server_url = hub.url + "/user/grace/"
+    kernel = start_kernel(server_url, token)
+    server_view = json.loads(execute(server_url, token, kernel, NVML_VIEW).split("NVML=", 1)[1])
+    assert server_view, "the server sees no GPU through NVML"
 
-    write(state / "users" / "grace" / "nvml.ipynb", NVML_VIEW)
+    home = Path(pwd.getpwnam(hub.env["GPUSPAWNER_ACCOUNT_PREFIX"] + "grace").pw_dir)
+    write(home / "nvml.ipynb", NVML_VIEW)
     r = requests.post(api + "/gpu-jobs", json={**one_a100, "notebook": "nvml.ipynb"}, headers=auth, timeout=60)
     assert r.status_code == 201, r.text
     job_id = r.json()["id"]
@@ -135,6 +199,6 @@ def test_a_job_sees_through_nvml_what_a_server_sees(default_hub):
         assert time.monotonic() < deadline, hub.log()
         time.sleep(0.3)
     assert job["state"] == "completed", job["reason"]
-    job_view = json.loads(outputs_text(state / "users" / "grace" / "nvml-output.ipynb").split("NVML=", 1)[1])
+    job_view = json.loads(outputs_text(home / "nvml-output.ipynb").split("NVML=", 1)[1])
     assert job_view == server_view
     requests.delete(api + "/server", headers=auth, timeout=60)

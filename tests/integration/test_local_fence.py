@@ -10,6 +10,13 @@ on the stand-in, whose GPUs name those nodes) in that kernel still counts both
 GPUs but gives a handle only for the server's own; the server's GPU monitor
 lists only that one. The fence outlives a hub SIGKILL for the adopted server
 and goes away when the server stops.
+
+The same cgroups end a server: a process a notebook hid (double fork, a session
+of its own, an empty environment) is killed when the server stops, before its GPU
+goes to the next user. One the kernel will not let die (here: held in a frozen
+freezer cgroup, as a process stuck in a driver call) keeps the GPU out of service,
+shown on /hub/api/gpus and /hub/gpus with the reason, and the server is refused a
+new start; once it is gone the GPU goes back into service.
 """
 
 from __future__ import annotations
@@ -18,16 +25,20 @@ import json
 import os
 import signal
 import stat
+import time
 
 import pytest
 import requests
 
+import devcgroup
 import fakenvml
 from gpuspawner.fence import DEVICES_MOUNT, detect
 from gpuspawner.simulation import simulated_config
-from hub import Hub
+from hub import Hub, pid_alive
 from kernels import execute, start_kernel
 from needs import missing
+from ops_hub import OpsHub
+from test_local_hub import login
 
 pytestmark = pytest.mark.integration
 
@@ -85,6 +96,7 @@ def test_a_server_can_open_only_its_own_gpu_node(tmp_path, fakenvml_libdir, fenc
         device["minor_number"] = minor
         node = dev / f"nvidia{minor}"
         os.mknod(node, stat.S_IFCHR | 0o666, os.makedev(195, device["minor_number"]))
+        node.chmod(0o666)  # every user may open it as far as permissions go: the fence decides
         nodes[device["uuid"]] = device["device_node"] = str(node)  # the stand-in opens it for a handle
     config_path = tmp_path / "gpus.json"
     fakenvml.write_config(config_path, config)
@@ -147,6 +159,93 @@ def test_a_server_can_open_only_its_own_gpu_node(tmp_path, fakenvml_libdir, fenc
                 if leftover.is_dir():
                     leftover.rmdir()
             fences.rmdir()
+
+
+# In a notebook: start devcgroup.ESCAPER on the GPU node, wait for its first look, print "pid what-it-got".
+HIDE = """
+import os, subprocess, sys, time
+status = os.path.abspath("hidden-{tag}.status")
+subprocess.run([sys.executable, "-c", {escaper!r}, {node!r}, status], check=True, capture_output=True)
+for _ in range(200):
+    if os.path.exists(status):
+        break
+    time.sleep(0.05)
+print(open(status).read())
+"""
+
+
+def hide_a_process(hub: Hub, user: str, node: str) -> tuple[int, str]:
+    """A notebook of ``user`` starts a process that hides from all but its cgroup: (its pid, what opening
+    ``node`` gave it)."""
+    server_url = f"{hub.url}/user/{user}/"
+    kernel = start_kernel(server_url, hub.token)
+    printed = execute(server_url, hub.token, kernel, HIDE.format(tag=user, escaper=devcgroup.ESCAPER, node=node))
+    pid, got = printed.split()
+    return int(pid), got
+
+
+def holder_of(hub: OpsHub, uuid: str) -> dict | None:
+    return next(g["holder"] for g in hub.overview().json()["gpus"] if g["uuid"] == uuid)
+
+
+def test_a_stopped_server_leaves_nothing_behind_and_its_gpu_waits_for_that(tmp_path, fakenvml_libdir, fenced_host):
+    config = simulated_config(a100=1, t4=0)
+    [node] = devcgroup.gpu_nodes(tmp_path / "dev", [0])
+    config["devices"][0].update(minor_number=0, device_node=str(node))
+    gpu = config["devices"][0]["uuid"]
+    hub = OpsHub(tmp_path, fakenvml_libdir, PROFILES, devices=config,
+                 mixin={"fence_end_timeout": 2.0, "fence_retry_interval": 0.5})
+    one = {"profile": "gpu", "gpus": 1, "gpu_model": "any"}
+    hub.start()
+    hidden: list[int] = []
+    try:
+        hub.add_users("ada", "bob", "cyd")
+        assert hub.spawn("ada", one).status_code in (201, 202)
+        hub.wait_ready("ada")
+        pid, got = hide_a_process(hub, "ada", str(node))
+        hidden.append(pid)
+        assert got == "ENXIO"  # its own GPU: the kernel lets it through (no driver behind the node)
+        assert hub.spawn("bob", one).status_code == 409  # the only GPU is ada's
+
+        hub.stop_server("ada")
+        assert not pid_alive(pid), "ada's hidden process outlived her server"
+        assert hub.spawn("bob", one).status_code in (201, 202)  # the GPU goes on only now
+        hub.wait_ready("bob")
+        assert hub.server_env("bob")["CUDA_VISIBLE_DEVICES"] == gpu
+
+        # a process of bob's that the kernel will not let die (as one stuck in a driver call)
+        stuck, got = hide_a_process(hub, "bob", str(node))
+        hidden.append(stuck)
+        with devcgroup.frozen(stuck) as frozen:
+            hub.stop_server("bob")  # after fence_end_timeout: JupyterHub has no "could not stop"
+            assert pid_alive(stuck)
+            holder = holder_of(hub, gpu)
+            assert holder is not None and holder["state"] == "out of service", holder
+            assert (holder["user"], holder["server"], holder["kind"]) == ("bob", "", "server")
+            assert f"pid {stuck} " in holder["problem"] and "uninterruptible sleep" in holder["problem"]
+            page = login(hub, "boss").get(hub.url + "/hub/gpus")  # the admin's page
+            assert page.status_code == 200 and "out of service" in page.text and f"pid {stuck} " in page.text
+            refused = hub.spawn("cyd", one)
+            assert refused.status_code == 409 and "0 of 1 free" in refused.json()["message"], refused.text
+            again = hub.spawn("bob", one)
+            assert again.status_code == 409, again.text
+            assert "cannot start yet" in again.json()["message"] and f"pid {stuck} " in again.json()["message"]
+            assert hub.user("bob")["servers"] == {}
+
+            devcgroup.thaw(frozen)  # it comes back from the kernel to its SIGKILL; the hub's retry sees it gone
+            deadline = time.monotonic() + 30
+            while holder_of(hub, gpu) is not None and time.monotonic() < deadline:
+                time.sleep(0.2)
+            assert holder_of(hub, gpu) is None, hub.log()
+        assert not pid_alive(stuck)
+        assert hub.spawn("cyd", one).status_code in (201, 202)
+        hub.wait_ready("cyd")
+        assert hub.server_env("cyd")["CUDA_VISIBLE_DEVICES"] == gpu
+    finally:
+        for pid in hidden:
+            if pid_alive(pid):
+                os.kill(pid, signal.SIGKILL)
+        hub.close()
 
 
 def test_advisory_host_is_said_plainly(tmp_path):

@@ -90,9 +90,12 @@ def test_specific_model_and_cpu_only(hub, gpus_config):
     hub.add_users("dana", "erin", "finn")
     assert start(hub, "dana", {"profile": "gpu", "gpus": 2, "gpu_model": "t4"}) == t4s
     assert start(hub, "erin", {"profile": "cpu"}) == set()
-    # the server runs in the user's own folder (made by the spawner, which starts it without forking the hub)
+    # the server runs as erin's own account (never root), in its home
     pid = hub.user("erin")["servers"][""]["state"]["pid"]
-    assert Path(f"/proc/{pid}/cwd").resolve() == (hub.dir / "users" / "erin").resolve()
+    assert Path(f"/proc/{pid}/cwd").resolve() == hub.home("erin").resolve()
+    uids = next(line.split()[1:] for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+                if line.startswith("Uid:"))
+    assert set(uids) == {str(hub.home("erin").stat().st_uid)} and uids[0] != "0"
     r = hub.spawn("finn", {"profile": "t4"})
     assert r.status_code == 409
     assert "T4" in r.json()["message"] and "0 of 2" in r.json()["message"]

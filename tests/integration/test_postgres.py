@@ -119,7 +119,7 @@ def test_usage_and_jobs_live_in_postgresql_and_survive_a_restart(pg_hub, postgre
     assert [(row["key"], row["allocations"]) for row in by_user["rows"]] == [("alice", 1)]
 
     # a notebook GPU job runs to completion; its record and its allocation are in PostgreSQL too
-    write(hub.dir / "users" / "alice" / "report.ipynb", GPU_REPORT, parameters="seconds = 0")
+    write(hub.home("alice") / "report.ipynb", GPU_REPORT, parameters="seconds = 0")
     r = submit(hub, "alice", {**T4, "notebook": "report.ipynb", "parameters": {"seconds": 1}})
     assert r.status_code == 201, r.text
     job_id = r.json()["id"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
@@ -11,14 +12,20 @@ KERNELSPEC = {"name": "python3", "display_name": "Python 3", "language": "python
 
 
 def write(path: Path, *cells: str, parameters: str | None = None) -> Path:
-    """A notebook with a ``parameters`` cell (if given) then ``cells``."""
+    """A notebook with a ``parameters`` cell (if given) then ``cells``, and the folders it needs: all
+    owned by whoever owns the folder they are made in (a user's home: their account), as if they made them."""
     nb = nbformat.v4.new_notebook()
     nb.metadata["kernelspec"] = KERNELSPEC
     if parameters is not None:
         nb.cells.append(nbformat.v4.new_code_cell(parameters, metadata={"tags": ["parameters"]}))
     nb.cells.extend(nbformat.v4.new_code_cell(c) for c in cells)
+    existing = next(p for p in path.parents if p.exists())
+    made = [p for p in path.parents if not p.exists()]
     path.parent.mkdir(parents=True, exist_ok=True)
     nbformat.write(nb, str(path))
+    owner = existing.stat()
+    for made_path in (*made, path):
+        os.chown(made_path, owner.st_uid, owner.st_gid)
     return path
 
 

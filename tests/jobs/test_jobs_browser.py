@@ -38,7 +38,7 @@ def hub(tmp_path, fakenvml_libdir):
 def test_create_job_from_the_benchmark_notebook(hub, browser):
     ARTIFACTS.mkdir(exist_ok=True)
     hub.add_users("dana")
-    write(hub.dir / "users" / "dana" / "bench.ipynb", GPU_REPORT, parameters="seconds = 0")
+    write(hub.home("dana") / "bench.ipynb", GPU_REPORT, parameters="seconds = 0")
     page = hub_login(browser, hub.url, "dana")
     r = hub.spawn("dana", {"profile": "cpu", "gpus": 0})
     assert r.status_code in (201, 202), r.text

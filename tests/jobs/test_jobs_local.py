@@ -12,6 +12,7 @@ import time
 
 import pytest
 
+import devcgroup
 import fakenvml
 from gpuspawner.simulation import simulated_config
 from hub import Hub, pid_alive, process_env
@@ -40,10 +41,7 @@ def hub(tmp_path_factory, fakenvml_libdir):
 
 
 def home(hub: Hub, user: str):
-    return hub.dir / "users" / user
-
-
-
+    return hub.home(user)
 
 
 def job_pid(text: str) -> int:
@@ -78,6 +76,25 @@ def test_job_runs_on_its_gpu_and_frees_it(hub):
     assert "cell" in (home(hub, "alice") / "work" / "out" / "report-run.log").read_text()
     assert uuid not in holders(hub), "the GPU is free again"
     assert not pid_alive(job_pid(text))
+
+
+# a notebook that starts a process which leaves its session and clears its environment, then ends
+HIDE = ("import subprocess, sys\n"
+        f"hidden = subprocess.run([sys.executable, '-c', {devcgroup.ESCAPER!r}], capture_output=True, text=True)\n"
+        "print('HIDDEN=' + hidden.stdout.strip())")
+
+
+def test_a_job_ends_with_every_process_it_started(hub):
+    write(home(hub, "alice") / "hide.ipynb", HIDE)
+    r = submit(hub, "alice", {**T4, "notebook": "hide.ipynb"})
+    assert r.status_code == 201, r.text
+    uuid = r.json()["gpus"][0]["uuid"]
+    done = wait_state(hub, "alice", r.json()["id"], ("completed", "failed"))
+    assert done["state"] == "completed", done
+    text = outputs_text(home(hub, "alice") / "hide-output.ipynb")
+    hidden = int(next(line for line in text.splitlines() if line.startswith("HIDDEN=")).split("=", 1)[1])
+    assert not pid_alive(hidden), "the process the job hid outlived it"
+    assert uuid not in holders(hub)
 
 
 def test_failing_notebook_is_marked_failed_and_frees_gpus(hub):

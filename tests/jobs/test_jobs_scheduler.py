@@ -44,7 +44,7 @@ def test_create_job_runs_on_its_own_gpu_and_outlives_the_server(hub):
     r = hub.spawn("dana", {"profile": "cpu", "gpus": 0})
     assert r.status_code in (201, 202), r.text
     hub.wait_ready("dana")
-    write(hub.dir / "users" / "dana" / "bench.ipynb", GPU_REPORT, parameters="seconds = 0")
+    write(hub.home("dana") / "bench.ipynb", GPU_REPORT, parameters="seconds = 0")
     envs = scheduler(hub, "GET", "runtime_environments")
     assert envs.status_code == 200, envs.text
     env = envs.json()[0]
@@ -87,7 +87,7 @@ def test_create_job_runs_on_its_own_gpu_and_outlives_the_server(hub):
     output = next(f for f in done["job_files"] if f["file_format"] == "ipynb")
     staged = scheduler(hub, "GET", f"jobs/{job_id}").json()
     assert staged["status"] == "COMPLETED"
-    staging = hub.dir / "users" / "dana" / ".jupyter" / "scheduler_staging_area"
+    staging = hub.home("dana") / ".jupyter" / "scheduler_staging_area"
     text = outputs_text(next(staging.rglob("bench-*.ipynb")))
     assert f"GPUS={uuid}" in text and "slept 4" in text
     assert output["display_name"]
@@ -97,7 +97,7 @@ def test_a_refused_job_shows_the_hubs_sentence(hub):
     if not hub.user("dana")["servers"]:
         hub.spawn("dana", {"profile": "cpu", "gpus": 0})
         hub.wait_ready("dana")
-    write(hub.dir / "users" / "dana" / "bench.ipynb", GPU_REPORT, parameters="seconds = 0")
+    write(hub.home("dana") / "bench.ipynb", GPU_REPORT, parameters="seconds = 0")
     env = scheduler(hub, "GET", "runtime_environments").json()[0]
     r = scheduler(hub, "POST", "jobs", json={
         "input_uri": "bench.ipynb", "runtime_environment_name": env["name"], "name": "big",

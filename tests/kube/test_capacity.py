@@ -117,6 +117,16 @@ def test_single_strategy_mig_and_unrenamed_time_slicing(node_items):
     assert (found["shared-t4"].kind, found["shared-t4"].products) == ("shared", ("Tesla-T4-SHARED",))
 
 
+def test_nodes_without_the_product_label_are_asked_for_by_resource_only(node_items):
+    """GKE's and other clusters without GPU Feature Discovery: no nvidia.com/gpu.product label to select on."""
+    gke = {**node_items[0], "metadata": {"name": "gke-t4", "labels": {"cloud.google.com/gke-accelerator":
+                                                                      "nvidia-tesla-t4"}}}
+    assert place(cluster_inventory([gke], []), (), 1).products == ()  # any node with nvidia.com/gpu
+    mixed = cluster_inventory([gke, *node_items], [])
+    assert place(mixed, (), 1).products == ()
+    assert place(mixed, [A100], 1).products == ("NVIDIA-A100-SXM4-80GB",)  # a model picked: its labelled nodes
+
+
 def test_cordoned_and_not_ready_nodes_are_unavailable_not_free(node_items):
     """Their GPUs leave the total and are said apart, as unhealthy GPUs are on the other backends."""
     node_items[0]["spec"]["unschedulable"] = True

@@ -14,12 +14,15 @@ GPUKubeSpawner's ``reserve_gpus`` (which applies the profile the same way, then 
 
 from __future__ import annotations
 
+import asyncio
 from html.parser import HTMLParser
 
 import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
 from jupyterhub.utils import maybe_future
 from kubespawner import KubeSpawner
 from tornado import web
+from traitlets import TraitError
 from traitlets.config import Config
 
 from gpuspawner.spawners.kube import GPUKubeSpawner
@@ -319,3 +322,223 @@ def test_what_gpu_kube_cannot_honour_stops_it_naming_the_key(make, profile_list,
 def test_kubespawner_form_templates_are_refused_not_ignored(make):
     with pytest.raises(Exception, match="profile_form_template"):
         make(GPUKubeSpawner, profile_form_template="<form></form>")
+
+
+# ------------------------------------------------------------------ loading options as KubeSpawner 7.1 does
+
+
+async def loaded(spawner, options: dict):
+    """KubeSpawner 7.1's step on its own: user_options set, load_user_options() run, nothing started."""
+    spawner.user_options = options
+    await spawner.load_user_options()
+    return spawner
+
+
+async def test_load_user_options_applies_the_profile_before_start(make, cls):
+    spawner = await loaded(make(cls), {"profile": "demo", "image": "base", "size": "large"})
+    assert spawner.image == "jupyter/base-notebook:2024"
+    assert spawner.cpu_limit == 4.0 and spawner.default_url == "/lab"
+    assert spawner.node_selector == {"pool": "users", "size": "large"}
+    assert spawner.environment == {"CONFIGURED": "yes", "PROFILE": "demo"}  # merged; None removed a key
+    pod = validate_pod(spawner, await spawner.get_pod_manifest())  # what the progress page and admins read
+    assert container(pod)["image"] == "jupyter/base-notebook:2024"
+
+
+async def test_options_load_again_from_the_settings_before_the_last_load(make):
+    spawner = await loaded(make(GPUKubeSpawner), {"profile": "demo", "image": "minimal", "size": "large"})
+    assert spawner.environment["FLAVOUR"] == "minimal" and spawner.cpu_limit == 4.0
+    await loaded(spawner, {"profile": "plain"})  # KubeSpawner would keep demo's merged settings (its issue 546)
+    assert spawner.image == "jupyter/scipy-notebook:2024" and spawner.mem_limit == 2 * 1024**3
+    assert spawner.environment == {"CONFIGURED": "yes", "REMOVED": "no"}
+    assert spawner.cpu_limit is None and spawner.node_selector == {} and spawner.default_url == ""
+
+
+async def test_refused_options_are_a_400_and_the_valueerror_kubespawner_raises(make):
+    spawner = make(GPUKubeSpawner)
+    for options in ({"profile": "demo", "image--unlisted-choice": "evil.example/miner:1"},
+                    {"profile": "nope"}, {"profile": "demo", "image": "no-such-choice"}):
+        with pytest.raises(ValueError) as info:
+            await loaded(spawner, options)
+        assert isinstance(info.value, web.HTTPError) and info.value.status_code == 400
+    assert spawner.image == "quay.io/jupyter/base-notebook:2024-05-27"  # nothing was applied
+
+
+async def test_a_start_applies_the_profile_once_and_the_pod_has_it(make, cluster, kubelet):
+    calls = []
+
+    def labels(spawner):
+        calls.append(spawner.user_options["profile"])
+        return {"applied": str(len(calls))}
+
+    gpu = {"display_name": "GPU", "slug": "gpu", "gpu_models": ["any"], "gpu_counts": [1],
+           "kubespawner_override": {"extra_labels": labels, "environment": {"GPU_PROFILE": "1"}}}
+    spawner = make(GPUKubeSpawner, [PLAIN, gpu])
+    spawner.user_options = {"profile": "gpu", "gpus": 1}
+    await spawner._run_apply_user_options(spawner.user_options)
+    await asyncio.wait_for(spawner.start(), 60)
+    assert calls == ["gpu"]  # reserve_gpus loaded the options; KubeSpawner's _start did not load them again
+    created = [r.data for r in cluster.requests("POST", "/pods")]
+    assert len(created) == 1
+    pod = created[0]
+    assert pod["metadata"]["labels"]["applied"] == "1"
+    assert gpu_limits(pod) == {"nvidia.com/gpu": "1"}
+    assert env(pod)["GPU_PROFILE"] == "1" and env(pod)["CONFIGURED"] == "yes"
+    await spawner.stop(now=True)
+    assert spawner.extra_labels == {} and "GPU_PROFILE" not in spawner.environment  # undone at stop
+
+
+async def test_a_site_profile_list_keeps_its_default_beside_gpu_profiles(make):
+    first = {"display_name": "First", "kubespawner_override": {"image": "jupyter/first:1"}}
+    second = {"display_name": "Second", "kubespawner_override": {"image": "jupyter/second:1"}}
+    cpu = [{"slug": "gpu-cpu", "display_name": "CPU only", "gpu_counts": [0]}]
+    spawner = make(GPUKubeSpawner, [first, second], gpu_profiles=cpu)
+    assert container(await pod_for(spawner, {}))["image"] == "jupyter/first:1"  # as KubeSpawner picks
+    assert Checked(await form_of(spawner)).radios["profile"] == "first"
+    marked = [{**c, "default": True} for c in cpu]  # a GPU profile marked default is the default
+    assert Checked(await form_of(make(GPUKubeSpawner, [first, second], gpu_profiles=marked))).radios["profile"] == (
+        "gpu-cpu")
+
+
+async def test_a_sites_options_from_form_wins_and_its_options_are_checked(make):
+    def site_form(formdata):
+        return {"profile": formdata["flavour"][0], "size": "large"}
+
+    spawner = make(GPUKubeSpawner, options_from_form=site_form)
+    options = spawner.run_options_from_form({"flavour": ["demo"]})
+    assert options == {"profile": "demo", "size": "large"}
+    assert float(container(await pod_for(spawner, options))["resources"]["limits"]["cpu"]) == 4
+    options = spawner.run_options_from_form({"flavour": ["nope"]})
+    assert "nope" in await refused(make(GPUKubeSpawner, options_from_form=site_form), options)
+    simple = make(GPUKubeSpawner, options_from_form="simple")  # JupyterHub's named parsers too
+    assert simple.run_options_from_form({"profile": ["demo"], "size": ["large"]}) == {"profile": "demo",
+                                                                                       "size": "large"}
+
+
+# ------------------------------------------------------------------ the form pre-selects the last choice
+
+
+class Checked(HTMLParser):
+    """What a form shows chosen: the checked radio per name, the selected option per select, text values."""
+
+    def __init__(self, html: str) -> None:
+        super().__init__()
+        self.radios: dict[str, str] = {}
+        self.selected: dict[str, str] = {}
+        self.texts: dict[str, str] = {}
+        self._select: str | None = None
+        self.feed(html)
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        if tag == "select":
+            self._select = a.get("name")
+        elif tag == "option" and self._select and "selected" in a:
+            self.selected[self._select] = a.get("value")
+        elif tag == "input" and a.get("type") == "radio" and "checked" in a:
+            self.radios[a["name"]] = a.get("value")
+        elif tag == "input" and a.get("type") == "text":
+            self.texts[a["name"]] = a.get("value") or ""
+
+    def handle_endtag(self, tag):
+        if tag == "select":
+            self._select = None
+
+
+async def test_the_form_preselects_the_last_choice(make, cluster, kubelet):
+    gpu = {**DEMO, "slug": "gpu", "display_name": "GPU", "gpu_models": ["a100", "h100"], "gpu_counts": [1, 2]}
+    spawner = make(GPUKubeSpawner, [PLAIN, gpu])
+    form = {"profile": ["gpu"], "profile-option-gpu--gpus": ["2"], "profile-option-gpu--gpu_model": ["a100-sxm4-80gb"],
+            "profile-option-gpu--image": ["unlisted-choice"],
+            "profile-option-gpu--image--unlisted-choice": ["jupyter/r-notebook:2024"],
+            "profile-option-gpu--size": ["large"]}
+    spawner.user_options = spawner.run_options_from_form(form)
+    await spawner._run_apply_user_options(spawner.user_options)
+    await asyncio.wait_for(spawner.start(), 60)
+    await spawner.stop(now=True)
+    for shown in (spawner, make(GPUKubeSpawner, [PLAIN, gpu])):  # the same object, and a new one after a restart
+        shown.user_options = spawner.user_options  # JupyterHub keeps them in its database
+        checked = Checked(await form_of(shown))
+        assert checked.radios["profile"] == "gpu"
+        assert checked.selected["profile-option-gpu--gpus"] == "2"
+        assert checked.selected["profile-option-gpu--gpu_model"] == "a100-sxm4-80gb"
+        assert checked.selected["profile-option-gpu--image"] == "unlisted-choice"
+        assert checked.texts["profile-option-gpu--image--unlisted-choice"] == "jupyter/r-notebook:2024"
+        assert checked.selected["profile-option-gpu--size"] == "large"
+    # a saved choice the profile no longer offers falls back to that option's default; a profile that is
+    # gone, to the default profile (KubeSpawner 7.1 drops every saved choice when one is invalid)
+    changed = make(GPUKubeSpawner, [PLAIN, {**gpu, "profile_options": {"size": DEMO["profile_options"]["size"]}}])
+    changed.user_options = {**spawner.user_options, "size": "huge"}
+    checked = Checked(await form_of(changed))
+    assert checked.radios["profile"] == "gpu"
+    assert checked.selected["profile-option-gpu--size"] == "small"
+    assert checked.selected["profile-option-gpu--gpus"] == "2"
+    gone = make(GPUKubeSpawner, [PLAIN, DEMO])
+    gone.user_options = spawner.user_options
+    assert Checked(await form_of(gone)).radios["profile"] == "plain"
+
+
+# ------------------------------------------------------------------ settings gpu-kube would replace: refused at start
+
+GPU_CHOICES = [{"display_name": "GPU", "slug": "gpu", "gpu_models": ["any"], "gpu_counts": [1, 2]}]
+
+
+@pytest.mark.parametrize("profile_list, settings, named", [
+    (PROFILE_LIST, {"environment": {"NVIDIA_VISIBLE_DEVICES": "all"}}, "environment['NVIDIA_VISIBLE_DEVICES']"),
+    (PROFILE_LIST, {"environment": {"NVIDIA_DRIVER_CAPABILITIES": "all"}}, "NVIDIA_DRIVER_CAPABILITIES"),
+    (GPU_CHOICES, {"extra_resource_limits": {"nvidia.com/gpu": "1"}}, "extra_resource_limits['nvidia.com/gpu']"),
+    ([], {"extra_resource_guarantees": {"nvidia.com/mig-1g.10gb": "1"}}, "extra_resource_guarantees"),
+    (GPU_CHOICES, {"node_selector": {"nvidia.com/gpu.product": "Tesla-T4"}}, "node_selector['nvidia.com/gpu.product']"),
+    (PROFILE_LIST, {"node_selector": {"nvidia.com/gpu.product": "Tesla-T4"}}, "without a GPU resource"),
+    (PROFILE_LIST, {"gpu_profiles": [{"display_name": "CPU", "slug": "c", "gpu_counts": [0]}],
+                    "extra_resource_limits": {"nvidia.com/gpu": "1"}}, "a profile with GPU choices"),
+])
+async def test_settings_gpu_kube_would_replace_stop_it_naming_them(make, profile_list, settings, named):
+    with pytest.raises(TraitError, match="gpu-kube cannot honour c.KubeSpawner") as info:
+        make(GPUKubeSpawner, profile_list, **settings)
+    assert named in str(info.value)
+
+
+async def test_a_class_level_gpu_beside_kubespawner_style_profiles_is_honoured(make):
+    selector = {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB"}
+    spawner = make(GPUKubeSpawner, PROFILE_LIST, extra_resource_limits={"nvidia.com/gpu": "1"}, node_selector=selector)
+    pod = await pod_for(spawner, {"profile": "plain"})  # every server asks for it, as with KubeSpawner
+    assert gpu_limits(pod) == {"nvidia.com/gpu": "1"} and pod["spec"]["nodeSelector"] == selector
+
+
+# ------------------------------------------------------------------ any sequence of loads: only the last one counts
+
+CHOSEN = st.one_of(
+    st.just({}),
+    st.fixed_dictionaries({"profile": st.sampled_from(["plain", "demo", "nope"])}),
+    st.fixed_dictionaries({"profile": st.just("demo")},
+                          optional={"image": st.sampled_from(["base", "minimal", "nope"]),
+                                    "size": st.sampled_from(["small", "large"]),
+                                    "image--unlisted-choice": st.sampled_from(["jupyter/x:1", "evil.example/x:1"])}),
+)
+
+
+def configured(spawner) -> dict:
+    """Every setting; a method of the spawner itself (its default form, parser, hook) as the function."""
+    values = {name: getattr(spawner, name) for name in spawner.trait_names(config=True)}
+    return {k: v.__func__ if getattr(v, "__self__", None) is spawner else v for k, v in values.items()}
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(sequence=st.lists(CHOSEN, min_size=1, max_size=5))
+async def test_after_any_loads_the_settings_are_those_of_the_last_accepted_options(make, sequence):
+    """Refused options change nothing; accepted ones replace all an earlier load applied (no stale settings)."""
+    spawner, last = make(GPUKubeSpawner), None
+    for options in sequence:
+        before = configured(spawner)
+        try:
+            await loaded(spawner, options)
+        except ValueError:
+            assert configured(spawner) == before
+        else:
+            last = options
+    fresh = make(GPUKubeSpawner)
+    if last is not None:
+        await loaded(fresh, last)
+    assert configured(spawner) == configured(fresh)
+    await spawner.stop(now=True)  # and a stop undoes the last load
+    assert configured(spawner) == configured(make(GPUKubeSpawner))

@@ -227,6 +227,36 @@ async def test_after_a_restart_the_pods_are_counted_and_the_quota_refuses_first(
     await carol.stop(now=True)
 
 
+# ------------------------------------------------------------ while the hub runs
+
+
+async def test_a_pod_deleted_behind_the_hubs_back_stops_counting_without_a_restart(
+        cluster, kubelet, make_spawner, caplog):
+    zoe = make_spawner("zoe", gpu_profiles=PROFILES, gpu_quota_per_user=1, gpu_reconcile_interval=1)
+    await start(zoe, GPU1)
+    assert counted(zoe)["zoe/"] == {"nvidia.com/gpu": 1}
+    await cluster.delete_pod("jhub", zoe.pod_name)  # kubectl delete, a node drained, an eviction
+    await until(lambda: "zoe/" not in counted(zoe))
+    assert "gpu-kube: zoe/'s GPU charge (1) freed: no live pod of it" in caplog.text
+    # her quota of 1 counts only what she holds: another server of hers starts
+    await start(make_spawner("zoe", "again"), GPU1)
+    assert counted(zoe)["zoe/again"] == {"nvidia.com/gpu": 1}
+
+
+async def test_a_pod_of_the_hub_it_did_not_count_is_counted_without_a_restart(
+        cluster, kubelet, make_spawner, pod_items, caplog):
+    zoe = make_spawner("zoe", gpu_profiles=PROFILES, gpu_reconcile_interval=1)
+    await zoe.poll()  # the hub has reconciled (at start) and runs on
+    assert "yuri/" not in counted(zoe)
+    # a server pod of this hub made behind its back (another hub process on the same database, say)
+    pod = copy.deepcopy(next(p for p in pod_items if p["metadata"]["name"] == "jupyter-alice"))
+    pod["metadata"].update(name="jupyter-yuri", uid="uid-yuri", annotations={"hub.jupyter.org/username": "yuri"})
+    cluster.load([], [pod])
+    await until(lambda: "yuri/" in counted(zoe))
+    assert counted(zoe)["yuri/"] == {"nvidia.com/gpu": 4}
+    assert "gpu-kube: pod jhub/jupyter-yuri of yuri/ counted: it holds 4 GPU(s) the hub did not count" in caplog.text
+
+
 async def test_no_pod_list_no_gpu_spawn_but_cpu_only_works(cluster, make_spawner):
     cluster.handler["get /api/v1/namespaces/jhub/pods"] << 500 << {"kind": "Status", "code": 500}
     spawner = make_spawner("zoe", gpu_profiles=PROFILES, gpu_quota_per_user=1)

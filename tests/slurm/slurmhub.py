@@ -37,6 +37,15 @@ c.GPUSpawnerMixin.gpu_quota_per_user = 4
 c.JupyterHub.allow_named_servers = True
 """
 
+#: the GPU overview and notebook jobs (gpuspawner.hub.setup.configure), read with the tests' token, and
+#: the hub's reconciliation with Slurm every 2 seconds
+OVERVIEW_CONFIG = """
+from gpuspawner.hub.setup import configure
+configure(c)
+c.JupyterHub.load_roles[0]["scopes"].append("custom:gpus:read")
+c.GPUSpawnerMixin.gpu_reconcile_interval = 2
+"""
+
 
 @contextmanager
 def running_hub(directory: Path, cluster, gpus: dict, extra_config: str = "",
@@ -75,6 +84,13 @@ def job_gpus(cluster, job: str) -> list[int]:
         first, _, last = part.partition("-")
         indexes += range(int(first), int(last or first) + 1)
     return indexes
+
+
+def charged(hub: Hub) -> dict[str, int]:
+    """owner -> the GPUs the hub charges it (``/hub/api/gpus``: the cluster's charges)."""
+    r = hub.api("GET", "/gpus")
+    assert r.ok, r.text
+    return {entry["owner"]: entry["gpus"] for entry in r.json()["cluster"]}
 
 
 def monitor_uuids(hub: Hub, name: str) -> list[str]:

@@ -2,22 +2,27 @@
 
 With no Slurm cluster answering, the hub starts a private one-node cluster
 (gpu:a100:2,gpu:t4:2 on the device files of the simulated GPUs), runs a
-JupyterLab server as a Slurm job on the GPU picked in the form, and its
-cluster's daemons do not outlive it, whether it exits or is killed. With a
-cluster answering (SLURM_CONF), it uses that one and starts none.
+JupyterLab server as a Slurm job on the GPU picked in the form, as the user's
+own account (made by the hub; never root), and its cluster's daemons do not
+outlive it, whether it exits or is killed. With a cluster answering
+(SLURM_CONF), it uses that one and starts none.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import pwd
+import secrets
 import signal
+import subprocess
 import time
 from pathlib import Path
 
 import pytest
 
 from gpuspawner.slurm.devcluster import SlurmCluster, cannot_start
-from hub import Hub, pid_alive, process_env
+from hub import Hub, pid_alive, process_env, uid_pids
 from needs import missing
 from slurmhub import job_gpus
 from test_local_hub import login, xsrf_token
@@ -38,6 +43,7 @@ def default_hub(directory: Path, fakenvml_libdir: Path, **env: str) -> Hub:
         "GPUSPAWNER_PROXY_API_URL": hub.settings["proxy_api_url"],
         "GPUSPAWNER_PASSWORD": "test-password",
         "GPUSPAWNER_BACKEND": "slurm",
+        "GPUSPAWNER_ACCOUNT_PREFIX": "s" + secrets.token_hex(3) + "-",  # this test's accounts alone
         **env,
     })
     for name in ("LD_LIBRARY_PATH", "FAKENVML_CONFIG", "SLURM_CONF"):  # as on a fresh machine
@@ -77,6 +83,11 @@ def private_hub(tmp_path, fakenvml_libdir):
     finally:
         hub.close()
         cluster.stop()
+        for entry in pwd.getpwall():
+            if entry.pw_name.startswith(hub.env["GPUSPAWNER_ACCOUNT_PREFIX"]):
+                for pid in uid_pids(entry.pw_uid):
+                    os.kill(pid, signal.SIGKILL)
+                subprocess.run(["userdel", "--remove", entry.pw_name], capture_output=True, timeout=60)
 
 
 def test_runnable_default_starts_a_private_cluster_runs_jupyterlab_as_a_job_and_stops_it(private_hub):
@@ -112,7 +123,11 @@ def test_runnable_default_starts_a_private_cluster_runs_jupyterlab_as_a_job_and_
     gpus = web.get(hub.url + "/user/ada/api/gpus", timeout=60).json()["gpus"]
     simulated = json.loads((hub.dir / "simulated-gpus.json").read_text())["devices"]
     assert [g["uuid"] for g in gpus] == [simulated[gpu]["uuid"]], gpus
-    assert processes_using(cluster.conf), "no server process in the job"
+    servers = [pid for pid in processes_using(cluster.conf) if process_env(pid).get("JUPYTERHUB_USER") == "ada"]
+    assert servers, "no server process in the job"
+    account = pwd.getpwnam(hub.env["GPUSPAWNER_ACCOUNT_PREFIX"] + "ada")  # made by the hub
+    assert account.pw_uid != 0
+    assert {Path(f"/proc/{pid}").stat().st_uid for pid in servers} == {account.pw_uid}  # not root
 
     # the hub is killed: its watcher stops the cluster, and the job's server ends with it
     hub.stop(signal.SIGKILL)

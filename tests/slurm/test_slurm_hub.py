@@ -20,7 +20,18 @@ import requests
 
 from hub import Hub, pid_alive, process_env
 from kernels import execute, start_kernel
-from slurmhub import ONE_A100, PROFILES, SLURM_HUB_CONFIG, add_user, job_gpus, job_id, monitor_uuids, running_hub
+from slurmhub import (
+    ONE_A100,
+    OVERVIEW_CONFIG,
+    PROFILES,
+    SLURM_HUB_CONFIG,
+    add_user,
+    charged,
+    job_gpus,
+    job_id,
+    monitor_uuids,
+    running_hub,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.slurm]
 
@@ -28,7 +39,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.slurm]
 
 @pytest.fixture(scope="module")
 def hub(slurm_cluster, slurm_gpus, tmp_path_factory):
-    with running_hub(tmp_path_factory.mktemp("slurm-hub"), slurm_cluster, slurm_gpus) as hub:
+    with running_hub(tmp_path_factory.mktemp("slurm-hub"), slurm_cluster, slurm_gpus, OVERVIEW_CONFIG) as hub:
         yield hub
 
 
@@ -116,11 +127,12 @@ def test_two_users_get_disjoint_gpus_third_waits_in_slurm_and_starts_when_one_st
     assert monitor_uuids(hub, "alice") == [uuids[alice[0]]]
     assert monitor_uuids(hub, "bob") == [uuids[bob[0]]]
 
-    # the job carries the hub, user and server
+    # the job carries the hub, user and server, and which start of the server it is
     line = next(j for j in cluster.jobs() if j.startswith(job_id(hub, "alice") + " "))
     assert "jupyterhub-jupyterhub-alice" in line
     comment = cluster.run("squeue", "-h", "-j", job_id(hub, "alice"), "-o", "%k").stdout.strip()
-    assert comment == "jupyterhub:jupyterhub user:alice server:"
+    assert re.fullmatch(r"jupyterhub:jupyterhub user:alice server: start:[0-9a-f]{12}", comment), comment
+    assert charged(hub) == {"alice/": 1, "bob/": 1}
     # the profile's Slurm settings reach sbatch: its time limit, one node, the A100 GRES
     limits = cluster.run("squeue", "-h", "-j", job_id(hub, "alice"), "-o", "%l %D %b").stdout.split()
     assert limits == ["30:00", "1", "gres:gpu:a100:1"], limits
@@ -253,6 +265,45 @@ def test_hub_start_cancels_jobs_of_this_hub_that_no_server_names(hub, cluster):
     assert f"cancelling Slurm job {orphan} of ghost/" in hub.log_path.read_text()
     cluster.run("scancel", other)
     assert pid_alive(hub.proc.pid)
+
+
+def test_jobs_of_this_hub_no_server_or_notebook_job_names_are_cancelled_without_a_restart(hub, cluster):
+    # a hub that has users, none of them with a server: it reconciles with Slurm as soon as it is up
+    add_user(hub, "ghost")
+    hub.restart()
+    # jobs as the hub submits them, for a server and for a notebook GPU job, whose ids never reached
+    # the database (another process of the hub died in between); nobody spawns, nothing restarts
+    orphans = [cluster.run("sbatch", "--parsable", f"--job-name=jupyterhub-jupyterhub-ghost-{server}",
+                           "--gres=gpu:t4:1", f"--comment=jupyterhub:jupyterhub user:ghost server:{server}",
+                           "-o", "/dev/null", "--wrap", "sleep 300").stdout.strip()
+               for server in ("", "job/5e1f0c")]
+    deadline = time.monotonic() + 30
+    while {j.split()[0] for j in cluster.jobs()} & set(orphans):
+        assert time.monotonic() < deadline, f"not cancelled: {cluster.jobs()}\n{hub.log()}"
+        time.sleep(0.5)
+    log = hub.log_path.read_text()
+    assert f"cancelling Slurm job {orphans[0]} of ghost/: no server or notebook job" in log, log
+    assert f"cancelling Slurm job {orphans[1]} of ghost/job/5e1f0c: no server or notebook job" in log, log
+    assert "ghost/" not in charged(hub) and "ghost/job/5e1f0c" not in charged(hub)
+
+
+def test_a_job_cancelled_behind_the_hubs_back_stops_counting_without_a_restart(hub, cluster):
+    add_user(hub, "mona")
+    start(hub, "mona", {"profile": "gpu", "gpus": 2, "gpu_model": "t4"})
+    assert charged(hub)["mona/"] == 2
+    cluster.run("scancel", job_id(hub, "mona"))  # an admin, or Slurm (time limit, node failure)
+    deadline = time.monotonic() + 45
+    while "mona/" in charged(hub):
+        assert time.monotonic() < deadline, f"still charged: {charged(hub)}\n{hub.log()}"
+        time.sleep(0.5)
+    assert "gpu-slurm: mona/'s GPU charge (2) freed: no live Slurm job of it" in hub.log_path.read_text()
+    # and her quota (4) counts only what she holds: two more servers of 2 GPUs each are taken
+    for server, model in (("big", "a100"), ("more", "t4")):
+        r = hub.api("POST", f"/users/mona/servers/{server}", json={"profile": "gpu", "gpus": 2, "gpu_model": model})
+        assert r.status_code in (201, 202), r.text
+    assert charged(hub)["mona/big"] == charged(hub)["mona/more"] == 2
+    for server in ("big", "more"):
+        hub.api("DELETE", f"/users/mona/servers/{server}")
 
 
 def start_named(hub: Hub, name: str, server: str, options: dict) -> requests.Response:

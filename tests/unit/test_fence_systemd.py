@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import pwd
 import shutil
 from types import SimpleNamespace
 
@@ -12,9 +13,11 @@ import pytest
 from tornado.web import HTTPError
 
 from gpuspawner.fence import Isolation, detect
-from gpuspawner.fence_systemd import device_allow, mig_nodes, scope_command, unit_name
+from gpuspawner.fence_starts import StartRecord
+from gpuspawner.fence_systemd import ScopeFence, device_allow, mig_nodes, scope_command, unit_name
 from gpuspawner.gpu import GPU
 from gpuspawner.spawners.local import _InFence, _LocalGPUs
+from gpuspawner.spawners.processes import MarkedStarts, StartFence
 
 
 def allowed(cmd: list[str]) -> list[str]:
@@ -107,6 +110,9 @@ class _Scoped(_InFence, _Recorder):
     def _create_fence(self):
         self._scope_prefix = ["systemd-run", "--scope", "--"]
 
+    async def server_account_problem(self):
+        return None
+
     def gpu_event(self, message, progress):
         self.events = [*getattr(self, "events", []), message]
 
@@ -138,28 +144,37 @@ def test_cpu_pinning_words_go_after_the_scope_words():
 class _Start:
     """The parts of a gpu-local spawner that ``_create_fence`` reads, on a host whose isolation is given."""
 
-    def __init__(self, isolation: Isolation, gpu_isolation="auto", minors=(1,), switches_user=True):
+    def __init__(self, isolation: Isolation, gpu_isolation="auto", minors=(1,), switches_user=True, records=None):
         self.hub_state = SimpleNamespace(cache=lambda key, make: isolation)
         self.gpu_isolation = gpu_isolation
         self.gpu_allocation = [SimpleNamespace(uuid=f"GPU-{m}", minor_number=m) for m in minors]
         self.user = SimpleNamespace(name="root")
         self.gpu_hub_id, self.gpu_spawn_id = "hub9", "s9"
+        self.gpu_owner = "root/"
         self._switches_user = switches_user
         self.log = logging.getLogger("test")
+        self.scopes = ScopeFence("hub9", records=records) if records else None
+
+    def _fences(self):
+        return StartFence(self.scopes, MarkedStarts("hub9"))
+
+    def _system_user(self):
+        return pwd.getpwnam(self.user.name)
 
 
 SYSTEMD = Isolation("systemd", "GPU isolation: enforced by the kernel (a systemd scope per server)")
 
 
-def test_a_start_on_a_systemd_host_gets_its_scope_words():
-    start = _Start(SYSTEMD)
+def test_a_start_on_a_systemd_host_gets_its_scope_words(tmp_path):
+    start = _Start(SYSTEMD, records=tmp_path)
     _LocalGPUs._create_fence(start)
+    assert start.scopes.record("s9") == StartRecord("root/", ("GPU-1",))  # whose it is, before it runs
     assert start._fence_path is None
     words = start._scope_prefix
     assert words[0] == shutil.which("systemd-run")  # found on the hub's PATH, not the server's
     assert "--uid=root" in words and "--gid=0" in words and "--unit=gpuspawner-hub9-s9.scope" in words
     assert "DeviceAllow=/dev/nvidia1 rw" in words and "DeviceAllow=/dev/nvidia0 rw" not in words
-    as_hub = _Start(SYSTEMD, switches_user=False)  # gpu-local-simple: the server runs as the hub
+    as_hub = _Start(SYSTEMD, switches_user=False, records=tmp_path)  # gpu-local-simple: runs as the hub
     _LocalGPUs._create_fence(as_hub)
     assert not any(w.startswith(("--uid", "--gid")) for w in as_hub._scope_prefix)
 

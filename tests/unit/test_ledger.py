@@ -351,6 +351,23 @@ class LedgerMachine(RuleBasedStateMachine):
         if tokens:
             self.model[owner] = set(tokens)
 
+    @rule(owner=st.sampled_from(OWNERS), to=st.sampled_from(OWNERS))
+    def transfer(self, owner, to):
+        """Out of service (gpu-local): what ``owner`` held moves to ``to`` in one step, nothing freed between."""
+        before = self.ledger.allocations()
+        if any(cluster_resource(k) is not None for k in before.get(owner, ())):
+            return  # cluster tokens name their owner: never moved
+        try:
+            moved = self.ledger.transfer(owner, to)
+        except ValueError:
+            assert to in before
+            assert self.ledger.allocations() == before
+            return
+        assert set(moved) == self.model.get(owner, set())
+        if owner != to and moved:
+            self.model[to] = self.model.pop(owner)
+        assert self.ledger.held() == frozenset(u for us in before.values() for u in us)
+
     @rule(owner=st.sampled_from(OWNERS))
     def release(self, owner):
         freed = self.ledger.release(owner)

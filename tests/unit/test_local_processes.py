@@ -1,4 +1,5 @@
-"""gpu-local's process table as the truth: finding server starts, adopting or stopping them."""
+"""gpu-local's process table as the truth: finding server starts, adopting or stopping them; and, where
+the kernel fences starts, their cgroups (a process that cleared its environment is still in its start's)."""
 
 from __future__ import annotations
 
@@ -7,10 +8,14 @@ import os
 import secrets
 import subprocess
 import sys
+import time
 
 import pytest
 from traitlets.config import Config
 
+import devcgroup
+from gpuspawner.fence import DeviceFence
+from gpuspawner.fence_starts import StartRecord
 from gpuspawner.spawners.local import GPUSimpleLocalProcessSpawner
 from gpuspawner.spawners.processes import alive, end_processes, find_servers
 from gpuspawner.state import stop_serving_hub_metrics
@@ -128,3 +133,53 @@ async def test_end_processes_kills_what_ignores_sigterm(hub_id, start_server):
     [group] = find_servers(hub_id)
     assert await end_processes(group.pids, grace=0.5) == []
     assert alive(group.pids) == []
+
+
+@pytest.fixture
+def kernel_fence(hub_id):
+    """This hub's real cgroup v1 fence (as the spawner makes it); every start in it is ended afterwards."""
+    devcgroup.require()
+    fence = DeviceFence(hub_id)
+    yield fence
+    for spawn in fence.starts():
+        for pid in fence.pids(spawn):
+            os.kill(pid, 9)
+        for _ in range(100):
+            if fence.remove(spawn):
+                break
+            time.sleep(0.05)
+
+
+def hide_in(groups) -> int:
+    """A process in ``groups`` that left its session and environment (tests/devcgroup.ESCAPER): its pid."""
+    out = subprocess.run([sys.executable, "-c", devcgroup.ESCAPER], capture_output=True, text=True, timeout=30,
+                         preexec_fn=lambda: DeviceFence.join(groups), check=True)
+    return int(out.stdout)
+
+
+async def test_a_restarted_hub_finds_an_unmarked_process_by_its_fence_and_frees_its_gpus_only_after(
+        hub_id, kernel_fence):
+    """The hub died; bob's server is gone but a process it hid lives on in the start's cgroups."""
+    hidden = hide_in(kernel_fence.create("start-b", [1], StartRecord("bob/", ("GPU-1",))))
+    stuck = hide_in(kernel_fence.create("start-c", [2], StartRecord("cyd/", ("GPU-2",))))
+    assert find_servers(hub_id) == []  # nothing carries the marks
+    with devcgroup.frozen(stuck) as frozen:  # cyd's will not die (as inside a driver call)
+        ada = spawner(hub_id)
+        ada.fence_end_timeout, ada.fence_retry_interval = 1.0, 0.2
+        released = []  # (GPUs released, whether bob's hidden process was alive at that moment)
+        ada.ledger.observe(lambda kind, owner, uuids, since: kind == "release" and released.append(
+            (uuids, bool(alive([hidden])))))
+        await ada.ensure_reconciled()
+        for _ in range(100):  # bob's is ended, then its GPU freed; cyd's goes out of service
+            if not alive([hidden]) and "GPU-1" not in ada.ledger.held() and ada.hub_state.out_of_service.of("cyd/"):
+                break
+            await asyncio.sleep(0.05)
+        assert not alive([hidden]) and "GPU-1" not in ada.ledger.held()
+        assert [(("GPU-1",), False)] == [r for r in released if "GPU-1" in r[0]]  # freed once it was gone
+        [withheld] = ada.hub_state.out_of_service.of("cyd/")
+        assert withheld.uuids == ("GPU-2",) and ada.ledger.holder("GPU-2") == withheld.owner
+        assert f"pid {stuck} " in withheld.reason and "uninterruptible sleep" in withheld.reason
+        devcgroup.thaw(frozen)
+        assert await ada.hub_state.out_of_service.given_back(withheld.owner, timeout=10)
+    assert not alive([stuck]) and ada.ledger.allocations() == {}
+    assert kernel_fence.starts() == []  # their cgroups and records are gone too
