@@ -28,7 +28,7 @@ import fakenvml
 from engine import Engine, free_port, gpu_config, unavailable_reason
 from needs import missing
 from parentsuite import MODES, parent_tests, run_suite, unexpected
-from registry import Registry, busybox_layer, make_image
+from registry import BUSYBOX, Registry, busybox_layer, make_image
 
 pytestmark = pytest.mark.docker
 
@@ -56,6 +56,8 @@ def suite_engine(their_tests, tmp_path_factory):
     reason = unavailable_reason()
     if reason:
         missing(f"no Docker engine can run here: {reason}")
+    if not BUSYBOX.exists():
+        missing(f"{BUSYBOX} is missing: busybox-static is not installed (scripts/setup installs it)")
     registry = Registry(tmp_path_factory.mktemp("registry"))
     layer = busybox_layer()
     for tag in ("1.29.1", "latest"):  # two different images, as on Docker Hub
