@@ -110,10 +110,10 @@ class LiveStats:
 
 
 def _number(value: object, kind: type = float) -> float | int | None:
-    """A finite, non-negative number from a monitor's JSON as ``kind``, else None."""
+    """A finite, non-negative number from a monitor's JSON as ``kind`` (a whole number stays one), else None."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
         return None
-    return kind(value)
+    return value if kind is float and isinstance(value, int) else kind(value)
 
 
 def _read_nvml(uuids: tuple[str, ...]) -> dict[str, GPUNumbers]:

@@ -34,12 +34,18 @@ pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
 
 
-#: what a process sees through NVML (pynvml over nvidia-ml-py): each GPU's name and UUID
+#: what a process sees through NVML (pynvml over nvidia-ml-py): each GPU's name and UUID, or the
+#: error NVML answers for it (a GPU outside the process's device fence: NVMLError_NoPermission)
 NVML_VIEW = (
     "import json, pynvml\n"
     "pynvml.nvmlInit()\n"
-    "gpus = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]\n"
-    "print('NVML=' + json.dumps([[pynvml.nvmlDeviceGetName(h), pynvml.nvmlDeviceGetUUID(h)] for h in gpus]))\n"
+    "def gpu(i):\n"
+    "    try:\n"
+    "        h = pynvml.nvmlDeviceGetHandleByIndex(i)\n"
+    "        return [pynvml.nvmlDeviceGetName(h), pynvml.nvmlDeviceGetUUID(h)]\n"
+    "    except pynvml.NVMLError as e:\n"
+    "        return type(e).__name__\n"
+    "print('NVML=' + json.dumps([gpu(i) for i in range(pynvml.nvmlDeviceGetCount())]))\n"
 )
 
 
@@ -186,7 +192,8 @@ def test_a_job_sees_through_nvml_what_a_server_sees(default_hub):
     server_url = hub.url + "/user/grace/"
     kernel = start_kernel(server_url, token)
     server_view = json.loads(execute(server_url, token, kernel, NVML_VIEW).split("NVML=", 1)[1])
-    assert server_view, "the server sees no GPU through NVML"
+    mine = [gpu for gpu in server_view if isinstance(gpu, list)]
+    assert len(mine) == 1 and mine[0][0] == "NVIDIA A100-SXM4-80GB", server_view  # its own GPU, the others fenced
 
     home = Path(pwd.getpwnam(hub.env["GPUSPAWNER_ACCOUNT_PREFIX"] + "grace").pw_dir)
     write(home / "nvml.ipynb", NVML_VIEW)
@@ -200,5 +207,12 @@ def test_a_job_sees_through_nvml_what_a_server_sees(default_hub):
         time.sleep(0.3)
     assert job["state"] == "completed", job["reason"]
     job_view = json.loads(outputs_text(home / "nvml-output.ipynb").split("NVML=", 1)[1])
-    assert job_view == server_view
+    # the same sight on its own GPU (another A100: the server holds the first): that one GPU by name
+    # and UUID, every other GPU refused as for the server
+    assert [gpu[1] for gpu in job_view if isinstance(gpu, list)] == [g["uuid"] for g in job["gpus"]]
+
+    def shape(view):
+        return [gpu[0] if isinstance(gpu, list) else gpu for gpu in view]
+
+    assert sorted(shape(job_view)) == sorted(shape(server_view)), (job_view, server_view)
     requests.delete(api + "/server", headers=auth, timeout=60)

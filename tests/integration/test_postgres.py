@@ -144,7 +144,7 @@ def test_usage_and_jobs_live_in_postgresql_and_survive_a_restart(pg_hub, postgre
                  "ORDER BY id")
     assert [(r[0], r[1], r[2], r[3], r[4]) for r in rows] == [
         (alice["id"], "alice/", "alice", "server", "stopped"),
-        (job_alloc["id"], f"alice/job/{job_id}", "alice", "job", "stopped"),
+        (job_alloc["id"], f"alice/job/{job_id}", "alice", "job", "completed"),
         (bob_open["id"], "bob/", "bob", "server", None)]
     assert uuid in rows[0][5] and job_gpu in rows[1][5]
     assert query(postgres, database, 'SELECT "user", state, exit_code FROM gpuspawner_jobs WHERE id = %s',

@@ -62,7 +62,7 @@ def hub(tmp_path_factory, fakenvml_libdir):
               extra_config=JOBS_CONFIG)
     hub.start()
     hub.add_users(USER)
-    write(hub.dir / "users" / USER / "ok.ipynb", "print('ok')")
+    write(hub.home(USER) / "ok.ipynb", "print('ok')")
     try:
         yield hub
     finally:

@@ -47,7 +47,7 @@ def epoch(text: str) -> float:
 
 def started_job(hub: Hub, user: str, body: dict, cells: tuple[str, ...], seconds: float) -> dict:
     name = f"{user}-{len(cells)}-{int(seconds)}.ipynb"
-    write(hub.dir / "users" / user / name, *cells, parameters=f"seconds = {seconds}")
+    write(hub.home(user) / name, *cells, parameters=f"seconds = {seconds}")
     r = submit(hub, user, {**body, "notebook": name})
     assert r.status_code == 201, r.text
     return r.json()
@@ -90,7 +90,7 @@ def test_each_job_is_recorded_for_its_wall_time_with_its_outcome_and_id(hub):
 
 
 def test_a_job_may_carry_its_id_once(hub):
-    write(hub.dir / "users" / "alice" / "quick.ipynb", "print('hi')")
+    write(hub.home("alice") / "quick.ipynb", "print('hi')")
     job_id = "0123456789abcdef0123456789abcdef"
     r = submit(hub, "alice", {"profile": "cpu", "gpus": 0, "notebook": "quick.ipynb", "id": job_id})
     assert r.status_code == 201 and r.json()["id"] == job_id, r.text

@@ -204,9 +204,16 @@ def test_compute_types_are_slurms_gpus_with_live_free_counts(jobs_hub, slurm_clu
     held = submit(hub, "dave", {**T4, "notebook": "hold.ipynb", "parameters": {**params, "seconds": 600}})
     try:
         wait_state(hub, "dave", held["id"], ("running",))
-        r = hub.api("GET", "/users/dave/gpu-job-options")
-        assert r.status_code == 200, r.text
-        types = {t["label"]: t for t in r.json()["compute_types"]}
+
+        def options() -> dict:
+            r = hub.api("GET", "/users/dave/gpu-job-options")
+            assert r.status_code == 200, r.text
+            return {t["label"]: t for t in r.json()["compute_types"]}
+
+        # the hub reads sinfo at most every 5 s: within that, the free count follows Slurm's
+        deadline = time.monotonic() + 30
+        while (types := options())["1 x T4 (gpu:t4)"]["free"] != 1 and time.monotonic() < deadline:
+            time.sleep(0.5)
         assert types["CPU only"]["gpus"] == 0
         t4 = types["1 x T4 (gpu:t4)"]
         assert (t4["gpu_model"], t4["free"], t4["total"], t4["fits_now"]) == ("t4", 1, 2, True), t4
