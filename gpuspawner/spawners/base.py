@@ -21,6 +21,7 @@ import asyncio
 import sys
 import uuid
 from collections.abc import Mapping, Sequence
+from types import SimpleNamespace
 from typing import Any
 
 from jinja2 import Environment, PackageLoader, select_autoescape
@@ -709,11 +710,13 @@ def refusal_at_start(spawner_class: type, config) -> str | None:
     """Why the hub's configuration of ``spawner_class`` is refused, or None: the sentence of
     the first setting a validator of the class refuses (a :class:`~traitlets.TraitError`).
 
-    The class is built once from ``config`` alone, with no user; a class that cannot be
-    built so (it needs a user) is not checked here, and says what is wrong at its first spawn.
+    The class is built once from ``config``, for a stand-in user (KubeSpawner names its pod
+    after one); a class that cannot be built so (say, it needs a cluster that does not answer)
+    is not checked here, and says what is wrong at its first spawn.
     """
+    probe = SimpleNamespace(name="gpuspawner-configuration-check", id=0, url="/", groups=[])
     try:
-        spawner_class(config=config)
+        spawner_class(config=config, user=probe)
     except TraitError as e:
         return f"{spawner_class.__name__}: {e}"
     except Exception:
