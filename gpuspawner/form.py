@@ -13,12 +13,12 @@ from typing import Any
 
 from .availability import ModelAvailability, model_availability
 from .inventory import InventoryReading
-from .profiles import Profile, default_profile
+from .profiles import OfferedImages, Profile, default_profile, without_gpus
 
 
 def _profile_context(
     profile: Profile, models: list[ModelAvailability], chosen: Mapping[str, Any], unknown: bool = False,
-    waits: bool = False,
+    waits: bool = False, offered_images: OfferedImages = None, default_image: str | None = None,
 ) -> dict:
     offered = [m for m in models if profile.allows_model(m.slug)]
     # the most GPUs one request may ask for: free on one host now, or (waits) on one host ever
@@ -46,7 +46,12 @@ def _profile_context(
         }
         for n in profile.gpu_counts
     ]
-    images = list(profile.images)
+    # the profile's images, else the backend's (DockerSpawner shows its picker for two or more,
+    # the one that is the spawner's configured image preselected)
+    images, preselected = list(profile.images), None
+    if not images and isinstance(offered_images, Mapping) and len(offered_images) > 1:
+        images = list(offered_images)
+        preselected = next((name for name, image in offered_images.items() if image == default_image), None)
     return {
         "profile": profile,
         # form field names (gpu-kube uses KubeSpawner's profile-option-<slug>--<name> instead)
@@ -58,7 +63,8 @@ def _profile_context(
         "largest": largest,
         "counts": counts,
         "images": images,
-        "selected_image": chosen["image"] if chosen.get("image") in images else (images[0] if images else None),
+        "selected_image": chosen["image"] if chosen.get("image") in images else (
+            preselected or (images[0] if images else None)),
     }
 
 
@@ -71,6 +77,8 @@ def form_context(
     availability: list[ModelAvailability] | None = None,
     unknown: str | None = None,
     waits: bool = False,
+    offered_images: OfferedImages = None,
+    default_image: str | None = None,
 ) -> dict:
     """Everything form.html needs. ``previous`` pre-selects the user's last choice.
 
@@ -79,24 +87,49 @@ def form_context(
     in ``reading``, and ``unknown`` (why) when availability could not be read.
     ``waits``: a request that does not fit now waits in the backend's queue (Slurm),
     so only counts no host could ever hold are disabled.
+    ``offered_images``: the images a profile without ``images`` offers (gpu-docker:
+    DockerSpawner's ``allowed_images``; a picker when there are two or more, preselecting
+    the one that is ``default_image``, the spawner's configured image, as DockerSpawner's does).
+
+    Where no GPU was found at all (``no_gpus``), only the profiles that run without a
+    GPU are shown, each with no GPU preselected (:func:`~gpuspawner.profiles.without_gpus`),
+    and ``cpu_only`` says so (False when every profile was one without GPUs anyway);
+    ``gpus_needed``: no GPU was found and every profile needs one.
     """
     previous = previous or {}
     models = availability if availability is not None else model_availability(reading.gpus, held)
-    slugs = {p.slug for p in profiles}
+    no_gpus = not models and unknown is None if availability is not None else not reading.gpus
+    shown = without_gpus(profiles) if no_gpus else profiles
+    slugs = {p.slug for p in shown}
     last = previous.get("profile")
     remembered = isinstance(last, str) and last in slugs
-    selected = last if remembered else default_profile(profiles).slug
+    selected = last if remembered else default_profile(shown).slug
     return {
         "profiles": [
             _profile_context(p, models, previous if remembered and p.slug == last else {}, unknown is not None,
-                             waits)
-            for p in profiles
+                             waits, offered_images, default_image)
+            for p in shown
         ],
         "selected_profile": selected,
         "simulated": reading.simulated,
         "problems": list(reading.problems),
-        "no_gpus": not models and unknown is None if availability is not None else not reading.gpus,
+        "no_gpus": no_gpus,
+        "cpu_only": no_gpus and shown != profiles and any(p.max_gpus for p in profiles),
+        "gpus_needed": no_gpus and all(p.max_gpus for p in shown),  # no profile here runs without one
         "availability_unknown": unknown,
         # why a disabled GPU count is disabled, after its label
         "disabled_note": "more than any node has" if waits else "not free now",
     }
+
+
+def has_choices(context: Mapping[str, Any]) -> bool:
+    """Whether a form of ``context`` offers a choice or a note; without one the hub shows no form.
+
+    Nothing to choose: one profile, without GPUs, images or options to pick (a
+    CPU-only hub: as its parent spawner does, the hub then starts servers without asking).
+    """
+    if len(context["profiles"]) != 1 or context["cpu_only"]:
+        return True
+    (only,) = context["profiles"]
+    return bool(only["gpu_choice"] or len(only["counts"]) > 1 or only["images"] or only["options"]
+                or only.get("kueue"))

@@ -13,15 +13,20 @@ The contract (identical for the form and ``POST /hub/api/users/NAME/server``):
 ``profile``    a profile slug (default: the profile marked default)
 ``gpus``       an integer >= 0, one of the profile's ``gpu_counts``
 ``gpu_model``  a model slug shown in the form, or ``"any"``
-``image``      optional, one of the profile's ``images``
+``image``      optional, one of the profile's ``images``; for a profile
+               without ``images``, one the backend offers beside the
+               profiles (gpu-docker: DockerSpawner's ``allowed_images``)
 =============  ======================================================
+
+On a hub that found no GPU at all, the defaults are those of :func:`without_gpus`:
+a request that names no profile or count gets a server without a GPU.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from .gpu import model_slug, slug_matches
@@ -330,6 +335,26 @@ def default_profile(profiles: tuple[Profile, ...]) -> Profile:
     return next((p for p in profiles if p.default), profiles[0])
 
 
+def without_gpus(profiles: tuple[Profile, ...]) -> tuple[Profile, ...]:
+    """What a hub that found no GPU offers: the profiles that run without one, each preselecting no GPU.
+
+    The default is the configured default where it runs without a GPU, else the first
+    such profile. When every profile needs a GPU, they are all returned unchanged (a
+    start then says that the hub has no GPUs).
+    """
+    cpu = [p for p in profiles if 0 in p.gpu_counts]
+    if not cpu:
+        return profiles
+    chosen = next((p for p in cpu if p.default), cpu[0])
+    return tuple(replace(p, default_gpus=0, default=p is chosen) for p in cpu)
+
+
+#: What a backend offers as ``image`` for profiles without ``images``: image names by the
+#: name a user picks (gpu-docker: DockerSpawner's ``allowed_images``), ``"*"`` for any image,
+#: or nothing (None or empty: the spawner's own image only).
+OfferedImages = Mapping[str, str] | str | None
+
+
 # ---------------------------------------------------------------- user choices
 
 
@@ -345,32 +370,39 @@ def _text(options: Mapping, key: str, pattern: re.Pattern, what: str) -> str | N
 
 
 def parse_options(
-    options: Any, profiles: tuple[Profile, ...], models_present: Iterable[str] = ()
+    options: Any, profiles: tuple[Profile, ...], models_present: Iterable[str] = (), *,
+    offered_images: OfferedImages = None, no_gpus: bool = False, site_keys: bool = False,
 ) -> Choice:
     """Check user_options against the profiles; return a Choice or raise OptionsError.
 
     ``models_present`` are the model slugs of the inventory (what the form shows).
+    ``offered_images``: the images a profile without ``images`` offers (:data:`OfferedImages`).
+    ``no_gpus``: the hub found no GPU; a request naming no profile or no count gets the
+    defaults of :func:`without_gpus` (one that asks for GPUs is still checked as usual).
+    ``site_keys``: other keys are the site's own (its ``options_from_form`` or
+    ``apply_user_options`` reads them) and are left alone instead of refused.
     """
     if options is None:
         options = {}
     if not isinstance(options, Mapping):
         raise OptionsError("user_options", f"must be a JSON object, not {type(options).__name__}")
     unknown = [str(k) for k in options if k not in OPTION_KEYS]
-    if unknown:
+    if unknown and not site_keys:
         listed = ", ".join(shown(k, 40) for k in sorted(unknown)[:5])
         raise OptionsError(field_name(unknown[0]),
                            f"unknown option {listed}; allowed options: {', '.join(OPTION_KEYS)}")
 
+    fallback = {p.slug: p for p in without_gpus(profiles)} if no_gpus else {}
     slug = _text(options, "profile", _SLUG, "profile slug")
     by_slug = {p.slug: p for p in profiles}
     if slug is None:
-        profile = default_profile(profiles)
+        profile = by_slug[default_profile(tuple(fallback.values()) or profiles).slug]
     elif slug in by_slug:
         profile = by_slug[slug]
     else:
         raise OptionsError("profile", f"no profile {slug!r}; choose one of: {', '.join(by_slug)}")
 
-    gpus = options.get("gpus", profile.default_gpus)
+    gpus = options.get("gpus", fallback.get(profile.slug, profile).default_gpus)
     if type(gpus) is not int:  # bool is an int subclass: refuse it too
         raise OptionsError("gpus", f"must be an integer, not {type(gpus).__name__}")
     if gpus not in profile.gpu_counts:
@@ -387,18 +419,47 @@ def parse_options(
                 "gpu_model", f"{model!r} is not offered in profile '{profile.slug}'; choose one of: "
                 + ", ".join(["any", *offered]))
 
-    image = _text(options, "image", _IMAGE, "image name")
-    if image is not None and image not in profile.images:
-        allowed = ", ".join(profile.images) if profile.images else "none (this profile has a fixed image)"
-        raise OptionsError("image", f"{image!r} is not offered in profile '{profile.slug}'; allowed: {allowed}")
-    return Choice(profile, gpus, model, image)
+    return Choice(profile, gpus, model, _image(options, profile, offered_images))
+
+
+def _image(options: Mapping, profile: Profile, offered: OfferedImages) -> str | None:
+    """The ``image`` option checked: one of the profile's ``images``, else one the backend offers."""
+    if "image" not in options:
+        return None
+    image = options["image"]
+    if not isinstance(image, str):
+        raise OptionsError("image", f"must be a string (image name), not {type(image).__name__}")
+    if profile.images:
+        allowed: Iterable[str] = profile.images
+    elif offered == "*":
+        return _text(options, "image", _IMAGE, "image name")
+    else:
+        allowed = list(offered or ())
+    if image in allowed:
+        return image
+    listed = ", ".join(allowed) if allowed else "none (this profile has a fixed image)"
+    raise OptionsError("image", f"{shown(image, 80)} is not offered in profile '{profile.slug}'; allowed: {listed}")
+
+
+#: The spawn form's fields that are gpuspawner's: ``profile``, and these, plain or ``<key>-<profile slug>``.
+FORM_KEYS = ("gpus", "gpu_model", "image")
+
+
+def is_form_field(name: str, slugs: Iterable[str]) -> bool:
+    """Whether the spawn form field ``name`` is one of gpuspawner's (see :func:`options_from_form`)."""
+    if name == "profile" or name in FORM_KEYS:
+        return True
+    key, dash, slug = name.partition("-")
+    return bool(dash) and key in FORM_KEYS and slug in set(slugs)
 
 
 def options_from_form(form: Mapping[str, list[str]]) -> dict[str, Any]:
     """Turn spawn-form fields into the same user_options a REST client sends.
 
     The form names per-profile fields ``gpus-<slug>`` (so it works without
-    JavaScript); plain ``gpus``/``gpu_model``/``image`` are accepted too.
+    JavaScript); plain ``gpus``/``gpu_model``/``image`` are accepted too. A repeated
+    field is refused, except plain ``image``, DockerSpawner's own picker field, of
+    which the first value counts, as DockerSpawner reads it.
     Only types are converted here; :func:`parse_options` does the checking.
     """
 
@@ -406,7 +467,7 @@ def options_from_form(form: Mapping[str, list[str]]) -> dict[str, Any]:
         values = form.get(key)
         if not values:
             return None
-        if len(values) != 1:
+        if len(values) != 1 and key != "image":
             raise OptionsError(key.split("-", 1)[0], "was given more than once")
         return values[0]
 

@@ -18,25 +18,31 @@ which ones the hub's database names, and how it ends an orphan.
 from __future__ import annotations
 
 import asyncio
+import sys
 import uuid
 from collections.abc import Mapping, Sequence
+from types import SimpleNamespace
 from typing import Any
 
 from jinja2 import Environment, PackageLoader, select_autoescape
+from jupyterhub.utils import maybe_future
 from sqlalchemy.orm import Session, object_session
 from tornado import web
 from traitlets import Bool, Dict, List, TraitError, default, observe, validate
 
 from ..compat import min_cuda
-from ..form import form_context
+from ..form import form_context, has_choices
 from ..gpu import GPU, gpu_from_record
 from ..inventory import CachedInventory
 from ..ledger import Ledger
 from ..placement import GPURequest, PlacementError, never_fits
 from ..profiles import (
+    OPTION_KEYS,
     Choice,
+    OfferedImages,
     OptionsError,
     Profile,
+    is_form_field,
     load_profiles,
     options_from_form,
     parse_options,
@@ -221,10 +227,37 @@ class GPUSpawnerMixin(GPUPolicyMixin, GPUHubSettings):
         return tuple(g.uuid for g in self.gpu_allocation)
 
     # ------------------------------------------------------------ the form
+    #
+    # A site's own Spawner hooks compose with gpuspawner's; none is replaced silently:
+    # ``options_form`` (the site's form is shown below the GPU choices), ``options_from_form``
+    # (the site's function reads the form's other fields; its keys are added to the GPU ones)
+    # and ``apply_user_options`` (run after gpuspawner has checked and applied the GPU keys).
+    # Where gpuspawner's form is the parent's own form (gpu-kube: KubeSpawner's profile form),
+    # the site's form and form reader replace it, as they replace the parent's.
+
+    #: True where gpuspawner's form stands in for the parent spawner's own (gpu-kube): a site's
+    #: ``options_form`` and ``options_from_form`` then replace it, as on the parent, and it is
+    #: drawn even with nothing to choose, as the parent draws its own.
+    form_is_the_parents = False
 
     @default("options_form")
-    def _default_options_form(self):
+    def _gpu_default_options_form(self):
         return self._render_options_form
+
+    async def get_options_form(self) -> str:
+        """The spawn form: the GPU choices, then the site's own ``options_form`` if it set one.
+
+        Empty (JupyterHub then starts the server without a form) when there is nothing to
+        choose and the site has no form: one profile, one GPU count, no model or image to pick.
+        """
+        theirs = self.options_form
+        if theirs == self._render_options_form:
+            return await self._render_options_form()
+        if callable(theirs):
+            theirs = await maybe_future(theirs(self))
+        if self.form_is_the_parents:
+            return theirs or ""
+        return await self._render_options_form() + (theirs or "")
 
     async def _render_options_form(self, spawner=None) -> str:
         try:
@@ -232,29 +265,87 @@ class GPUSpawnerMixin(GPUPolicyMixin, GPUHubSettings):
         except Exception as e:  # the form still renders; a spawn will say what is wrong
             self.log.warning("%s: ledger not reconciled yet: %s", self._log_name, e)
         context = await self.options_form_context()
+        if not (self.form_is_the_parents or has_choices(context)):
+            return ""
         return _templates.get_template("form.html").render(**context)
 
     async def options_form_context(self) -> dict:
         """What the form shows; backends that count GPUs their own way override this."""
         reading = await self.inventory.read()
-        return form_context(self.profiles, reading, self.ledger.held(), self.user_options or {})
+        return form_context(self.profiles, reading, self.ledger.held(), self.user_options or {},
+                            offered_images=self.offered_images(), default_image=self.default_image())
 
     async def offered_models(self) -> set[str]:
         """The model slugs users may pick (``gpu_model``); backends override with their inventory."""
         reading = await self.inventory.read()
         return {g.model for g in reading.gpus}
 
-    def options_from_form(self, formdata):
+    def offered_images(self) -> OfferedImages:
+        """The images a profile without ``images`` offers (:data:`~gpuspawner.profiles.OfferedImages`):
+        none here; gpu-docker offers DockerSpawner's ``allowed_images``."""
+        return None
+
+    def default_image(self) -> str | None:
+        """The image a server gets when the user picks none (preselected among :meth:`offered_images`)."""
+        return None
+
+    async def gpus_found(self) -> bool:
+        """Whether this hub found any GPU to give out. Where it found none (NVML finds none, an
+        empty static inventory, a cluster without GPU nodes), the profiles that run without a GPU
+        are offered and are the default (:func:`~gpuspawner.profiles.without_gpus`)."""
+        return not (await self.options_form_context())["no_gpus"]
+
+    @default("options_from_form")
+    def _gpu_default_options_from_form(self):
+        return self.gpu_options_from_form
+
+    def gpu_options_from_form(self, formdata) -> dict:
+        """gpuspawner's spawn-form fields as user_options (400 naming a malformed field).
+
+        Backends whose form names its fields otherwise (gpu-kube) override this and
+        :meth:`gpu_form_field`.
+        """
         try:
             return options_from_form(formdata)
         except OptionsError as e:
             raise user_error(400, str(e)) from e
 
-    # ------------------------------------------------------------ user options
+    def gpu_form_field(self, name: str) -> bool:
+        """Whether the spawn form field ``name`` is gpuspawner's (not the site's own form's)."""
+        return is_form_field(name, [p.slug for p in self.all_profiles()])
 
-    @default("apply_user_options")
-    def _default_apply_user_options(self):
-        return type(self)._apply_options_or_restore
+    def run_options_from_form(self, form_data):
+        """A submitted spawn form as user_options.
+
+        gpuspawner's fields give the GPU options. A site's own ``options_from_form``
+        (``c.Spawner.options_from_form``) is called, as JupyterHub calls it, with the
+        form's other fields, and its keys are added; where both give a key, the site's wins.
+        Where the form is the parent's (``form_is_the_parents``), the site's reads it all and
+        its answer is the user_options, as on the parent.
+        """
+        if self.options_from_form == self.gpu_options_from_form:
+            return self.gpu_options_from_form(form_data)
+        if self.form_is_the_parents:
+            return super().run_options_from_form(form_data)
+        ours = {key: value for key, value in form_data.items() if self.gpu_form_field(key)}
+        theirs = {key: value for key, value in form_data.items() if key not in ours}
+        options = self.gpu_options_from_form(ours)
+        options.update(super().run_options_from_form(theirs))
+        return options
+
+    def options_from_query(self, query_data):
+        """``/hub/spawn?profile=gpu&gpus=2``: read as a submitted form is."""
+        return self.run_options_from_form(query_data)
+
+    def site_reads_options(self) -> bool:
+        """Whether the site's own hooks read user_options keys of their own (its ``options_form``,
+        ``options_from_form`` or ``apply_user_options`` is configured): those keys are then kept
+        for them, not refused."""
+        return (self.apply_user_options is not None
+                or self.options_from_form != self.gpu_options_from_form
+                or self.options_form != self._render_options_form)
+
+    # ------------------------------------------------------------ user options
 
     #: the user_options before this spawn's (JupyterHub saves a spawn's options before checking them)
     _gpu_previous_options: dict | None = None
@@ -263,28 +354,45 @@ class GPUSpawnerMixin(GPUPolicyMixin, GPUHubSettings):
     def _remember_previous_options(self, change) -> None:
         self._gpu_previous_options = change["old"] if isinstance(change["old"], dict) else {}
 
-    async def _apply_options_or_restore(self, user_options: dict[str, Any]) -> None:
-        """JupyterHub's apply_user_options hook: :meth:`_apply_gpu_options`; a refused request leaves the
-        server's saved options as they were (JupyterHub stored them before asking), so nothing refused
-        is kept, and every later answer about the server (its model, the form) is valid JSON."""
+    async def _run_apply_user_options(self, user_options):
+        """JupyterHub's step that applies a spawn's user_options (JupyterHub >= 5.3).
+
+        First :meth:`_apply_gpu_options` (400 on bad input), then the site's own
+        ``apply_user_options`` hook, if any, as JupyterHub runs it (a dict hook is given
+        only the keys it names besides the site's own). A refused request leaves the
+        server's saved options as they were (JupyterHub stored them before asking), so
+        nothing refused is kept, and every later answer about the server (its model, the
+        form) is valid JSON.
+        """
         try:
             await self._apply_gpu_options(user_options)
+            hook = self.apply_user_options
+            if isinstance(hook, dict):
+                user_options = {k: v for k, v in user_options.items() if k in hook or k not in OPTION_KEYS}
+            elif hook is None:  # JupyterHub warns about keys nobody handles: gpuspawner handled its own
+                user_options = {k: v for k, v in user_options.items() if k not in OPTION_KEYS}
+            await super()._run_apply_user_options(user_options)
         except web.HTTPError:
-            previous = dict(self._gpu_previous_options or {})
-            self.user_options = previous
-            orm_spawner = getattr(self, "orm_spawner", None)
-            if orm_spawner is not None and orm_spawner.user_options != previous:
-                orm_spawner.user_options = previous
-                session = object_session(orm_spawner)
-                if session is not None:
-                    session.commit()
+            self._restore_previous_options()
             raise
+
+    def _restore_previous_options(self) -> None:
+        previous = dict(self._gpu_previous_options or {})
+        self.user_options = previous
+        orm_spawner = getattr(self, "orm_spawner", None)
+        if orm_spawner is not None and orm_spawner.user_options != previous:
+            orm_spawner.user_options = previous
+            session = object_session(orm_spawner)
+            if session is not None:
+                session.commit()
 
     async def _apply_gpu_options(self, user_options: dict[str, Any]) -> None:
         """Check user_options (form or REST) and apply the profile; 400 on bad input."""
         models = await self.offered_models()
         try:
-            choice = parse_options(user_options, self.profiles_for_options(user_options), models)
+            choice = parse_options(user_options, self.profiles_for_options(user_options), models,
+                                   offered_images=self.offered_images(), no_gpus=not await self.gpus_found(),
+                                   site_keys=self.site_reads_options())
         except OptionsError as e:
             raise user_error(400, str(e)) from e
         self.gpu_choice = choice
@@ -593,3 +701,60 @@ def checked_cuda_map(proposal) -> dict:
         except ValueError as e:
             raise TraitError(f"{proposal['trait'].name}[{key!r}]: {e}") from e
     return proposal["value"]
+
+
+# ---------------------------------------------------------------- at hub start
+
+
+def refusal_at_start(spawner_class: type, config) -> str | None:
+    """Why the hub's configuration of ``spawner_class`` is refused, or None: the sentence of
+    the first setting a validator of the class refuses (a :class:`~traitlets.TraitError`).
+
+    The class is built once from ``config``, for a stand-in user (KubeSpawner names its pod
+    after one); a class that cannot be built so (say, it needs a cluster that does not answer)
+    is not checked here, and says what is wrong at its first spawn.
+    """
+    probe = SimpleNamespace(name="gpuspawner-configuration-check", id=0, url="/", groups=[])
+    try:
+        spawner_class(config=config, user=probe)
+    except TraitError as e:
+        return f"{spawner_class.__name__}: {e}"
+    except Exception:
+        return None
+    return None
+
+
+def _check_configuration_at_hub_start() -> None:
+    """Make a starting JupyterHub check its gpuspawner class's configuration before anything else:
+    a setting the class refuses (:func:`refusal_at_start`) stops the hub at start with its
+    sentence, instead of a bare 500 at the first spawn.
+
+    JupyterHub has no hook for this, and loads every spawner class it knows (gpuspawner's
+    among them) before its configuration exists. So the first import of a gpuspawner backend
+    in a process that runs JupyterHub wraps, once, ``JupyterHub.init_spawners``, which every
+    hub start awaits once its configuration and database are loaded; a hub whose spawner
+    class is not gpuspawner's is not affected. Outside a hub process nothing changes.
+    """
+    app_module = sys.modules.get("jupyterhub.app")
+    if app_module is None:
+        return
+    hub = app_module.JupyterHub
+    original = hub.init_spawners
+    if getattr(original, "gpuspawner_checks_configuration", False):
+        return
+
+    async def init_spawners(self, *args, **kwargs):
+        spawner_class = self.spawner_class
+        if isinstance(spawner_class, type) and issubclass(spawner_class, GPUSpawnerMixin):
+            refusal = refusal_at_start(spawner_class, self.config)
+            if refusal is not None:
+                self.log.critical("Refusing to start: %s", refusal)
+                self.exit(1)
+        return await original(self, *args, **kwargs)
+
+    init_spawners.gpuspawner_checks_configuration = True
+    init_spawners.__doc__ = original.__doc__
+    hub.init_spawners = init_spawners
+
+
+_check_configuration_at_hub_start()

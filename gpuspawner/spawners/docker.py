@@ -15,6 +15,13 @@ the hub's back stops counting without a restart). Every Docker call runs in
 DockerSpawner's worker thread, off the event loop; the decisions are the pure
 functions of :mod:`gpuspawner.spawners.docker_objects` and
 :mod:`gpuspawner.compat`.
+
+DockerSpawner's own settings keep working (``docs/compatibility.md``): its
+``allowed_images`` and their picker beside the profiles' images, ``pull_policy``
+and its errors, ``remove = False`` (a kept container restarts on the GPUs it was
+made with). Configuration that would give a container other GPUs (an NVIDIA
+device request or device node in ``extra_host_config``, ``NVIDIA_VISIBLE_DEVICES``
+in ``environment``) is refused with a sentence, never dropped.
 """
 
 from __future__ import annotations
@@ -26,17 +33,22 @@ import docker.errors
 import requests
 from dockerspawner import DockerSpawner
 from tornado import web
-from traitlets import Bool, default
+from traitlets import Bool, TraitError, default, observe, validate
 
 from .. import compat
 from ..cpus import Binding, cpu_binding, host_numa_nodes
-from ..profiles import Choice
+from ..placement import PlacementError
+from ..profiles import Choice, OfferedImages
 from ..reconcile import Workload
 from .base import GPUSpawnerMixin, user_error
 from .docker_objects import (
     HUB,
+    OWNER,
+    VISIBLE_DEVICES,
+    allocation_from_labels,
     allocation_labels,
     device_request,
+    other_gpu_access,
     reconcile,
     visible_devices_env,
 )
@@ -67,6 +79,18 @@ def _is_unreachable(error: BaseException) -> bool:
         return True
     # docker-py wraps a failed version probe in a plain DockerException
     return type(error) is docker.errors.DockerException
+
+
+class ImageUnavailable(docker.errors.NotFound):
+    """The engine has no such image: its registry said "not found", or ``pull_policy`` is
+    ``"never"`` and it is not on the host. Raised by ``pull_image`` where DockerSpawner
+    raises ``docker.errors.NotFound`` (so code calling it sees what it always saw); a spawn
+    answers it with 400 and :attr:`sentence` (DockerSpawner's own answer is a bare 500)."""
+
+    def __init__(self, cause: docker.errors.NotFound, sentence: str) -> None:
+        super().__init__(cause.args[0] if cause.args else sentence, response=cause.response,
+                         explanation=cause.explanation)
+        self.sentence = sentence
 
 
 def add_gpus_to_create_kwargs(
@@ -126,25 +150,68 @@ class GPUDockerSpawner(GPUSpawnerMixin, DockerSpawner):
 
     @default("remove")
     def _default_remove(self):
-        # A container's GPUs are fixed when it is created; restarting an old one could
-        # put it on GPUs that belong to someone else by now.
+        # A container's GPUs are fixed when it is created: a kept one restarts only on the
+        # GPUs it was made with (remove = False), which may belong to someone else by then.
         return True
 
+    @observe(*DockerSpawner._deprecated_aliases)
+    def _deprecated_trait(self, change):
+        """DockerSpawner's old setting names still work, with its warning, which names the setting
+        as the site's configuration does (``DockerSpawner.image_whitelist``), not this class."""
+        new, version = self._deprecated_aliases[change.name]
+        if getattr(self, new) != change.new:
+            parent = next(c.__name__ for c in type(self).__mro__ if c.__module__.startswith("dockerspawner."))
+            self.log.warning("%s.%s is deprecated in DockerSpawner %s, use %s.%s instead",
+                             parent, change.name, version, parent, new)
+            setattr(self, new, change.new)
+
+    @validate("extra_host_config", "extra_create_kwargs", "environment")
+    def _refuse_other_gpus(self, proposal):
+        """Configuration that would give containers GPUs besides their own is refused, never dropped."""
+        value, name = proposal["value"], proposal["trait"].name
+        if callable(value):  # its result is checked on each create (docker())
+            return value
+        if name == "extra_host_config":
+            found = other_gpu_access(value)
+        elif name == "extra_create_kwargs":
+            found = other_gpu_access(value.get("host_config"), value.get("environment"))
+        else:
+            found = other_gpu_access(None, value)
+        if found:
+            owner = "Spawner" if name == "environment" else "DockerSpawner"
+            raise TraitError(
+                f"{owner}.{name} gives containers GPUs besides their own ({'; '.join(found)}): "
+                f"{type(self).__name__} gives each server exactly the GPUs placed for it, so it refuses "
+                "this setting rather than ignore it. Remove it, and offer GPUs through gpu_profiles."
+            )
+        return value
+
     # ------------------------------------------------------------ profile -> options
+
+    def offered_images(self) -> OfferedImages:
+        """DockerSpawner's ``allowed_images`` (a callable's answer for this server): what a profile
+        without ``images`` lets users pick, by the names DockerSpawner's picker shows."""
+        return self._get_allowed_images()
+
+    def default_image(self) -> str | None:
+        return getattr(self, "_configured_image", self.image)
 
     def apply_profile(self, choice: Choice) -> None:
         super().apply_profile(choice)
         if not hasattr(self, "_configured_image"):
             self._configured_image = self.image
-        if choice.image:
+        if choice.image and choice.image in choice.profile.images:
             self.image = choice.image
+        elif choice.image:  # one of allowed_images, by its name there (as DockerSpawner.start resolves it)
+            allowed = self._get_allowed_images()
+            self.image = choice.image if allowed == "*" else allowed[choice.image]
         elif choice.profile.images:
             self.image = choice.profile.images[0]
         else:
             self.image = self._configured_image
 
     async def check_allowed(self, image):
-        # user_options["image"] was checked against the profile's images already
+        # user_options["image"] was checked already: a profile's image, else DockerSpawner's check
         choice = self.gpu_choice
         if choice is not None and image in choice.profile.images:
             return image
@@ -161,16 +228,24 @@ class GPUDockerSpawner(GPUSpawnerMixin, DockerSpawner):
         return choice.profile.capabilities if choice is not None else ("compute", "utility")
 
     def docker(self, method, *args, **kwargs):
-        """DockerSpawner's Docker call (in its worker thread), with the GPUs added on create."""
+        """DockerSpawner's Docker call (in its worker thread), with the GPUs added on create.
+
+        A container whose configuration (``extra_host_config``, ``extra_create_kwargs``,
+        ``environment``, callables included) would reach other GPUs is refused (500).
+        """
         if method == "create_container":
+            ours = visible_devices_env(self.gpu_uuids)[VISIBLE_DEVICES]
+            found = other_gpu_access(kwargs.get("host_config"), kwargs.get("environment"), ours)
+            if found:
+                message = (f"This hub's configuration would give your server GPUs besides its own "
+                           f"({'; '.join(found)}); gpu-docker gives each server exactly the GPUs placed for it. "
+                           "Ask an administrator to remove that from DockerSpawner.extra_host_config, "
+                           "extra_create_kwargs or environment.")
+                self.gpu_event(f"Failed: {message}", 100)
+                raise user_error(500, message)
             labels = allocation_labels(self.gpu_hub_id, self.gpu_owner, self.gpu_allocation)
             request = device_request(self.gpu_uuids, self._capabilities) if self.use_device_requests else None
-            kwargs, dropped = add_gpus_to_create_kwargs(kwargs, labels, request, self._cpu_binding)
-            if dropped:
-                self.log.warning(
-                    "%s: ignoring configured NVIDIA device requests %s; the container gets only its placed GPUs",
-                    self._log_name, dropped,
-                )
+            kwargs, _ = add_gpus_to_create_kwargs(kwargs, labels, request, self._cpu_binding)
         return super().docker(method, *args, **kwargs)
 
     @property
@@ -248,13 +323,6 @@ class GPUDockerSpawner(GPUSpawnerMixin, DockerSpawner):
         by_uuid = {g.uuid: g for g in (*self.gpu_allocation, *from_labels)}
         self.gpu_allocation = tuple(by_uuid[u] for u in held if u in by_uuid)
 
-    async def _render_options_form(self, spawner=None) -> str:
-        try:
-            await self.ensure_reconciled()
-        except Exception as e:  # the form still renders; a spawn will say what is wrong
-            self.log.warning("%s: ledger not reconciled yet: %s", self._log_name, e)
-        return await super()._render_options_form(spawner)
-
     # ------------------------------------------------------------ lifecycle
 
     async def poll(self):
@@ -283,7 +351,7 @@ class GPUDockerSpawner(GPUSpawnerMixin, DockerSpawner):
     async def start(self):
         try:
             await self.ensure_reconciled()
-            await self._remove_leftover()
+            await self._settle_leftover()
         except web.HTTPError:
             raise
         except Exception as e:
@@ -295,21 +363,39 @@ class GPUDockerSpawner(GPUSpawnerMixin, DockerSpawner):
         except BaseException as e:
             self._absent = False
             # the mixin has released the GPUs; a refused or failed start leaves no container
-            await self._remove_failed_container()
+            if self._kept is None:
+                await self._remove_failed_container()
+            if isinstance(e, ImageUnavailable):
+                self.gpu_event(f"Failed: {e.sentence}", 100)
+                raise user_error(400, e.sentence) from e
             if isinstance(e, Exception) and _is_unreachable(e):
                 raise self._unreachable(e, "Its GPUs were released.") from e
             raise
+        finally:
+            self._kept = None
         self.gpu_event("Container started; waiting for the Jupyter server in it to answer", 80)
         return result
 
-    async def _remove_leftover(self) -> None:
-        """Remove a container of this server left from before (stopped, or forgotten by the hub).
+    #: this server's container that ``remove = False`` kept, which this start restarts
+    _kept: dict | None = None
 
-        Done before placing, so its GPUs are free again only once it is gone.
+    async def _settle_leftover(self) -> None:
+        """A container of this server left from before: restart it (``remove = False``) or remove it.
+
+        With ``remove = False``, as DockerSpawner does, a kept container of this server
+        (stopped, or forgotten by the hub) is started again, on the GPUs it was made with
+        (:meth:`reserve_gpus`). Otherwise it is removed before placing, so its GPUs are free
+        again only once it is gone.
         """
         obj = await self.get_object()
-        self._absent = True  # DockerSpawner.start need not ask again
+        self._kept = None
+        self._absent = obj is None  # DockerSpawner.start need not ask again
         if obj is None:
+            return
+        labels = (obj.get("Config") or {}).get("Labels") or {}
+        ours = labels.get(HUB) is None or (labels.get(HUB) == self.gpu_hub_id and labels.get(OWNER) == self.gpu_owner)
+        if not self.remove and ours:
+            self._kept = obj
             return
         self.log.warning(
             "%s: removing leftover container %s (%s) before placing GPUs",
@@ -317,6 +403,34 @@ class GPUDockerSpawner(GPUSpawnerMixin, DockerSpawner):
         )
         await self.docker("remove_container", obj["Id"], v=True, force=True)
         self.object_id = ""
+        self._absent = True
+
+    async def reserve_gpus(self):
+        """Place this server's GPUs; a kept container (``remove = False``) gets back exactly its own."""
+        if self._kept is None:
+            return await super().reserve_gpus()
+        allocation = allocation_from_labels((self._kept.get("Config") or {}).get("Labels"))
+        uuids = allocation.uuids if allocation is not None else ()
+        self._gpu_events = []
+        name = self.object_name
+        self.gpu_event(f"Restarting your kept container {name} (DockerSpawner.remove is False) on the GPUs it was "
+                       f"made with: {', '.join(uuids) or 'none'}", 10)
+        await self.ensure_reconciled()
+        reading = await self.inventory.read()
+        known = {g.uuid: g for g in reading.gpus}
+        self.ledger.release(self.gpu_owner)
+        gone = [u for u in uuids if u not in known]
+        try:
+            if gone:
+                raise PlacementError(f"this hub no longer has its GPU(s) {', '.join(gone)}", code="no_gpus")
+            self.gpu_allocation = self.hold_exactly(tuple(known[u] for u in uuids)) if uuids else ()
+        except PlacementError as e:
+            message = (f"Your kept container {name} cannot start again: {e}. It runs only on the GPUs it was made "
+                       "with; try again when they are free, or ask an administrator to remove the container "
+                       "(the next start then places new GPUs).")
+            self.gpu_event(f"Refused: {message}", 100)
+            raise user_error(409, message) from e
+        return self.gpu_allocation
 
     async def get_object(self):
         if getattr(self, "_absent", False):
@@ -338,23 +452,41 @@ class GPUDockerSpawner(GPUSpawnerMixin, DockerSpawner):
         self.object_id = ""
 
     async def pull_image(self, image):
+        """DockerSpawner's pull, by its ``pull_policy``; then the image's CUDA check.
+
+        An image the engine does not have and cannot get (its registry says "not found", or
+        ``pull_policy`` is ``"never"``) raises :class:`ImageUnavailable`, the
+        ``docker.errors.NotFound`` DockerSpawner raises; a spawn answers it with 400.
+        """
         self.gpu_event(f"Checking image {image}", 40)
+        try:
+            await super().pull_image(image)
+        except docker.errors.NotFound as e:
+            raise ImageUnavailable(e, self._missing_image(image, e)) from e
+        except docker.errors.APIError as e:
+            message = (f"Image {image} could not be pulled ({e.explanation or e}). "
+                       "Ask an administrator to check the registry.")
+            self.gpu_event(f"Failed: {message}", 100)
+            raise user_error(500, message) from e
+        await self._check_image_cuda(image)
+
+    def _missing_image(self, image: str, error: docker.errors.APIError) -> str:
+        if self.pull_policy.lower() == "never":
+            return (f"Image {image} is not on the Docker host, and pull_policy 'never' keeps the hub from pulling "
+                    "it. Choose another image, or ask an administrator to pull it.")
+        return (f"Image {image} does not exist: its registry says {error.explanation or 'not found'}. "
+                "Choose another image, or ask an administrator to publish it.")
+
+    async def _check_image_cuda(self, image: str) -> None:
+        """Refuse (409) an image needing a newer CUDA than the GPUs' driver; needs the image on this engine."""
+        if not (self.check_cuda_compatibility and self.gpu_allocation):
+            return
         try:
             info = await self.docker("inspect_image", image)
         except docker.errors.NotFound:
-            info = None
-        try:
-            if info is None or self.pull_policy.lower() == "always":
-                await super().pull_image(image)  # pulls, or says why it cannot
-                info = await self.docker("inspect_image", image)
-        except docker.errors.APIError as e:
-            message = (
-                f"Image {image} is not on the Docker host and could not be pulled "
-                f"({e.explanation or e}). Ask an admin to build or pull it."
-            )
-            self.gpu_event(f"Failed: {message}", 100)
-            raise user_error(500, message) from e
-        if not (self.check_cuda_compatibility and self.gpu_allocation):
+            # pull_policy "skip" (SwarmSpawner's default): the image may be only where the server runs
+            self.log.info("%s: image %s is not on the engine at %s (pull_policy %r); its CUDA version is not checked",
+                          self._log_name, image, self.engine_url, self.pull_policy)
             return
         config = info.get("Config") or {}
         try:
@@ -394,6 +526,10 @@ class GPUDockerSpawner(GPUSpawnerMixin, DockerSpawner):
         self.gpu_event(f"Creating container {self.object_name} from {self.image} with {gpus}", 50)
         try:
             return await super().create_object()
+        except docker.errors.ImageNotFound as e:  # pull_policy "skip": the hub did not pull it
+            raise ImageUnavailable(e, f"Image {self.image} is not on the Docker host, and pull_policy "
+                                      f"{self.pull_policy!r} keeps the hub from pulling it. Choose another image, "
+                                      "or ask an administrator to pull it.") from e
         except docker.errors.APIError as e:
             raise self._engine_refused(e, "create") from e
 

@@ -10,6 +10,8 @@ engine.
   by UUID (never ``Count``: Docker's ``count=N`` always means GPUs 0..N-1).
 - :func:`reconcile`: what the ledger must hold, given the containers the
   engine lists.
+- :func:`other_gpu_access`: the ways a container's configuration would reach GPUs
+  besides its placed ones (refused, never dropped: ``docker.py``).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ __all__ = [
     "allocation_labels",
     "container_name",
     "device_request",
+    "other_gpu_access",
     "reconcile",
     "visible_devices_env",
 ]
@@ -106,7 +109,60 @@ def visible_devices_env(uuids: Sequence[str]) -> dict[str, str]:
     whose default runtime is ``nvidia`` would otherwise honour. A CPU-only
     server gets :data:`~gpuspawner.gpu.NO_GPU_DEVICES` (``void``): no GPU, no driver.
     """
-    return {"NVIDIA_VISIBLE_DEVICES": nvidia_visible_devices(uuids)}
+    return {VISIBLE_DEVICES: nvidia_visible_devices(uuids)}
+
+
+#: the variable through which the NVIDIA runtime gives a container its GPUs (gpu-docker sets it per server)
+VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
+
+
+def _is_gpu_request(request: object) -> bool:
+    """A Docker device request that asks for GPUs (NVIDIA's driver, or ``--gpus``' capability ``gpu``)."""
+    if not isinstance(request, Mapping):
+        return False
+    driver = request.get("Driver") or request.get("driver") or ""
+    capabilities = request.get("Capabilities") or request.get("capabilities") or []
+    words = {w for group in capabilities if isinstance(group, (list, tuple)) for w in group}
+    return driver == "nvidia" or "gpu" in words
+
+
+def _device_path(device: object) -> str:
+    if isinstance(device, Mapping):
+        return str(device.get("PathOnHost") or device.get("path_on_host") or "")
+    return str(device).split(":", 1)[0]
+
+
+def _environment(environment: object) -> dict[str, str]:
+    """A container's environment as a dict (Docker takes a dict or ``KEY=value`` strings)."""
+    if isinstance(environment, Mapping):
+        return {str(k): str(v) for k, v in environment.items()}
+    pairs = (str(item).partition("=") for item in environment or ())
+    return {k: v for k, _, v in pairs}
+
+
+def other_gpu_access(host_config: Mapping | None, environment: object = None, ours: str | None = None) -> list[str]:
+    """What in a container's configuration would reach GPUs besides the ones placed for it.
+
+    ``host_config`` in either spelling (``create_host_config``'s ``device_requests`` and
+    ``devices``, or the API's ``DeviceRequests`` and ``Devices``); ``environment`` a dict
+    or ``KEY=value`` strings, in which ``NVIDIA_VISIBLE_DEVICES`` may only be ``ours``
+    (the value gpu-docker sets). Each finding is a phrase naming it: a GPU device request
+    (``--gpus all``, ``count=-1``), an NVIDIA device node, or ``NVIDIA_VISIBLE_DEVICES``.
+    """
+    host_config = host_config or {}
+    found = []
+    for key in ("device_requests", "DeviceRequests"):
+        for request in host_config.get(key) or ():
+            if _is_gpu_request(request):
+                found.append(f"the GPU device request {dict(request)}")
+    for key in ("devices", "Devices"):
+        for device in host_config.get(key) or ():
+            if _device_path(device).startswith("/dev/nvidia"):
+                found.append(f"the device {_device_path(device)}")
+    value = _environment(environment).get(VISIBLE_DEVICES)
+    if value is not None and value != ours:
+        found.append(f"{VISIBLE_DEVICES}={value}")
+    return found
 
 
 @dataclass(frozen=True)

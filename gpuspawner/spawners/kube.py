@@ -181,6 +181,7 @@ class GPUKubeSpawner(GPUSpawnerMixin, KubeSpawner):
         return value
 
     honours_kubespawner_override = True  # KubeSpawner applies every key
+    form_is_the_parents = True  # KubeSpawner's profile form: a site's own form and reader replace it
     honours_interconnect = False  # the cluster places the GPUs
     honours_kueue = True  # a profile's kueue queue labels its pods
 
@@ -388,11 +389,15 @@ class GPUKubeSpawner(GPUSpawnerMixin, KubeSpawner):
         elif not spec.get("choices"):
             raise UserOptionsError(f"{name}{UNLISTED}: '{label}' needs a value")
 
-    @default("options_from_form")
-    def _default_options_from_form(self):
-        return self._kube_options_from_form
+    @default("options_from_form")  # (the trait is declared again above: its default is set here)
+    def _kube_default_options_from_form(self):
+        return self.gpu_options_from_form
 
-    def _kube_options_from_form(self, formdata):
+    def gpu_form_field(self, name: str) -> bool:
+        """KubeSpawner's form fields: ``profile`` and ``profile-option-<slug>--<name>``."""
+        return name == "profile" or name.startswith("profile-option-")
+
+    def gpu_options_from_form(self, formdata):
         """KubeSpawner's form fields (``profile``, ``profile-option-<slug>--<name>``); ``gpus`` as a number."""
         options = self._options_from_form(formdata)
         for key in [k for k, v in options.items() if v == ""]:

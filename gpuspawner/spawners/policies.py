@@ -163,6 +163,17 @@ class GPUPolicyMixin(Configurable):
             metrics.placed(time.monotonic() - started)
         return chosen
 
+    def hold_exactly(self, gpus: tuple[GPU, ...]) -> tuple[GPU, ...]:
+        """Hold exactly ``gpus`` for this server, within the quotas (a container restarted as it was made).
+
+        Raises :class:`~gpuspawner.placement.PlacementError` when another server holds one
+        of them (a :class:`~gpuspawner.quota.QuotaError` over a quota); nothing is held then.
+        """
+        request = GPURequest(owner=self.gpu_owner, count=len(gpus))
+        quota = self.gpu_quota()
+        return self.ledger.reserve(gpus, request, admit=lambda held: check(
+            quota, request.count, held, request.owner, self.queued_gpus(request.owner)))
+
     def refuse_queue_jumping(self, request: GPURequest, gpus: tuple[GPU, ...]) -> None:
         """A request of a profile without ``queue`` never goes ahead of queued requests for the same models."""
         waiting = self.hub_state.queue.ahead(request.models, gpus) if request.count else []

@@ -23,7 +23,7 @@ import time
 
 from dockerspawner import SwarmSpawner
 from jupyterhub.utils import random_port
-from traitlets import Unicode
+from traitlets import TraitError, Unicode, validate
 
 from ..inventory import InventoryReading
 from .base import user_error
@@ -32,11 +32,15 @@ from .docker_objects import GPUS, HUB, allocation_labels
 from .swarm_objects import (
     LIVE_STATES,
     MODEL_LABEL,
+    RESOURCE_KIND,
     add_gpu_reservation,
     as_container,
+    gpu_reservations,
+    missing_image,
     node_gpus,
     start_failure,
     task_gpus,
+    template_gpu_reservations,
     waiting_words,
 )
 
@@ -73,6 +77,18 @@ class GPUSwarmSpawner(GPUDockerSpawner, SwarmSpawner):
 
     honours_interconnect = False  # Swarm picks the GPUs
 
+    @validate("extra_resources_spec")
+    def _refuse_gpu_reservations(self, proposal):
+        """GPUs reserved in configuration would be replaced by the profile's: refused, never dropped."""
+        found = gpu_reservations((proposal["value"] or {}).get("generic_resources"))
+        if found:
+            raise TraitError(
+                f"SwarmSpawner.extra_resources_spec reserves GPUs ({', '.join(found)}): {type(self).__name__} "
+                f"reserves each server's GPUs from its profile ({RESOURCE_KIND}=N of the chosen model), so it "
+                "refuses this setting rather than ignore it. Remove it, and offer GPUs through gpu_profiles."
+            )
+        return proposal["value"]
+
     @property
     def hub_state(self):
         state = GPUDockerSpawner.hub_state.fget(self)
@@ -97,6 +113,13 @@ class GPUSwarmSpawner(GPUDockerSpawner, SwarmSpawner):
     def docker(self, method, *args, **kwargs):
         """DockerSpawner's Docker call (in its worker thread), with the GPU reservation on create."""
         if method == "create_service":
+            configured = template_gpu_reservations(kwargs["task_template"])
+            if configured:  # (extra_task_spec's resources; extra_resources_spec is refused at start)
+                message = (f"This hub's configuration reserves GPUs for your server ({', '.join(configured)}) "
+                           "besides the ones its profile asks for; gpu-swarm reserves exactly those. Ask an "
+                           "administrator to remove the reservation from SwarmSpawner.extra_task_spec.")
+                self.gpu_event(f"Failed: {message}", 100)
+                raise user_error(500, message)
             gpus = self.gpu_allocation
             labels = allocation_labels(self.gpu_hub_id, self.gpu_owner, gpus)
             labels.pop(GPUS, None)  # Swarm picks them: read from the task
@@ -136,8 +159,10 @@ class GPUSwarmSpawner(GPUDockerSpawner, SwarmSpawner):
 
     # ------------------------------------------------------------ lifecycle
 
-    async def _remove_leftover(self) -> None:
+    async def _settle_leftover(self) -> None:
+        """A service of this server left from before is removed (SwarmSpawner always removes services)."""
         obj = await self.get_object()
+        self._kept = None
         self._absent = True
         if obj is None:
             return
@@ -200,9 +225,15 @@ class GPUSwarmSpawner(GPUDockerSpawner, SwarmSpawner):
             return
         task = failed[-1]
         node = (task.get("NodeID") or "")[:12]
+        why = start_failure(task)
+        if missing_image(why):  # as gpu-docker answers an image its registry does not have
+            message = (f"Image {self.image} could not be found on Swarm node {node} (Swarm: {why}). "
+                       "Choose another image, or ask an administrator to publish it.")
+            self.gpu_event(f"Failed: {message}", 100)
+            raise user_error(400, message)
+        check = "that node's NVIDIA runtime" if "nvidia" in why.lower() else "that node"
         message = (f"Swarm could not start your server (service {self.service_name}, node {node}): "
-                   f"{start_failure(task)}. Ask an administrator to check that node's NVIDIA runtime "
-                   "if this happens again.")
+                   f"{why}. Ask an administrator to check {check} if this happens again.")
         self.gpu_event(f"Failed: {message}", 100)
         raise user_error(500, message)
 

@@ -44,6 +44,32 @@ def task_gpus(task: Mapping) -> tuple[str, ...]:
     )
 
 
+def gpu_reservations(generic_resources: object) -> list[str]:
+    """The ``NVIDIA-GPU`` reservations among generic resources, in docker-py's spelling
+    (``{"NVIDIA-GPU": 2}``) or the API's (``[{"DiscreteResourceSpec": {...}}]``), as ``Kind=Value``."""
+    if isinstance(generic_resources, Mapping):
+        return [f"{k}={v}" for k, v in generic_resources.items() if k == RESOURCE_KIND]
+    found = []
+    for entry in generic_resources or ():
+        spec = (entry.get("DiscreteResourceSpec") or entry.get("NamedResourceSpec") or {}) if isinstance(
+            entry, Mapping) else {}
+        if spec.get("Kind") == RESOURCE_KIND:
+            found.append(f"{RESOURCE_KIND}={spec.get('Value')}")
+    return found
+
+
+def template_gpu_reservations(task_template: Mapping) -> list[str]:
+    """The ``NVIDIA-GPU`` reservations a service's task template already makes (from configuration)."""
+    reservations = ((task_template.get("Resources") or {}).get("Reservations") or {})
+    return gpu_reservations(reservations.get("GenericResources"))
+
+
+def missing_image(err: str) -> bool:
+    """Whether a task's error says its image could not be found or pulled on its node."""
+    return any(words in err for words in ("No such image", "manifest unknown", "pull access denied",
+                                          "repository does not exist"))
+
+
 def add_gpu_reservation(task_template: dict, count: int, model_name: str | None, label: str = MODEL_LABEL) -> dict:
     """The task template with ``NVIDIA-GPU=count`` reserved and placed on nodes of ``model_name``."""
     template = dict(task_template)

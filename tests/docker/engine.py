@@ -10,6 +10,10 @@ checks requested GPUs against the stand-in NVML device file ``gpus_path``.
 With ``nvidia_runtime=True`` the stand-in ``nvidia-container-runtime`` (same
 folder) is the default runtime, as on a Swarm GPU node; with ``hostname`` the
 engine runs in its own UTS namespace under that name (a swarm node of its own).
+With ``default_bridge=True`` the engine's default ``bridge`` network exists too
+(for code that uses it by name, as DockerSpawner's own tests do), on a bridge
+interface of its own (``gb-...``, a fresh subnet) instead of ``docker0``; ``env``
+adds variables to dockerd's environment (e.g. a registry's, ``tests/docker/registry.py``).
 
 :func:`unavailable_reason` says why no engine can run here (then tests skip, or fail in CI).
 """
@@ -83,7 +87,7 @@ class Engine:
 
     def __init__(
         self, extra_args: list[str] | tuple[str, ...] = (), *, hostname: str | None = None,
-        nvidia_runtime: bool = False,
+        nvidia_runtime: bool = False, default_bridge: bool = False, env: dict[str, str] | None = None,
     ) -> None:
         self.extra_args = list(extra_args)  # more dockerd flags (e.g. --node-generic-resource)
         self.hostname = hostname  # dockerd in its own UTS namespace with this name (a swarm node's name)
@@ -98,6 +102,9 @@ class Engine:
         self.client: docker.DockerClient | None = None
         self.network = f"gs-{self.dir.name[4:].lower()}"
         self.gateway = ""
+        self.extra_env = dict(env or {})
+        self.bridge = f"gb-{self.dir.name[4:].lower()}"[:15] if default_bridge else None
+        self.bridge_address = ""  # the default bridge's address on this host (where its containers reach it)
 
     def start(self, timeout: float = 120) -> Engine:
         env = {
@@ -107,6 +114,11 @@ class Engine:
             "FAKENVML_LIBRARY": str(self.dir / "fakenvml" / "libnvidia-ml.so.1"),  # what the runtime mounts
         }
         env.pop("DOCKER_HOST", None)
+        env.update(self.extra_env)
+        bridge = "--bridge=none"
+        if self.bridge:
+            bridge = f"--bridge={self.bridge}"
+            self._make_bridge()
         runtime = []
         if self.nvidia_runtime:
             runtime = ["--add-runtime", f"nvidia={HOOK_DIR / 'nvidia-container-runtime'}",
@@ -123,7 +135,7 @@ class Engine:
                 "--exec-root", str(self.dir / "exec"),
                 "-H", self.url,
                 "--pidfile", str(self.pidfile),
-                "--bridge=none", "--iptables=false", "--ip-masq=false", "--ip-forward=false",
+                bridge, "--iptables=false", "--ip-masq=false", "--ip-forward=false",
                 *runtime,
                 *self.extra_args,
             ],
@@ -150,6 +162,15 @@ class Engine:
             options={"com.docker.network.bridge.name": self.network[:15]},
         )
         return self
+
+    def _make_bridge(self) -> None:
+        """The interface the default ``bridge`` network uses: dockerd takes its address and subnet."""
+        subnet = _free_subnet()
+        self.bridge_address = str(next(subnet.hosts()))
+        for command in (["ip", "link", "add", self.bridge, "type", "bridge"],
+                        ["ip", "addr", "add", f"{self.bridge_address}/{subnet.prefixlen}", "dev", self.bridge],
+                        ["ip", "link", "set", self.bridge, "up"]):
+            subprocess.run(command, check=True, capture_output=True)
 
     def init_swarm(self, model: str) -> None:
         """Make this engine a one-node swarm on loopback whose node label names its GPUs' model."""
@@ -238,6 +259,8 @@ class Engine:
                 self.proc.wait()
         # containerd-shims of this engine outlive nothing: dockerd stopped its containers.
         self._unmount_leftovers()
+        if self.bridge:
+            subprocess.run(["ip", "link", "delete", self.bridge], capture_output=True)
         shutil.rmtree(self.dir, ignore_errors=True)
 
     def _unmount_leftovers(self) -> None:

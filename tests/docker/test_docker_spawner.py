@@ -205,13 +205,17 @@ def test_image_needing_newer_cuda_is_refused_and_leaves_no_container(docker_hub,
 
 
 def test_missing_image_is_reported_and_frees_the_gpus(docker_hub):
+    """pull_policy "never" (the test hubs') and an image the host lacks: a 400 saying so, as for a
+    registry's "not found" (tests/docker/test_docker_drop_in.py); DockerSpawner answers a bare 500."""
     profiles = [{"slug": "gpu", "display_name": "GPU", "gpu_models": ["any"], "gpu_counts": [2],
                  "default_gpus": 2, "images": ["gpuspawner-no-such-image:1"], "default": True}]
     hub = docker_hub(gpus=4, profiles=profiles)
     hub.add_users("hank")
     r = hub.spawn("hank", {"profile": "gpu", "gpus": 2, "image": "gpuspawner-no-such-image:1"})
-    assert r.status_code == 500, r.text
-    assert "Image gpuspawner-no-such-image:1 is not on the Docker host" in r.json()["message"]
+    assert r.status_code == 400, r.text
+    assert r.json()["message"] == ("Image gpuspawner-no-such-image:1 is not on the Docker host, and pull_policy "
+                                   "'never' keeps the hub from pulling it. Choose another image, or ask an "
+                                   "administrator to pull it.")
     assert no_container(hub, "hank")
     assert free_in_form(hub) == (4, 4)
 

@@ -241,3 +241,73 @@ def test_a_task_the_nvidia_hook_refuses_fails_the_spawn_at_once_with_swarms_reas
         for node, config in configs.items():
             fakenvml.write_config(node.gpus_path, config)
     assert len(start(hub, "dave")) == 2
+
+
+# SwarmSpawner's documentation (spawner-types.md), as a site copies it, with DockerSpawner's options it
+# says SwarmSpawner shares (the image, allowed_images) and its own extra_placement_spec; the hub's
+# address and this test's names come from the harness.
+SWARM_DOCS_CONFIG = """
+import os
+c.JupyterHub.spawner_class = 'gpu-swarm'  # was: 'dockerspawner.SwarmSpawner'
+network_name = os.environ['DOCKER_NETWORK_NAME']
+c.SwarmSpawner.network_name = network_name
+c.SwarmSpawner.extra_host_config = {'network_mode': network_name}
+c.DockerSpawner.use_internal_ip = True  # (jupyterhub-deploy-docker's; no ingress routing mesh on this kernel)
+c.DockerSpawner.image = os.environ['NOTEBOOK_IMAGE']
+c.Spawner.cmd = ['jupyterhub-singleuser']  # docker-image.md: the image's CMD, "or the c.Spawner.cmd configuration"
+c.DockerSpawner.allowed_images = '*'
+c.SwarmSpawner.extra_placement_spec = { 'constraints' : ['node.role == worker'] }
+c.GPUSwarmSpawner.gpu_hub_id = settings["hub_id"]
+c.DockerSpawner.prefix = settings["prefix"]
+c.Spawner.start_timeout = 300
+c.Spawner.http_timeout = 300
+"""
+
+
+def failure(hub, user: str, r) -> str:
+    """The refusal of a spawn: the REST answer, or (past JupyterHub's slow_spawn_timeout) its progress."""
+    if r.status_code != 202:
+        return f"{r.status_code} {r.json()['message']}"
+    with hub.api("GET", f"/users/{user}/server/progress", stream=True) as stream:
+        events = [json.loads(line[5:]) for line in stream.iter_lines(decode_unicode=True) if line.startswith("data:")]
+    return "progress " + next(e["message"] for e in events if e.get("failed"))
+
+
+def test_swarmspawner_docs_config_works_unchanged_with_an_image_only_on_its_nodes(swarm_engine, tmp_path,
+                                                                                   fakenvml_libdir):
+    """pull_policy "skip" (SwarmSpawner's default): the image need not be on the hub's own engine. (SwarmSpawner
+    reads the image's CMD there when ``c.Spawner.cmd`` is not set; the docs' config sets it.)"""
+    from dockerhub import DockerHub
+    from engine import IMAGE_TAG
+    from hub import BASE_HUB_CONFIG
+
+    (worker,) = [e for e in swarm_engine.nodes.values() if e is not swarm_engine]
+    image = "gpuspawner-on-the-worker-only:1"
+    worker.client.images.get(IMAGE_TAG).tag(*image.split(":"))
+    hub = DockerHub(tmp_path / "hub", swarm_engine, fakenvml.env(fakenvml_libdir, swarm_engine.gpus_path),
+                    swarm_engine.dir, [], spawner_class="gpu-swarm")
+    (hub.dir / "jupyterhub_config.py").write_text(BASE_HUB_CONFIG + SWARM_DOCS_CONFIG)
+    hub.env.update({"DOCKER_NETWORK_NAME": "host", "NOTEBOOK_IMAGE": image})
+    hub.start()
+    try:
+        hub.add_users("ola", "pia")
+        gpus = start(hub, "ola", {})  # the default profile: one GPU, any model
+        assert len(gpus) == 1 and node_of(hub, "ola") == worker.hostname
+        service = hub.engine.client.services.get(f"{hub.prefix}-ola")
+        assert service.attrs["Spec"]["TaskTemplate"]["ContainerSpec"]["Image"] == image
+        with pytest.raises(docker.errors.ImageNotFound):
+            swarm_engine.client.images.get(image)  # never on the hub's engine
+        assert free_in_form(hub) == (3, 4)
+
+        # an image no node has or can pull: a 400 naming it (as gpu-docker), nothing left
+        r = hub.spawn("pia", {"image": "gpuspawner-nowhere:1"})
+        said = failure(hub, "pia", r)
+        assert said.split(" ", 1)[0] in ("400", "progress"), said
+        assert "Image gpuspawner-nowhere:1 could not be found on Swarm node " in said, said
+        assert hub.user("pia")["servers"] == {} and services(hub) == [f"{hub.prefix}-ola"]
+        assert free_in_form(hub) == (3, 4)
+    finally:
+        hub.close()
+        for service in swarm_engine.client.services.list():
+            if service.name.startswith(hub.prefix + "-"):
+                service.remove()

@@ -189,7 +189,8 @@ def test_without_nvml_cpu_profiles_still_work(tmp_path, fakenvml_libdir):
         assert r.status_code == 409
         assert "no GPU" in r.json()["message"] or "No GPU" in r.json()["message"], r.json()
         html = login(hub, "kim").get(hub.url + "/hub/spawn").text
-        assert "No GPU is available on this hub" in html and "NVIDIA driver is not loaded" in html
+        assert "No GPUs were found on this hub" in html and "NVIDIA driver is not loaded" in html
+        assert "only servers without a GPU are offered" in html
     finally:
         hub.close()
 

@@ -61,7 +61,7 @@ class SuiteResult:
 RESULTS: dict[str, dict[str, SuiteResult]] = {}
 
 
-def run_suite(title: str, tests: Path, mode: str, *, targets: list[tuple[str, str]], gpu_class: str,
+def run_suite(title: str, tests: Path, mode: str, *, targets: list[tuple[str, ...]], gpu_class: str,
               defaults: dict | None = None, extra_plugins: tuple[str, ...] = (), env: dict | None = None,
               args: tuple[str, ...] = (), workdir: Path, timeout: float = 1800) -> SuiteResult:
     """Run ``tests`` in ``mode`` (see :mod:`parentswap`) and return what passed, failed and skipped.

@@ -7,7 +7,10 @@ import KubeSpawner`` in their files already finds the GPU class. What to swap co
 from the environment variable ``GPUSPAWNER_SWAP`` (JSON):
 
 - ``targets``: ``[[module, attribute], ...]``, the names the parent's tests import
-  the parent class by (``[["kubespawner", "KubeSpawner"]]``);
+  the parent class by (``[["kubespawner", "KubeSpawner"]]``); a third item
+  ``"module:Class"`` puts that gpuspawner class there instead of ``gpu_class``
+  (a parent package with several classes: ``["dockerspawner", "SwarmSpawner",
+  "gpuspawner.spawners.swarm:GPUSwarmSpawner"]``);
 - ``gpu_class``: ``"module:Class"``, the gpuspawner class put there;
 - ``mode``: ``"parent"`` (swap nothing: the baseline), ``"cpu"`` (the GPU class with
   only a CPU profile) or ``"default"`` (the GPU class with gpuspawner's default profiles);
@@ -35,21 +38,28 @@ def _with_defaults(cls: type, values: dict) -> type:
     return type(cls.__name__, (cls,), namespace)
 
 
+def _load(path: str) -> type:
+    module, _, name = path.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
 def _swap() -> None:
     settings = json.loads(os.environ.get("GPUSPAWNER_SWAP", "{}"))
     mode = settings.get("mode", "parent")
     if mode == "parent":
         return
-    module, _, name = settings["gpu_class"].partition(":")
-    gpu_class = getattr(importlib.import_module(module), name)
     defaults = dict(settings.get("defaults") or {})
     if mode == "cpu":
         defaults.setdefault("gpu_profiles", CPU_ONLY)
     elif mode != "default":
         raise ValueError(f"GPUSPAWNER_SWAP mode {mode!r}: use parent, cpu or default")
-    swapped = _with_defaults(gpu_class, defaults) if defaults else gpu_class
-    for target_module, attribute in settings["targets"]:
-        setattr(importlib.import_module(target_module), attribute, swapped)
+    swapped: dict[str, type] = {}  # one class per gpuspawner class, wherever it goes
+    for target_module, attribute, *chosen in settings["targets"]:
+        path = chosen[0] if chosen else settings["gpu_class"]
+        if path not in swapped:
+            gpu_class = _load(path)
+            swapped[path] = _with_defaults(gpu_class, defaults) if defaults else gpu_class
+        setattr(importlib.import_module(target_module), attribute, swapped[path])
 
 
 _swap()

@@ -8,6 +8,7 @@ from gpuspawner.spawners.docker_objects import (
     allocation_from_labels,
     allocation_labels,
     device_request,
+    other_gpu_access,
     reconcile,
     visible_devices_env,
 )
@@ -102,3 +103,24 @@ def test_reconcile_never_gives_a_gpu_twice(specs):
     assert len(held) == len(set(held))
     running = {u for (state, ids, _), in zip(specs) if state == "running" for u in (f"GPU-{i:04d}" for i in ids)}
     assert set(held) == running
+
+
+def test_other_gpu_access_names_every_way_to_more_gpus():
+    """What DockerSpawner's configuration may hold that would reach GPUs besides the placed ones."""
+    assert other_gpu_access(None) == []
+    assert other_gpu_access({"mem_limit": "2G", "device_requests": [{"Driver": "other"}],
+                             "devices": ["/dev/fuse:/dev/fuse"]}, {"LANG": "C"}) == []
+    found = other_gpu_access({
+        "device_requests": [{"Driver": "nvidia", "Count": -1}, {"Driver": "", "Count": 2, "Capabilities": [["gpu"]]}],
+        "devices": ["/dev/nvidia0:/dev/nvidia0:rwm", {"PathOnHost": "/dev/nvidiactl"}],
+    }, ["NVIDIA_VISIBLE_DEVICES=all", "LANG=C"])
+    assert found == [
+        "the GPU device request {'Driver': 'nvidia', 'Count': -1}",
+        "the GPU device request {'Driver': '', 'Count': 2, 'Capabilities': [['gpu']]}",
+        "the device /dev/nvidia0", "the device /dev/nvidiactl", "NVIDIA_VISIBLE_DEVICES=all",
+    ]
+    # the API's spelling, as DockerSpawner hands it to create_container
+    assert other_gpu_access({"DeviceRequests": [{"Driver": "nvidia", "DeviceIDs": ["GPU-1"]}]}) != []
+    # gpu-docker's own value of NVIDIA_VISIBLE_DEVICES is no finding; any other is
+    assert other_gpu_access(None, {"NVIDIA_VISIBLE_DEVICES": "GPU-1"}, ours="GPU-1") == []
+    assert other_gpu_access(None, {"NVIDIA_VISIBLE_DEVICES": "all"}, ours="GPU-1") == ["NVIDIA_VISIBLE_DEVICES=all"]

@@ -10,7 +10,7 @@ import pytest
 from jinja2 import Environment, PackageLoader
 
 from gpuspawner.availability import ModelAvailability
-from gpuspawner.form import form_context
+from gpuspawner.form import form_context, has_choices
 from gpuspawner.gpu import GPU, model_slug
 from gpuspawner.inventory import InventoryReading
 from gpuspawner.profiles import load_profiles, options_from_form, parse_options
@@ -270,10 +270,75 @@ def test_model_of_another_profile_is_not_preselected():
 def test_reading_flags():
     simulated = form_context(PROFILES, InventoryReading(INVENTORY, simulated=True), HELD)
     assert simulated["simulated"] is True
+    assert simulated["no_gpus"] is False and simulated["cpu_only"] is False
     empty = form_context(PROFILES, InventoryReading(problems=("NVML: NVIDIA driver is not loaded",)), set())
     assert empty["no_gpus"] is True
     assert empty["problems"] == ["NVML: NVIDIA driver is not loaded"]
-    assert all(c["disabled"] for c in by_slug(empty, "gpu")["counts"])
+
+
+def test_no_gpus_found_offers_the_profiles_that_run_without_one():
+    """NVML finds none (or an empty static inventory): the CPU profiles, no GPU preselected."""
+    for reading in (InventoryReading(), InventoryReading(problems=("NVML: NVIDIA driver is not loaded",))):
+        context = form_context(PROFILES, reading, set())
+        assert context["cpu_only"] is True and context["gpus_needed"] is False
+        assert [p["profile"].slug for p in context["profiles"]] == ["cpu", "big"]  # "gpu" and "hopper" need GPUs
+        assert context["selected_profile"] == "cpu"  # the configured default ("gpu") needs one
+        big = by_slug(context, "big")
+        assert [c["value"] for c in big["counts"] if c["selected"]] == [0]
+        assert [c["value"] for c in big["counts"] if not c["disabled"]] == [0]
+        # the form posts what the REST API's defaults give: a server without a GPU
+        choice = parse_options(options_from_form(submit(render(context))), PROFILES, (), no_gpus=True)
+        assert (choice.profile.slug, choice.gpus) == ("cpu", 0)
+
+
+def test_no_gpus_found_with_only_gpu_profiles_keeps_them_and_says_so():
+    profiles = load_profiles([p for p in [
+        {"slug": "gpu", "display_name": "GPU notebook", "gpu_counts": [1, 2]},
+        {"slug": "hopper", "display_name": "Hopper only", "gpu_models": ["h100"], "gpu_counts": [1]},
+    ]])
+    context = form_context(profiles, InventoryReading(), set())
+    assert [p["profile"].slug for p in context["profiles"]] == ["gpu", "hopper"]
+    assert context["cpu_only"] is False and context["gpus_needed"] is True
+    assert "No GPUs were found on this hub: every profile here needs one" in text(render(context))
+
+
+def test_no_gpus_found_on_a_cpu_only_hub_says_nothing_and_asks_nothing():
+    cpu_only = load_profiles([{"slug": "cpu", "display_name": "CPU only", "gpu_counts": [0]}])
+    context = form_context(cpu_only, InventoryReading(problems=("NVML: NVIDIA driver is not loaded",)), set())
+    assert context["cpu_only"] is False and context["gpus_needed"] is False
+    html = text(render(context))
+    assert "No GPUs were found" not in html and "cannot be used" not in html and "NVML" not in html
+    assert has_choices(context) is False  # the hub then starts the server without a form, as its parent does
+
+
+def test_has_choices():
+    cpu_only = load_profiles([{"slug": "cpu", "display_name": "CPU only", "gpu_counts": [0]}])
+    assert has_choices(form_context(cpu_only, READING, HELD)) is False
+    images = {"4.0": "quay.io/jupyterhub/singleuser:4.0", "4": "quay.io/jupyterhub/singleuser:4"}
+    assert has_choices(form_context(cpu_only, READING, HELD, offered_images=images)) is True
+    assert has_choices(form_context(cpu_only, READING, HELD, offered_images={"4": "x:4"})) is False
+    assert has_choices(form_context(cpu_only, READING, HELD, offered_images="*")) is False
+    assert has_choices(form_context(PROFILES, READING, HELD)) is True
+    one_gpu = load_profiles([{"slug": "gpu", "display_name": "GPU", "gpu_counts": [1]}])
+    assert has_choices(form_context(one_gpu, READING, HELD)) is True  # the model to pick
+
+
+def test_offered_images_are_the_picker_of_profiles_without_images():
+    """DockerSpawner's allowed_images beside the profiles: profiles with images keep theirs."""
+    images = {"4.0": "quay.io/jupyterhub/singleuser:4.0", "4": "quay.io/jupyterhub/singleuser:4"}
+    context = form_context(PROFILES, READING, HELD, {"profile": "cpu", "image": "4"}, offered_images=images)
+    assert by_slug(context, "cpu")["images"] == ["4.0", "4"]
+    assert by_slug(context, "cpu")["selected_image"] == "4"  # the user's last choice
+    assert by_slug(context, "gpu")["images"] == [IMG_SCIPY, IMG_TORCH]
+    parsed = controls(render(context))
+    assert [o["value"] for o in parsed.selects["image-cpu"]["options"]] == ["4.0", "4"]
+    form = submit(render(context))
+    assert options_from_form(form) == {"profile": "cpu", "gpus": 0, "image": "4"}
+    assert parse_options(options_from_form(form), PROFILES, (), offered_images=images).image == "4"
+    # no choice of the user's yet: the spawner's configured image is preselected, as DockerSpawner's picker does
+    fresh = form_context(PROFILES, READING, HELD, offered_images=images, default_image=images["4"])
+    assert by_slug(fresh, "cpu")["selected_image"] == "4"
+    assert by_slug(form_context(PROFILES, READING, HELD, offered_images=images), "cpu")["selected_image"] == "4.0"
 
 
 # ==========================================================================
@@ -361,21 +426,21 @@ def test_html_simulated_note():
 def test_html_no_gpu_note_with_problem():
     reading = InventoryReading(problems=("NVML: NVIDIA driver is not loaded",))
     html = render(form_context(PROFILES, reading, set()))
-    assert ("No GPU is available on this hub (NVML: NVIDIA driver is not loaded). "
-            "CPU-only profiles still work.") in text(html)
-    assert "No GPU is available" not in render(form_context(PROFILES, READING, HELD))
+    assert ("No GPUs were found on this hub (NVML: NVIDIA driver is not loaded), "
+            "so only servers without a GPU are offered.") in text(html)
+    assert "No GPUs were found" not in render(form_context(PROFILES, READING, HELD))
 
 
 def test_html_no_gpu_note_without_problem():
     html = render(form_context(PROFILES, InventoryReading(), set()))
-    assert "No GPU is available on this hub. CPU-only profiles still work." in text(html)
+    assert "No GPUs were found on this hub, so only servers without a GPU are offered." in text(html)
 
 
 def test_html_problems_with_some_gpus():
     reading = InventoryReading(INVENTORY, problems=("GPU 1 on h2: GPU is lost", "GPU 4 on h2: GPU is lost"))
     html = render(form_context(PROFILES, reading, HELD))
     assert "Some GPUs cannot be used: GPU 1 on h2: GPU is lost; GPU 4 on h2: GPU is lost." in text(html)
-    assert "No GPU is available" not in html
+    assert "No GPUs were found" not in html
 
 
 def test_html_escapes_hostile_text():

@@ -24,9 +24,11 @@ from gpuspawner.profiles import (
     OptionsError,
     Profile,
     default_profile,
+    is_form_field,
     load_profiles,
     options_from_form,
     parse_options,
+    without_gpus,
 )
 from gpuspawner.spawners.base import GPUSpawnerMixin
 
@@ -898,3 +900,98 @@ def test_gpu_profiles_help_explains_every_key_a_profile_accepts():
     assert {"groups", "queue", "kubespawner_override"} <= set(known)
     help_text = GPUSpawnerMixin.class_traits()["gpu_profiles"].help
     assert [k for k in known if f"- ``{k}``:" not in help_text] == []
+
+
+# ==========================================================================
+# Beside the parent spawner: offered images, site keys, a hub without GPUs
+# ==========================================================================
+
+#: DockerSpawner's allowed_images (name in its picker -> image)
+ALLOWED = {"4.0": "quay.io/jupyterhub/singleuser:4.0", "Python 3 (CPU)": "quay.io/jupyterhub/singleuser:4"}
+
+
+def test_offered_images_are_what_profiles_without_images_take():
+    cpu = parse_options({"profile": "cpu", "image": "Python 3 (CPU)"}, PROFILES, (), offered_images=ALLOWED)
+    assert cpu.image == "Python 3 (CPU)"  # the picker's name (which need not look like an image)
+    any_image = parse_options({"profile": "cpu", "image": "example.org/mine:1"}, PROFILES, (), offered_images="*")
+    assert any_image.image == "example.org/mine:1"
+    # a profile with images of its own offers those, and only those
+    own = parse_options({"profile": "gpu", "image": IMG_TORCH}, PROFILES, (), offered_images=ALLOWED)
+    assert own.image == IMG_TORCH
+    for options, offered, allowed in [
+        ({"profile": "gpu", "image": "4.0"}, ALLOWED, f"{IMG_SCIPY}, {IMG_TORCH}"),
+        ({"profile": "cpu", "image": "3.0"}, ALLOWED, "4.0, Python 3 (CPU)"),
+        ({"profile": "cpu", "image": "4.0"}, None, "none (this profile has a fixed image)"),
+        ({"profile": "cpu", "image": "4.0"}, {}, "none (this profile has a fixed image)"),
+    ]:
+        with pytest.raises(OptionsError) as info:
+            parse_options(options, PROFILES, (), offered_images=offered)
+        assert str(info.value) == (f"image: {options['image']!r} is not offered in profile '{options['profile']}'; "
+                                   f"allowed: {allowed}")
+    for bad in ("", "$(reboot)", "x" * 300, "a b"):  # any image, but a well-formed name
+        with pytest.raises(OptionsError) as info:
+            parse_options({"profile": "cpu", "image": bad}, PROFILES, (), offered_images="*")
+        assert info.value.field == "image" and len(str(info.value)) < 300
+
+
+@settings(max_examples=150, deadline=None)
+@given(image=st.text(max_size=40) | st.sampled_from(sorted(ALLOWED) + list(ALLOWED.values())),
+       offered=st.sampled_from([None, "*", ALLOWED]), profile=st.sampled_from(["cpu", "gpu", "big"]))
+def test_an_image_is_offered_or_refused_naming_the_field(image, offered, profile):
+    try:
+        choice = parse_options({"profile": profile, "image": image}, PROFILES, (), offered_images=offered)
+    except OptionsError as e:
+        assert e.field == "image" and len(str(e)) < 400
+        return
+    chosen = BY_SLUG[profile]
+    assert choice.image == image
+    if chosen.images:
+        assert image in chosen.images
+    elif offered != "*":
+        assert image in (offered or {})
+
+
+def test_site_keys_are_left_for_the_site_only_when_it_reads_options():
+    with pytest.raises(OptionsError) as info:
+        parse({"profile": "cpu", "flavor": "vanilla"})
+    assert info.value.field == "flavor"
+    choice = parse_options({"profile": "cpu", "flavor": "vanilla"}, PROFILES, MODELS_PRESENT, site_keys=True)
+    assert choice == Choice(BY_SLUG["cpu"], 0, "any", None)
+    with pytest.raises(OptionsError) as info:  # gpuspawner's own keys are still checked
+        parse_options({"profile": "cpu", "gpus": 2, "flavor": "x"}, PROFILES, MODELS_PRESENT, site_keys=True)
+    assert info.value.field == "gpus"
+
+
+def test_without_gpus_offers_the_profiles_that_run_without_one():
+    cpu_first = without_gpus(PROFILES)
+    assert [p.slug for p in cpu_first] == ["cpu", "big"]
+    assert [p.default_gpus for p in cpu_first] == [0, 0]
+    assert default_profile(cpu_first).slug == "cpu"  # the configured default ("gpu") needs a GPU
+    big_default = load_profiles([
+        CONFIG[0], {**CONFIG[1], "default": False}, {**CONFIG[2], "default": True}])
+    assert default_profile(without_gpus(big_default)).slug == "big"  # the default, where it runs without one
+    only_gpus = load_profiles([CONFIG[1]])
+    assert without_gpus(only_gpus) == only_gpus
+
+
+def test_a_hub_without_gpus_defaults_to_a_server_without_one():
+    """No profile or count named: no GPU; one that asks for GPUs is still checked (placement refuses it)."""
+    assert parse_options({}, PROFILES, (), no_gpus=True) == Choice(BY_SLUG["cpu"], 0)
+    assert parse_options({"profile": "big"}, PROFILES, (), no_gpus=True).gpus == 0
+    assert parse_options({"profile": "big", "gpus": 8}, PROFILES, (), no_gpus=True).gpus == 8
+    assert parse_options({"profile": "gpu"}, PROFILES, (), no_gpus=True).gpus == 1  # needs one: placement says no
+    assert parse_options({}, PROFILES, ()) == Choice(BY_SLUG["gpu"], 1)  # GPUs found: the configured default
+
+
+def test_form_fields_that_are_gpuspawners():
+    slugs = ("cpu", "gpu")
+    assert all(is_form_field(f, slugs) for f in ("profile", "gpus", "gpu_model", "image", "gpus-gpu",
+                                                   "image-cpu", "gpu_model-gpu"))
+    assert not any(is_form_field(f, slugs) for f in ("flavor", "image-size", "gpus-big", "profile-x", "_xsrf"))
+
+
+def test_form_plain_image_is_dockerspawners_field_first_value_counts():
+    """DockerSpawner's own picker field ``image``: its first value, as DockerSpawner reads it."""
+    assert options_from_form({"image": ["1.0", "1.1"]}) == {"image": "1.0"}
+    with pytest.raises(OptionsError):
+        options_from_form({"profile": ["gpu"], "image-gpu": ["a", "b"]})

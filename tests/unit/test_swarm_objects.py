@@ -5,9 +5,12 @@ from __future__ import annotations
 from gpuspawner.spawners.swarm_objects import (
     MODEL_LABEL,
     add_gpu_reservation,
+    gpu_reservations,
+    missing_image,
     node_gpus,
     start_failure,
     task_gpus,
+    template_gpu_reservations,
     waiting_words,
 )
 
@@ -73,3 +76,21 @@ def test_start_failure_is_swarms_reason_for_a_rejected_or_failed_task():
     assert start_failure({"Status": {"State": "failed", "Message": "started"}}) == "started"
     for state in ("pending", "running", "shutdown", "complete"):
         assert start_failure({"Status": {"State": state, "Err": "no suitable node"}}) is None
+
+
+def test_gpu_reservations_in_either_spelling():
+    from docker.types import Resources
+
+    assert gpu_reservations({"NVIDIA-GPU": 2, "FPGA": 1}) == ["NVIDIA-GPU=2"]
+    assert gpu_reservations([{"DiscreteResourceSpec": {"Kind": "NVIDIA-GPU", "Value": 1}},
+                             {"NamedResourceSpec": {"Kind": "SSD", "Value": "a"}}]) == ["NVIDIA-GPU=1"]
+    assert gpu_reservations(None) == [] and gpu_reservations({"FPGA": 1}) == []
+    template = {"Resources": dict(Resources(generic_resources={"NVIDIA-GPU": 3}))}
+    assert template_gpu_reservations(template) == ["NVIDIA-GPU=3"]
+    assert template_gpu_reservations({"ContainerSpec": {}}) == []
+
+
+def test_missing_image_words():
+    assert missing_image("No such image: team/nb:1")
+    assert missing_image("pull access denied for team/nb, repository does not exist or may require 'docker login'")
+    assert not missing_image("starting container failed: unknown device GPU-1")
