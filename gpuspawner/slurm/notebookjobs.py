@@ -85,7 +85,7 @@ class SlurmJobs:
     async def _job(self, spawner: Any, handle: dict, max_age: float | None = None) -> tuple[SlurmJob | None, bool]:
         """(the job as squeue lists it or None, whether Slurm answered); a job missing from a cached
         reading (one from before its submission) is looked for again in a fresh one."""
-        reader = spawner.slurm()
+        reader = await spawner.slurm()
         for age in (max_age, 0):
             reading = await reader.jobs(max_age=age)
             if reading.unknown is not None:
@@ -107,7 +107,7 @@ class SlurmJobs:
         job, _answered = await self._job(spawner, handle)
         if job is None or not job.pending:
             return None
-        reading = await spawner.slurm().jobs()
+        reading = await (await spawner.slurm()).jobs()
         return wait_words(job, reading.value)
 
     async def ended(self, spawner: Any, job_id: str, handle: dict, spec: JobSpec) -> Ended:
