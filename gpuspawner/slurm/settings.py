@@ -25,8 +25,8 @@ from collections.abc import Iterable, Mapping
 
 from jinja2 import Template
 
-__all__ = ["CHOICE_FLAGS", "GPU_GRES", "gpu_asks", "gpu_gres", "join_gres", "lenient_render", "refused_settings",
-           "sbatch_directives", "sbatch_options", "submit_command_problem"]
+__all__ = ["CHOICE_FLAGS", "GPU_GRES", "cluster_asks", "gpu_asks", "gpu_gres", "join_gres", "lenient_render",
+           "refused_settings", "sbatch_directives", "sbatch_options", "submit_command_problem"]
 
 #: GRES that are GPUs or shares of one (Slurm's gres/gpu, gres/shard, gres/mps)
 GPU_GRES = frozenset({"gpu", "shard", "mps"})
@@ -40,6 +40,8 @@ CHOICE_FLAGS: tuple[tuple[str, str], ...] = (
 
 #: sbatch options that ask for GPUs whatever their value
 _GPU_OPTIONS = ("--gpus", "--gpus-per-node", "--gpus-per-task", "--gpus-per-socket", "-G")
+#: sbatch options that send the job to another cluster
+_CLUSTER_OPTIONS = ("--clusters", "--cluster", "-M")
 _CONTROL = re.compile(r"^[;&|<>()]+$")
 
 
@@ -92,6 +94,22 @@ def gpu_asks(options: str) -> list[str]:
             found.append(word if equals else f"{word} {following}".strip())
         elif name == "--gres" and gpu_gres(value if equals else following):
             found.append(word if equals else f"{word} {following}")
+    return found
+
+
+def cluster_asks(options: str) -> list[str]:
+    """The sbatch options in ``options`` that send the job to another cluster (``--clusters``, ``-M``).
+
+    >>> cluster_asks("--parsable -M other --mem=1G")
+    ['-M other']
+    """
+    words, found = _words(options), []
+    for n, word in enumerate(words):
+        name, equals, _ = word.partition("=")
+        if name in _CLUSTER_OPTIONS:
+            found.append(word if equals else f"{word} {words[n + 1] if n + 1 < len(words) else ''}".strip())
+        elif name.startswith("-M") and len(name) > 2 and not name.startswith("--"):
+            found.append(word)
     return found
 
 
@@ -199,8 +217,12 @@ def refused_settings(settings: Mapping[str, str], script_directives: str, submit
     if asked:
         found.append(f"batch_script asks Slurm for GPUs for every server (#SBATCH {' '.join(asked)}) {why}. "
                      "Remove those lines, or use {gres} there (gpu-slurm fills it in with each server's GPUs)")
-    if settings.get("req_cluster"):
-        found.append(f"req_cluster = {settings['req_cluster']!r}: gpu-slurm reads the nodes and jobs of the cluster "
-                     "its Slurm commands reach (sinfo, squeue), so GPUs of jobs sent to another cluster would be "
-                     "neither shown nor counted. Point SLURM_CONF (or exec_prefix) at that cluster instead")
+    elsewhere = [f"req_cluster = {settings['req_cluster']!r}"] if settings.get("req_cluster") else []
+    elsewhere += [f"{name} ({' '.join(asked)})" for name, text in (
+        ("batch_submit_cmd", submit_command), ("req_options", settings.get("req_options", "")),
+        ("batch_script", script_directives)) if (asked := cluster_asks(text))]
+    for setting in elsewhere:
+        found.append(f"{setting} sends jobs to another cluster, but gpu-slurm reads the nodes and jobs of the "
+                     "cluster its Slurm commands reach (sinfo, squeue), so their GPUs would be neither shown nor "
+                     "counted. Point SLURM_CONF (or exec_prefix) at that cluster instead")
     return found
