@@ -163,6 +163,21 @@ class GPUSlurmSpawner(GPUSpawnerMixin, SystemAccounts, SlurmSpawner):
         names (also logged).""",
     ).tag(config=True)
 
+    slurm_query_user = Unicode(
+        "",
+        help="""
+        The account gpu-slurm's reads of the whole cluster run as, through ``exec_prefix``
+        (its ``{username}``): ``sinfo --json`` (the form's availability, the checks before
+        submitting) and ``squeue --json`` (the queue in words, the reconciliation of the hub's
+        GPU charges with this hub's jobs). Empty: the user the hub acts for (the form's, the
+        spawn's; the reconciliation's: the user whose server first reconciled), as batchspawner
+        runs its own commands. Set it where Slurm's ``PrivateData=jobs`` hides other users' jobs
+        from users, to an account Slurm shows every job (an operator): otherwise a user's
+        ``squeue`` lists only their own jobs, and the reconciliation would free the charges of
+        other users' running jobs.
+        """,
+    ).tag(config=True)
+
     job_python = Unicode(
         "python3",
         help="""
@@ -269,31 +284,49 @@ class GPUSlurmSpawner(GPUSpawnerMixin, SystemAccounts, SlurmSpawner):
 
     def get_req_subvars(self):
         """batchspawner's values, and ``{job_name}``, ``{job_comment}`` (shell-quoted) for a site's templates."""
-        subvars = super().get_req_subvars()
+        return self._with_job_identity(super().get_req_subvars())
+
+    def _with_job_identity(self, subvars: dict) -> dict:
         name, comment = self.slurm_job_identity()
         subvars["job_name"], subvars["job_comment"] = shlex.quote(name), shlex.quote(comment)
         return subvars
 
     # ------------------------------------------------------------ running Slurm's commands
 
+    def command_subvars(self) -> dict:
+        """:meth:`get_req_subvars` for a command run outside a start (a form's, a reconciliation's), without
+        fixing ``req_keepvars`` early: batchspawner computes its default once, from the server's environment
+        when first used, which before the start lacks the server's URL (the job would not export it)."""
+        if self.trait_has_value("req_keepvars"):
+            return self.get_req_subvars()
+        # batchspawner's get_req_subvars(), with req_keepvars' default computed but not kept
+        subvars = {name[4:]: self.trait_defaults(name) if name == "req_keepvars" else getattr(self, name)
+                   for name in self.trait_names() if name.startswith("req_")}
+        if subvars.get("keepvars_extra"):
+            subvars["keepvars"] += "," + subvars["keepvars_extra"]
+        return self._with_job_identity(subvars)
+
     def filled_exec_prefix(self, **subvars: str) -> str:
         """``exec_prefix`` filled in as batchspawner fills it for this user's commands (``subvars`` replace
         some of its values: ``username`` for a command run as another user's account)."""
-        return format_template(self.exec_prefix, **{**self.get_req_subvars(), **subvars})
+        return format_template(self.exec_prefix, **{**self.command_subvars(), **subvars})
 
     def account_of(self, hub_user: str) -> str:
         """The system account hub user ``hub_user``'s jobs run as (batchspawner's ``{username}``)."""
         return account_name(hub_user, self.system_user_prefix) if self.create_system_users else hub_user
 
     async def slurm(self) -> SlurmReader:
-        """The hub's cached reader of sinfo and squeue through this user's ``exec_prefix`` (one per filled-in
-        prefix). With ``create_system_users``, the account the commands run as is made first."""
+        """The hub's cached reader of sinfo and squeue through ``exec_prefix`` filled in for this user (or
+        ``slurm_query_user``); one per filled-in prefix. With ``create_system_users``, the account the
+        commands run as is made first."""
+        as_user = {"username": self.slurm_query_user} if self.slurm_query_user else {}
         try:
-            await self.ensure_account()
+            if not as_user:
+                await self.ensure_account()
         except AccountError as e:  # the commands say what is wrong, as unknown readings
             self.log.warning("%s: %s", self._log_name, e)
         try:
-            prefix = self.filled_exec_prefix()
+            prefix = self.filled_exec_prefix(**as_user)
         except Exception as e:  # e.g. batchspawner's req_homedir of a user this host does not know
             why = f"exec_prefix cannot be filled in for {self.user.name}: {e!r}"
             return self.hub_state.cache(("slurm-reader", None, why), lambda: SlurmReader(problem=why))
@@ -607,7 +640,7 @@ class GPUSlurmSpawner(GPUSpawnerMixin, SystemAccounts, SlurmSpawner):
                          "database names it (the hub stopped before saving it, or its server was stopped)",
                          workload.id, workload.owner)
         try:
-            subvars = {**self.get_req_subvars(), "username": self.account_of(workload.owner.split("/", 1)[0]),
+            subvars = {**self.command_subvars(), "username": self.account_of(workload.owner.split("/", 1)[0]),
                        "job_id": workload.id}
             line = prefixed(format_template(self.exec_prefix, **subvars),
                             format_template(self.batch_cancel_cmd, **subvars))
