@@ -19,7 +19,8 @@ Its outcome comes from the executor's status file (the hub reads the shared
 filesystem) and Slurm's state and exit code (``squeue`` lists ended jobs for
 ``MinJobAge`` seconds; no accounting needed): Slurm's ``TIMEOUT`` is a job
 stopped at its time limit, ``CANCELLED`` one stopped, ``NODE_FAIL``,
-``OUT_OF_MEMORY``, ... failed with that reason. Cancel is ``scancel``.
+``OUT_OF_MEMORY``, ... failed with that reason. Cancel is the spawner's ``batch_cancel_cmd``
+(``scancel``), and every Slurm command goes through its ``exec_prefix``, as for servers.
 """
 
 from __future__ import annotations
@@ -126,7 +127,8 @@ class SlurmJobs:
         return Ended(code, outcome, error)
 
     async def stop(self, spawner: Any, job_id: str, handle: dict) -> None:
-        """``scancel`` (as the user, as for servers), then wait until Slurm has ended it: its GPUs are free."""
+        """``batch_cancel_cmd`` through ``exec_prefix`` (as the user, as for servers), then wait until Slurm
+        has ended it: its GPUs are free."""
         spawner.job_id = handle["slurm_job"]
         try:
             await spawner.cancel_batch_job()
