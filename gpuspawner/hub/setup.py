@@ -117,7 +117,8 @@ def check_spawner(c: Any) -> None:
     """Stop the hub's start (SystemExit, with sentences) where its gpuspawner spawner could start no server.
 
     gpu-local and gpu-local-simple say why: servers that would run as root, accounts that
-    could not run the servers' program (a Python under a folder only root may enter).
+    could not run the servers' program (a Python under a folder only root may enter);
+    gpu-slurm names the batchspawner settings it cannot honour beside its GPU choices.
     """
     cls = spawner_class(c)
     problems = getattr(cls, "gpu_startup_problems", None)

@@ -19,7 +19,8 @@ Its outcome comes from the executor's status file (the hub reads the shared
 filesystem) and Slurm's state and exit code (``squeue`` lists ended jobs for
 ``MinJobAge`` seconds; no accounting needed): Slurm's ``TIMEOUT`` is a job
 stopped at its time limit, ``CANCELLED`` one stopped, ``NODE_FAIL``,
-``OUT_OF_MEMORY``, ... failed with that reason. Cancel is ``scancel``.
+``OUT_OF_MEMORY``, ... failed with that reason. Cancel is the spawner's ``batch_cancel_cmd``
+(``scancel``), and every Slurm command goes through its ``exec_prefix``, as for servers.
 """
 
 from __future__ import annotations
@@ -85,7 +86,7 @@ class SlurmJobs:
     async def _job(self, spawner: Any, handle: dict, max_age: float | None = None) -> tuple[SlurmJob | None, bool]:
         """(the job as squeue lists it or None, whether Slurm answered); a job missing from a cached
         reading (one from before its submission) is looked for again in a fresh one."""
-        reader = spawner.slurm()
+        reader = await spawner.slurm()
         for age in (max_age, 0):
             reading = await reader.jobs(max_age=age)
             if reading.unknown is not None:
@@ -107,7 +108,7 @@ class SlurmJobs:
         job, _answered = await self._job(spawner, handle)
         if job is None or not job.pending:
             return None
-        reading = await spawner.slurm().jobs()
+        reading = await (await spawner.slurm()).jobs()
         return wait_words(job, reading.value)
 
     async def ended(self, spawner: Any, job_id: str, handle: dict, spec: JobSpec) -> Ended:
@@ -126,7 +127,8 @@ class SlurmJobs:
         return Ended(code, outcome, error)
 
     async def stop(self, spawner: Any, job_id: str, handle: dict) -> None:
-        """``scancel`` (as the user, as for servers), then wait until Slurm has ended it: its GPUs are free."""
+        """``batch_cancel_cmd`` through ``exec_prefix`` (as the user, as for servers), then wait until Slurm
+        has ended it: its GPUs are free."""
         spawner.job_id = handle["slurm_job"]
         try:
             await spawner.cancel_batch_job()

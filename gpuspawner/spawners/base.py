@@ -651,6 +651,9 @@ class GPUSpawnerMixin(GPUPolicyMixin, GPUHubSettings):
 
     # ------------------------------------------------------------ state
 
+    #: whether :meth:`save_state` wrote this spawner's state since it was last cleared
+    _gpu_state_written = False
+
     def save_state(self) -> None:
         """Write this server's state (its GPUs first) to the hub's database now.
 
@@ -662,6 +665,7 @@ class GPUSpawnerMixin(GPUPolicyMixin, GPUHubSettings):
             return
         orm_spawner.state = self.get_state()
         self.db.commit()
+        self._gpu_state_written = True
 
     def get_state(self) -> dict:
         state = super().get_state()
@@ -684,9 +688,15 @@ class GPUSpawnerMixin(GPUPolicyMixin, GPUHubSettings):
         self.gpu_allocation = tuple(g for g in gpus if g.uuid not in refused)
 
     def clear_state(self) -> None:
+        """The parent's; the GPUs released; and where :meth:`save_state` wrote the state early, the cleared
+        state written too, so that what the spawner forgot (a job id, a container) is not read back by the
+        next spawner object of this server (JupyterHub itself saves it only where it cleared it)."""
         super().clear_state()
         if self.gpu_allocation:
             self.release_gpus()
+        if self._gpu_state_written:
+            self.save_state()
+            self._gpu_state_written = False
 
 
 def _gpu_from_state(record: dict) -> GPU:

@@ -30,10 +30,10 @@ import re
 import shlex
 import time
 
-from batchspawner import JobStatus, SlurmSpawner
+from batchspawner import JobStatus, SlurmSpawner, format_template
 from traitlets import Bool, Dict, TraitError, Unicode, default, validate
 
-from ..accounts import AccountError, SystemAccounts
+from ..accounts import AccountError, SystemAccounts, account_name
 from ..compat import min_cuda
 from ..form import form_context
 from ..gpu import GPU
@@ -42,9 +42,17 @@ from ..ledger import cluster_tokens
 from ..placement import GPURequest, PlacementError
 from ..profiles import Choice, load_profiles
 from ..reconcile import Workload
-from ..slurm.commands import SlurmReader, run_slurm
+from ..slurm.commands import SlurmReader, prefixed, run_command_line
 from ..slurm.cuda import CudaNeed, DriverCuda
 from ..slurm.jobs import ENDED, comment_start, job_comment, parse_comment, submit_refusal, wait_words
+from ..slurm.settings import (
+    CHOICE_FLAGS,
+    join_gres,
+    lenient_render,
+    refused_settings,
+    sbatch_directives,
+    sbatch_options,
+)
 from ..slurm.sinfo import UNTYPED, GresTypes, NeverFits, choose_type, cuda_constraint, gpu_availability, parse_gres
 from .base import GPUSpawnerMixin, checked_cuda_map, user_error
 
@@ -53,6 +61,8 @@ _GRES_TYPE = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 _SLURM_TRAITS = {"partition": "req_partition", "time": "req_runtime", "qos": "req_qos",
                  "account": "req_account", "reservation": "req_reservation"}
 _PROFILE_TRAITS = (*_SLURM_TRAITS.values(), "req_nprocs", "req_memory", "req_gres", "req_options")
+#: the batchspawner settings checked against the GPU choices when the spawner is configured
+_CHECKED_TRAITS = ("req_gres", "req_ngpus", "req_options", "req_cluster")
 
 
 def _ledger_resource(gres_type: str) -> str:
@@ -72,6 +82,14 @@ def slurm_memory(limit: str | int) -> str:
 
 class GPUSlurmSpawner(GPUSpawnerMixin, SystemAccounts, SlurmSpawner):
     """SlurmSpawner with gpuspawner's GPU profiles, Slurm's availability and its queue in words.
+
+    Every batchspawner setting keeps working (``docs/compatibility.md``): the site's
+    ``batch_script`` and ``batch_submit_cmd``, to which each job's GPUs and profile settings
+    are added as sbatch options (:mod:`gpuspawner.slurm.settings`), and ``exec_prefix``, through
+    which every Slurm command the hub runs goes (batchspawner's own, and gpuspawner's
+    ``sinfo``, ``squeue`` and cancellations of orphaned jobs), filled in for the user the hub
+    acts for. Settings that would fight the GPU choices are refused when the spawner is
+    configured, with a sentence naming them.
 
     With ``create_system_users`` a job runs as its user's account (made by the hub on first
     use): batchspawner's ``{username}`` is that account, so ``exec_prefix`` (e.g.
@@ -145,6 +163,21 @@ class GPUSlurmSpawner(GPUSpawnerMixin, SystemAccounts, SlurmSpawner):
         names (also logged).""",
     ).tag(config=True)
 
+    slurm_query_user = Unicode(
+        "",
+        help="""
+        The account gpu-slurm's reads of the whole cluster run as, through ``exec_prefix``
+        (its ``{username}``): ``sinfo --json`` (the form's availability, the checks before
+        submitting) and ``squeue --json`` (the queue in words, the reconciliation of the hub's
+        GPU charges with this hub's jobs). Empty: the user the hub acts for (the form's, the
+        spawn's; the reconciliation's: the user whose server first reconciled), as batchspawner
+        runs its own commands. Set it where Slurm's ``PrivateData=jobs`` hides other users' jobs
+        from users, to an account Slurm shows every job (an operator): otherwise a user's
+        ``squeue`` lists only their own jobs, and the reconciliation would free the charges of
+        other users' running jobs.
+        """,
+    ).tag(config=True)
+
     job_python = Unicode(
         "python3",
         help="""
@@ -172,11 +205,6 @@ class GPUSlurmSpawner(GPUSpawnerMixin, SystemAccounts, SlurmSpawner):
                              "Remove 'queue' from it.")
         return value
 
-    @default("batch_submit_cmd")
-    def _default_submit(self):
-        # the job's identity goes on the command line, so a site's own batch_script keeps it
-        return "sbatch --parsable --nodes=1 --job-name={{job_name}} --comment={{job_comment}}"
-
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self._configured = {name: getattr(self, name) for name in _PROFILE_TRAITS}
@@ -184,6 +212,40 @@ class GPUSlurmSpawner(GPUSpawnerMixin, SystemAccounts, SlurmSpawner):
         self._last_words = ""
         self._words_at = 0.0
         self._submitted_job = ""  # the last job sbatch gave this spawner, until it is stopped
+        self._gpu_gres = ""  # this start's GPU request (``gpu:a100:1``), joined with the site's req_gres
+        refused = self.refused_batch_settings()
+        if refused:
+            raise TraitError("gpu-slurm cannot honour " + "\n".join(refused))
+
+    @classmethod
+    def gpu_startup_problems(cls, config) -> list[str]:
+        """The batchspawner settings of ``config`` gpu-slurm cannot honour, as sentences for the hub's start
+        (:func:`gpuspawner.hub.setup.check_spawner`)."""
+        try:
+            cls(config=config)  # the settings only: no user
+        except TraitError as e:
+            return [str(e)]
+        return []
+
+    def offers_gpus(self) -> bool:
+        """Whether some profile lets a user pick GPUs (then the site's own GPU settings are refused)."""
+        return any(count > 0 for p in self.all_profiles() for count in p.gpu_counts)
+
+    def refused_batch_settings(self) -> list[str]:
+        """The configured batchspawner settings that would fight the GPU choices, each in a sentence naming it
+        (:func:`gpuspawner.slurm.settings.refused_settings`); the site's own user-independent values only."""
+        blank = {name[4:]: "" for name in self.trait_names() if name.startswith("req_")}
+        try:
+            directives = sbatch_directives(lenient_render(self.batch_script, blank))
+        except Exception:  # a template batchspawner could not fill in either: its own error at submission
+            directives = ""
+        try:
+            command = lenient_render(self.batch_submit_cmd, {**blank, "job_name": "NAME", "job_comment": "COMMENT"})
+        except Exception:
+            command = self.batch_submit_cmd
+        settings = {name: getattr(self, name) for name in _CHECKED_TRAITS}
+        return [f"c.SlurmSpawner.{sentence}" for sentence in
+                refused_settings(settings, directives, command, self.offers_gpus())]
 
     # ------------------------------------------------------------ where jobs run
 
@@ -213,18 +275,63 @@ class GPUSlurmSpawner(GPUSpawnerMixin, SystemAccounts, SlurmSpawner):
             return " ".join(shlex.quote(arg) for arg in self.gpu_job_command)
         return super().cmd_formatted_for_batch()
 
+    def slurm_job_identity(self) -> tuple[str, str]:
+        """This job's name and comment: the hub, user and server (``job/<id>`` for a notebook job), and the
+        comment also this start's mark (how the hub recognizes its jobs, :mod:`gpuspawner.reconcile`)."""
+        server = self.gpu_owner[len(self.user.name) + 1:]
+        return (f"jupyterhub-{self.gpu_hub_id}-{self.user.name}-{server}".rstrip("-"),
+                job_comment(self.gpu_hub_id, self.user.name, server, self.gpu_start_mark))
+
     def get_req_subvars(self):
-        subvars = super().get_req_subvars()
-        server = self.gpu_owner[len(self.user.name) + 1:]  # the server's name, or "job/<id>" for a notebook job
-        subvars["job_name"] = shlex.quote(f"jupyterhub-{self.gpu_hub_id}-{self.user.name}-{server}".rstrip("-"))
-        subvars["job_comment"] = shlex.quote(job_comment(self.gpu_hub_id, self.user.name, server, self.gpu_start_mark))
+        """batchspawner's values, and ``{job_name}``, ``{job_comment}`` (shell-quoted) for a site's templates."""
+        return self._with_job_identity(super().get_req_subvars())
+
+    def _with_job_identity(self, subvars: dict) -> dict:
+        name, comment = self.slurm_job_identity()
+        subvars["job_name"], subvars["job_comment"] = shlex.quote(name), shlex.quote(comment)
         return subvars
 
-    # ------------------------------------------------------------ reading Slurm
+    # ------------------------------------------------------------ running Slurm's commands
 
-    def slurm(self) -> SlurmReader:
-        """The hub's one cached reader of sinfo and squeue."""
-        return self.hub_state.cache("slurm-reader", lambda: SlurmReader(ttl=self.gpu_inventory_ttl))
+    def command_subvars(self) -> dict:
+        """:meth:`get_req_subvars` for a command run outside a start (a form's, a reconciliation's), without
+        fixing ``req_keepvars`` early: batchspawner computes its default once, from the server's environment
+        when first used, which before the start lacks the server's URL (the job would not export it)."""
+        if self.trait_has_value("req_keepvars"):
+            return self.get_req_subvars()
+        # batchspawner's get_req_subvars(), with req_keepvars' default computed but not kept
+        subvars = {name[4:]: self.trait_defaults(name) if name == "req_keepvars" else getattr(self, name)
+                   for name in self.trait_names() if name.startswith("req_")}
+        if subvars.get("keepvars_extra"):
+            subvars["keepvars"] += "," + subvars["keepvars_extra"]
+        return self._with_job_identity(subvars)
+
+    def filled_exec_prefix(self, **subvars: str) -> str:
+        """``exec_prefix`` filled in as batchspawner fills it for this user's commands (``subvars`` replace
+        some of its values: ``username`` for a command run as another user's account)."""
+        return format_template(self.exec_prefix, **{**self.command_subvars(), **subvars})
+
+    def account_of(self, hub_user: str) -> str:
+        """The system account hub user ``hub_user``'s jobs run as (batchspawner's ``{username}``)."""
+        return account_name(hub_user, self.system_user_prefix) if self.create_system_users else hub_user
+
+    async def slurm(self) -> SlurmReader:
+        """The hub's cached reader of sinfo and squeue through ``exec_prefix`` filled in for this user (or
+        ``slurm_query_user``); one per filled-in prefix. With ``create_system_users``, the account the
+        commands run as is made first."""
+        as_user = {"username": self.slurm_query_user} if self.slurm_query_user else {}
+        try:
+            if not as_user:
+                await self.ensure_account()
+        except AccountError as e:  # the commands say what is wrong, as unknown readings
+            self.log.warning("%s: %s", self._log_name, e)
+        try:
+            prefix = self.filled_exec_prefix(**as_user)
+        except Exception as e:  # e.g. batchspawner's req_homedir of a user this host does not know
+            why = f"exec_prefix cannot be filled in for {self.user.name}: {e!r}"
+            return self.hub_state.cache(("slurm-reader", None, why), lambda: SlurmReader(problem=why))
+        return self.hub_state.cache(("slurm-reader", prefix),
+                                    lambda: SlurmReader(prefix, ttl=self.gpu_inventory_ttl))
 
     @property
     def gres_types(self) -> GresTypes:
@@ -253,7 +360,7 @@ class GPUSlurmSpawner(GPUSpawnerMixin, SystemAccounts, SlurmSpawner):
         return tuple(sorted(named))
 
     async def offered_models(self) -> set[str]:
-        reading = await self.slurm().nodes()
+        reading = await (await self.slurm()).nodes()
         if reading.unknown is not None:  # Slurm does not answer: accept the models profiles and the map name
             named = {m for p in self.profiles for m in p.gpu_models if m != "any"}
             return named | set(self.slurm_gres_types)
@@ -261,7 +368,7 @@ class GPUSlurmSpawner(GPUSpawnerMixin, SystemAccounts, SlurmSpawner):
         return {types.slug(t) for node in reading.value for t in node.gpus}
 
     async def options_form_context(self) -> dict:
-        reading = await self.slurm().nodes()
+        reading = await (await self.slurm()).nodes()
         availability = [] if reading.unknown else gpu_availability(reading.value, self.gres_types,
                                                                     self._form_partitions())
         unknown = f"Slurm does not answer: {reading.unknown}" if reading.unknown else None
@@ -290,7 +397,7 @@ class GPUSlurmSpawner(GPUSpawnerMixin, SystemAccounts, SlurmSpawner):
         """Slurm's nodes' "no node of the partition could ever run it" (:func:`choose_type`), or None."""
         if not choice.gpus:
             return None
-        reading = await self.slurm().nodes()
+        reading = await (await self.slurm()).nodes()
         if reading.unknown is not None:
             return None
         try:
@@ -311,7 +418,7 @@ class GPUSlurmSpawner(GPUSpawnerMixin, SystemAccounts, SlurmSpawner):
             await self._apply_gpu_options(self.user_options or {})
             choice = self.gpu_choice
         self._gpu_events = []
-        self._announced_job = self._last_words = ""
+        self._announced_job = self._last_words = self._gpu_gres = ""
         self.gpu_allocation = ()
         self.release_gpus()  # a failed earlier start of this server holds nothing
         try:  # once per hub, before its first job: this hub's jobs counted, orphans cancelled
@@ -323,7 +430,7 @@ class GPUSlurmSpawner(GPUSpawnerMixin, SystemAccounts, SlurmSpawner):
             return ()
         partitions = self.partitions(choice)
         self.gpu_event(f"Checking Slurm for {self.describe_request(choice)}", 10)
-        reading = await self.slurm().nodes()
+        reading = await (await self.slurm()).nodes()
         refusal = None
         types = self.gres_types
         if reading.unknown is None:
@@ -347,7 +454,8 @@ class GPUSlurmSpawner(GPUSpawnerMixin, SystemAccounts, SlurmSpawner):
         except PlacementError as e:
             self.gpu_event(f"Refused: {e}", 100)
             raise user_error(409, str(e)) from e
-        self.req_gres = f"gpu:{gres_type}:{choice.gpus}" if gres_type else f"gpu:{choice.gpus}"
+        self._gpu_gres = f"gpu:{gres_type}:{choice.gpus}" if gres_type else f"gpu:{choice.gpus}"
+        self.req_gres = join_gres(self._configured["req_gres"], self._gpu_gres)  # the site's other GRES too
         where = f" in partition {','.join(partitions)}" if partitions else ""
         self.gpu_event(f"Asking Slurm for {choice.gpus} x {types.slug(gres_type) if gres_type else 'GPU'} "
                        f"(--gres={self.req_gres}){where}", 30)
@@ -366,9 +474,44 @@ class GPUSlurmSpawner(GPUSpawnerMixin, SystemAccounts, SlurmSpawner):
 
     # ------------------------------------------------------------ the job
 
+    def sbatch_options(self) -> str:
+        """What gpu-slurm adds to the site's sbatch command line for this job (shell-quoted): one node, the
+        job's name and comment (how the hub knows its jobs), and what this start's choice decided: the GPUs
+        (with the site's other GRES), the profile's partition, time, QOS, account, reservation, CPUs, memory
+        and node features. sbatch's command line wins over the script's ``#SBATCH`` lines, so these reach
+        the job whatever the site's ``batch_script`` says."""
+        name, comment = self.slurm_job_identity()
+        identity = ["--nodes=1", f"--job-name={name}", f"--comment={comment}"]
+        constraint = ""
+        if self.req_options != self._configured["req_options"]:
+            found = re.search(r"--constraint=(\S+)", self.req_options or "")
+            constraint = found.group(1) if found else ""
+        options = sbatch_options(identity, {t: getattr(self, t) for t, _ in CHOICE_FLAGS}, self._configured,
+                                 self.req_gres if self._gpu_gres else "", constraint)
+        return " ".join(shlex.quote(option) for option in options)
+
+    async def _submit_job(self) -> str:
+        """batchspawner's submission (``exec_prefix`` + ``batch_submit_cmd``, the ``batch_script`` on its
+        stdin, in the server's environment), with :meth:`sbatch_options` at the end of the command line."""
+        subvars = self.get_req_subvars()
+        cmd = " ".join((format_template(self.exec_prefix, **subvars),
+                        format_template(self.batch_submit_cmd, **subvars), self.sbatch_options()))
+        subvars["cmd"] = self.cmd_formatted_for_batch()
+        subvars.update(self.user_options or {})  # as batchspawner: a site's script may use {image}
+        script = await self._get_batch_script(**subvars)
+        self.log.info("Spawner submitting command: %s", cmd)
+        self.log.debug("Spawner submitting script:\n%s", script)
+        out = await self.run_command(cmd, input=script, env=self.get_env())
+        try:
+            self.job_id = self.parse_job_id(out)
+        except Exception:
+            self.log.error("Job submission failed. sbatch said: %s", out)
+            self.job_id = ""
+        return self.job_id
+
     async def submit_batch_script(self):
-        """batchspawner's submission; when sbatch fails, HTTP 409 (Slurm refused the job) or 503 (sbatch
-        could not reach Slurm) saying what Slurm said.
+        """Submit the job (:meth:`_submit_job`); when sbatch fails, HTTP 409 (Slurm refused the job) or 503
+        (sbatch could not reach Slurm) saying what Slurm said.
 
         Nothing stays held: the failed start releases this server's count of GPUs. With
         ``create_system_users``, the user's account is made first (it submits the job).
@@ -378,7 +521,7 @@ class GPUSlurmSpawner(GPUSpawnerMixin, SystemAccounts, SlurmSpawner):
         except AccountError as e:
             raise user_error(503, f"This hub cannot start your server: {e}. Ask an admin.") from e
         try:
-            job_id = await super().submit_batch_script()
+            job_id = await self._submit_job()
         except RuntimeError as e:  # batchspawner's run_command: sbatch's stderr
             constraint = re.search(r"--constraint=(\S+)", self.req_options or "")
             status, message = submit_refusal(str(e), {
@@ -408,7 +551,7 @@ class GPUSlurmSpawner(GPUSpawnerMixin, SystemAccounts, SlurmSpawner):
         return status
 
     async def _say_why_waiting(self) -> None:
-        reading = await self.slurm().jobs(max_age=1.0)
+        reading = await (await self.slurm()).jobs(max_age=1.0)
         if reading.unknown is not None:
             return
         job = next((j for j in reading.value if j.id == self.job_id), None)
@@ -428,7 +571,7 @@ class GPUSlurmSpawner(GPUSpawnerMixin, SystemAccounts, SlurmSpawner):
         try:
             await super().stop(now=now)
         finally:
-            self._submitted_job = ""
+            self._submitted_job = self._gpu_gres = ""
             for name, value in self._configured.items():
                 setattr(self, name, value)
             self.gpu_choice = None
@@ -451,7 +594,7 @@ class GPUSlurmSpawner(GPUSpawnerMixin, SystemAccounts, SlurmSpawner):
         """This hub's jobs Slurm lists that have not ended and are not ending (``COMPLETING``: its
         epilog runs), found by their comment (``gpu_hub_id``), each holding the GPUs its ``--gres``
         asks for (as cluster tokens, as the hub's claims count them)."""
-        reading = await self.slurm().jobs(max_age=0)
+        reading = await (await self.slurm()).jobs(max_age=0)
         if reading.unknown is not None:
             raise RuntimeError(reading.unknown)
         live = []
@@ -491,13 +634,18 @@ class GPUSlurmSpawner(GPUSpawnerMixin, SystemAccounts, SlurmSpawner):
         return self.slurm_cancel_orphans
 
     async def end_orphan(self, workload: Workload) -> None:
-        """``scancel`` a job of this hub that no server's state and no active notebook job names."""
+        """Cancel a job of this hub that no server's state and no active notebook job names, as batchspawner
+        cancels its jobs (``exec_prefix`` + ``batch_cancel_cmd``), as the account of the user its comment names."""
         self.log.warning("gpu-slurm: cancelling Slurm job %s of %s: no server or notebook job of this hub's "
                          "database names it (the hub stopped before saving it, or its server was stopped)",
                          workload.id, workload.owner)
         try:
-            await run_slurm("scancel", workload.id)
-        except RuntimeError as e:
+            subvars = {**self.command_subvars(), "username": self.account_of(workload.owner.split("/", 1)[0]),
+                       "job_id": workload.id}
+            line = prefixed(format_template(self.exec_prefix, **subvars),
+                            format_template(self.batch_cancel_cmd, **subvars))
+            await run_command_line(line, "batch_cancel_cmd")
+        except Exception as e:  # noqa: BLE001 (a filled-in template can fail in many ways; the next pass retries)
             self.log.error("gpu-slurm: could not cancel Slurm job %s: %s", workload.id, e)
 
 

@@ -61,10 +61,23 @@ class SuiteResult:
 RESULTS: dict[str, dict[str, SuiteResult]] = {}
 
 
-def run_suite(title: str, tests: Path, mode: str, *, targets: list[tuple[str, ...]], gpu_class: str,
-              defaults: dict | None = None, extra_plugins: tuple[str, ...] = (), env: dict | None = None,
-              args: tuple[str, ...] = (), workdir: Path, timeout: float = 1800) -> SuiteResult:
-    """Run ``tests`` in ``mode`` (see :mod:`parentswap`) and return what passed, failed and skipped.
+@dataclass
+class RunningSuite:
+    """A suite's run started by :func:`start_suite`; :func:`finish_suite` waits for it and reads its result."""
+
+    title: str
+    mode: str
+    report: Path
+    proc: subprocess.Popen
+    timeout: float
+    output: Path
+
+
+def start_suite(title: str, tests: Path, mode: str, *, targets: list[tuple[str, ...]], gpu_class: str,
+                defaults: dict | None = None, extra_plugins: tuple[str, ...] = (), env: dict | None = None,
+                args: tuple[str, ...] = (), workdir: Path, timeout: float = 1800) -> RunningSuite:
+    """Start running ``tests`` in ``mode`` (see :mod:`parentswap`) in a pytest subprocess; several modes may
+    run at once (each in its own ``workdir``), which saves the time a suite spends sleeping.
 
     ``extra_plugins`` are more ``-p`` plugins (importable from this folder or ``PYTHONPATH``
     in ``env``); ``args`` go to pytest (the parents' own ``addopts`` are replaced by none).
@@ -77,11 +90,28 @@ def run_suite(title: str, tests: Path, mode: str, *, targets: list[tuple[str, ..
     plugins = [x for p in ("parentswap", *extra_plugins) for x in ("-p", p)]
     command = [sys.executable, "-m", "pytest", str(tests), *plugins, "-o", "addopts=", "-p", "no:cacheprovider",
                "--rootdir", str(tests), "-q", "-rA", f"--junitxml={report}", *args]
-    proc = subprocess.run(command, cwd=workdir, env=run_env, capture_output=True, text=True, timeout=timeout)
-    result = read_junit(report) if report.exists() else SuiteResult()
-    result.output = proc.stdout[-20000:] + proc.stderr[-5000:]
-    RESULTS.setdefault(title, {})[mode] = result
+    output = workdir / f"output-{mode}.txt"
+    with open(output, "wb") as out:
+        proc = subprocess.Popen(command, cwd=workdir, env=run_env, stdout=out, stderr=subprocess.STDOUT)
+    return RunningSuite(title, mode, report, proc, timeout, output)
+
+
+def finish_suite(running: RunningSuite) -> SuiteResult:
+    """Wait for ``running`` (killed, by its pid, after its timeout) and return what passed, failed and skipped."""
+    try:
+        running.proc.wait(running.timeout)
+    except subprocess.TimeoutExpired:
+        running.proc.kill()
+        running.proc.wait()
+    result = read_junit(running.report) if running.report.exists() else SuiteResult()
+    result.output = running.output.read_text(errors="replace")[-25000:]
+    RESULTS.setdefault(running.title, {})[running.mode] = result
     return result
+
+
+def run_suite(title: str, tests: Path, mode: str, **kwargs) -> SuiteResult:
+    """Run ``tests`` in ``mode`` and return what passed, failed and skipped (:func:`start_suite`'s arguments)."""
+    return finish_suite(start_suite(title, tests, mode, **kwargs))
 
 
 def read_junit(path: Path) -> SuiteResult:

@@ -7,6 +7,7 @@ import pytest
 import fakenvml
 from gpuspawner.fence import DEVICES_MOUNT
 from gpuspawner.slurm.devcluster import SlurmCluster, cannot_start, devices_constrainable
+from hub import passable
 from needs import missing
 
 
@@ -19,7 +20,8 @@ def slurm_cluster(tmp_path_factory):
         missing(why)
     if not devices_constrainable():
         missing(f"Slurm's ConstrainDevices needs the cgroup v1 devices controller at {DEVICES_MOUNT}")
-    cluster = SlurmCluster(tmp_path_factory.mktemp("slurm"), {"a100": 2, "t4": 2}, constrain_devices=True)
+    # users' own Slurm commands (accounts submitting their jobs) read its slurm.conf and reach its munged
+    cluster = SlurmCluster(passable(tmp_path_factory.mktemp("slurm")), {"a100": 2, "t4": 2}, constrain_devices=True)
     try:
         cluster.start()
         yield cluster

@@ -206,15 +206,26 @@ def test_hub_killed_while_submitting_again_and_again_then_charges_agree_with_slu
 
 #: sbatch is slow to take the job, and its id reaches the hub 3 s after the job is in Slurm's
 #: queue; the hub reconciles with Slurm every second, so several passes fall in both windows
+SLOW_SBATCH = """#!/bin/sh
+sleep 3
+sbatch "$@"
+done=$?
+sleep 3
+exit $done
+"""
 SLOW_SUBMIT = CONFIG + """
-c.GPUSlurmSpawner.batch_submit_cmd = ("sleep 3; sbatch --parsable --nodes=1 --job-name={{job_name}} "
-                                      "--comment={{job_comment}}; sleep 3")
+c.GPUSlurmSpawner.batch_submit_cmd = SLOW + " --parsable"  # a site's own sbatch: gpu-slurm adds its options
 c.GPUSpawnerMixin.gpu_reconcile_interval = 1
 """
 
 
 def test_a_spawn_in_flight_keeps_its_charge_and_its_job_through_reconciliations(slurm_cluster, slurm_gpus, tmp_path):
-    with running_hub(tmp_path / "hub", slurm_cluster, slurm_gpus, SLOW_SUBMIT) as hub:
+    slow = tmp_path / "slow" / "sbatch"
+    slow.parent.mkdir()
+    slow.write_text(SLOW_SBATCH)
+    slow.chmod(0o755)
+    config = SLOW_SUBMIT.replace("SLOW +", f"{str(slow)!r} +")
+    with running_hub(tmp_path / "hub", slurm_cluster, slurm_gpus, config) as hub:
         add_user(hub, "ada")
         # (the hub answers once the server is up, or after 10 s)
         spawning = burst(hub, {"ada": {"profile": "gpu", "gpus": 1, "gpu_model": "t4"}})
