@@ -14,6 +14,7 @@ prints one table per parent: passed/total per mode, as the issue asked.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -59,6 +60,26 @@ class SuiteResult:
 
 #: suite title -> mode -> result, for the tables printed at the end of the session
 RESULTS: dict[str, dict[str, SuiteResult]] = {}
+#: where each run's summary is also written (set by tests/conftest.py), so that the tables print
+#: when the suites ran in pytest-xdist's worker processes
+SUMMARIES = "GPUSPAWNER_SUITE_SUMMARIES"
+
+
+def _remember(title: str, mode: str, result: SuiteResult) -> None:
+    RESULTS.setdefault(title, {})[mode] = result
+    folder = os.environ.get(SUMMARIES)
+    if folder:
+        name = hashlib.sha256(f"{title}\0{mode}".encode()).hexdigest()[:16]
+        (Path(folder) / f"{name}.json").write_text(json.dumps([title, mode, result.summary()]))
+
+
+def _summaries() -> dict[str, dict[str, str]]:
+    found = {title: {mode: r.summary() for mode, r in by_mode.items()} for title, by_mode in RESULTS.items()}
+    folder = os.environ.get(SUMMARIES)
+    for path in sorted(Path(folder).glob("*.json")) if folder and Path(folder).is_dir() else ():
+        title, mode, summary = json.loads(path.read_text())
+        found.setdefault(title, {})[mode] = summary
+    return found
 
 
 def run_suite(title: str, tests: Path, mode: str, *, targets: list[tuple[str, str]], gpu_class: str,
@@ -80,7 +101,7 @@ def run_suite(title: str, tests: Path, mode: str, *, targets: list[tuple[str, st
     proc = subprocess.run(command, cwd=workdir, env=run_env, capture_output=True, text=True, timeout=timeout)
     result = read_junit(report) if report.exists() else SuiteResult()
     result.output = proc.stdout[-20000:] + proc.stderr[-5000:]
-    RESULTS.setdefault(title, {})[mode] = result
+    _remember(title, mode, result)
     return result
 
 
@@ -128,10 +149,10 @@ def unexpected(result: SuiteResult, section: str) -> list[str]:
 
 def tables() -> list[str]:
     """One line per suite: passed/total per mode, as a Markdown table."""
-    if not RESULTS:
+    summaries = _summaries()
+    if not summaries:
         return []
     lines = ["| suite | " + " | ".join(MODE_TITLES[m] for m in MODES) + " |", "|---" * (len(MODES) + 1) + "|"]
-    for title, by_mode in sorted(RESULTS.items()):
-        cells = [by_mode[m].summary() if m in by_mode else "-" for m in MODES]
-        lines.append(f"| {title} | " + " | ".join(cells) + " |")
+    for title, by_mode in sorted(summaries.items()):
+        lines.append(f"| {title} | " + " | ".join(by_mode.get(m, "-") for m in MODES) + " |")
     return lines
