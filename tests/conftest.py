@@ -40,6 +40,7 @@ EXPENSIVE = {"dockerd": "docker", "engine": "docker", "swarm_engine": "docker", 
              "postgres": "postgres"}
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
 def pytest_collection_modifyitems(config, items):
     """Under pytest-xdist (``-n``, ``--dist loadgroup``), every test that uses one expensive part runs on
     the same worker, so each part still starts once per run; the other tests go wherever a core is free."""
