@@ -18,10 +18,15 @@ import pytest
 
 from hub import passable
 from needs import missing
+from parentsuite import SUMMARIES, tables
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_configure(config):
+    if not hasattr(config, "workerinput"):  # the parents' suites' summaries, from any worker process
+        summaries = Path(tempfile.mkdtemp(prefix="gpuspawner-suites-"))
+        os.environ[SUMMARIES] = str(summaries)
+        config._gpuspawner_summaries = summaries
     if os.geteuid() == 0 and config.option.basetemp is None and not hasattr(config, "workerinput"):
         top = Path(tempfile.mkdtemp(prefix="gpuspawner-tests-"))
         top.chmod(0o711)
@@ -29,7 +34,35 @@ def pytest_configure(config):
         config._gpuspawner_tmp = top
 
 
+#: the session fixtures that start an expensive part once per run (a dockerd and its images, a
+#: swarm, a Slurm cluster, a PostgreSQL server) -> the pytest-xdist group whose tests share it
+EXPENSIVE = {"dockerd": "docker", "engine": "docker", "swarm_engine": "docker", "slurm_cluster": "slurm",
+             "postgres": "postgres"}
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
+def pytest_collection_modifyitems(config, items):
+    """Under pytest-xdist (``-n``, ``--dist loadgroup``), every test that uses one expensive part runs on
+    the same worker, so each part still starts once per run; the other tests go wherever a core is free."""
+    for item in items:
+        groups = sorted({EXPENSIVE[name] for name in getattr(item, "fixturenames", ()) if name in EXPENSIVE})
+        if groups:
+            item.add_marker(pytest.mark.xdist_group("+".join(groups)))
+
+
+def pytest_terminal_summary(terminalreporter):
+    """The parents' own test suites (tests/parents): one table line per suite, passed/total per mode."""
+    lines = tables()
+    if lines:
+        terminalreporter.section("the parents' own test suites with gpuspawner's classes")
+        for line in lines:
+            terminalreporter.write_line(line)
+
+
 def pytest_unconfigure(config):
+    summaries = getattr(config, "_gpuspawner_summaries", None)
+    if summaries is not None:
+        shutil.rmtree(summaries, ignore_errors=True)
     top = getattr(config, "_gpuspawner_tmp", None)
     if top is not None:
         shutil.rmtree(top, ignore_errors=True)

@@ -17,6 +17,7 @@ hub dies without exiting (SIGKILL), so its daemons never outlive the hub.
 from __future__ import annotations
 
 import atexit
+import hashlib
 import os
 import re
 import shutil
@@ -85,7 +86,7 @@ AuthType=auth/munge
 AuthInfo=socket={dir}/munge/munge.socket
 CredType=cred/munge
 StateSaveLocation={dir}/state
-SlurmdSpoolDir={dir}/spool
+SlurmdSpoolDir={spool}
 SlurmctldPidFile={dir}/slurmctld.pid
 SlurmdPidFile={dir}/slurmd.pid
 SlurmctldLogFile={dir}/slurmctld.log
@@ -136,6 +137,13 @@ class SlurmCluster:
         self.env = {**os.environ, "SLURM_CONF": str(self.conf)}
         self._munged_pid: int | None = None
 
+    @property
+    def spool(self) -> Path:
+        """slurmd's spool folder, where each job step's Unix socket lives (``<spool>/<host>_<job>.<step>``):
+        a short path of its own under /tmp (named after the cluster's folder, so another process that
+        knows only that folder finds it), as a socket's path may not pass 107 characters."""
+        return Path("/tmp") / f"gpuspawner-slurmd-{hashlib.sha256(str(self.dir.resolve()).encode()).hexdigest()[:12]}"
+
     def device_nodes(self) -> list[Path]:
         """The GPUs' device files in gres.conf's order (``nvidia0``, ``nvidia1``, ...: minor = position)."""
         return [self.dir / "dev" / f"nvidia{i}" for i in range(sum(self.gpus.values()))]
@@ -151,8 +159,9 @@ class SlurmCluster:
     def _write(self) -> None:
         d = self.dir
         shutil.rmtree(d / "state", ignore_errors=True)  # a private cluster starts with no jobs
-        for sub in ("munge", "state", "spool", "dev"):
+        for sub in ("munge", "state", "dev"):
             (d / sub).mkdir(parents=True, exist_ok=True)
+        self.spool.mkdir(mode=0o755, parents=True, exist_ok=True)
         # users who submit jobs (accounts the hub makes) reach munged's socket here, never its key (0400)
         (d / "munge").chmod(0o711)
         key = d / "munge" / "munge.key"
@@ -177,7 +186,7 @@ class SlurmCluster:
         else:
             (d / "cgroup.conf").unlink(missing_ok=True)
         self.conf.write_text(SLURM_CONF.format(
-            host=self.host, dir=d, ctld_port=_free_port(), slurmd_port=_free_port(),
+            host=self.host, dir=d, spool=self.spool, ctld_port=_free_port(), slurmd_port=_free_port(),
             cpus=self.cpus, gres=self.gres, partition=self.partition,
             proctrack="proctrack/cgroup" if self.constrain_devices else "proctrack/linuxproc",
             task="task/cgroup" if self.constrain_devices else "task/none",
@@ -284,6 +293,7 @@ class SlurmCluster:
                     pass
         for _, pid_file in DAEMONS:
             (self.dir / pid_file).unlink(missing_ok=True)
+        shutil.rmtree(self.spool, ignore_errors=True)
         if (self.dir / "cgroup.conf").exists():
             self._remove_empty_cgroups()
 

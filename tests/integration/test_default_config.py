@@ -87,7 +87,8 @@ def server_envs(hub: Hub, user: str) -> list[dict[str, str]]:
             raw = (p / "environ").read_bytes()
         except OSError:
             continue
-        if f"JUPYTERHUB_USER={user}\0".encode() in raw and b"JUPYTERHUB_API_TOKEN" in raw:
+        if (f"JUPYTERHUB_USER={user}\0".encode() in raw and b"JUPYTERHUB_API_TOKEN" in raw
+                and f"JUPYTERHUB_API_URL={hub.settings['hub_bind_url']}/".encode() in raw):  # this hub's
             hub.server_pids.add(int(p.name))
             envs.append(dict(i.split("=", 1) for i in raw.decode().split("\0") if "=" in i))
     return envs

@@ -14,6 +14,7 @@ prints one table per parent: passed/total per mode, as the issue asked.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -59,6 +60,26 @@ class SuiteResult:
 
 #: suite title -> mode -> result, for the tables printed at the end of the session
 RESULTS: dict[str, dict[str, SuiteResult]] = {}
+#: where each run's summary is also written (set by tests/conftest.py), so that the tables print
+#: when the suites ran in pytest-xdist's worker processes
+SUMMARIES = "GPUSPAWNER_SUITE_SUMMARIES"
+
+
+def _remember(title: str, mode: str, result: SuiteResult) -> None:
+    RESULTS.setdefault(title, {})[mode] = result
+    folder = os.environ.get(SUMMARIES)
+    if folder:
+        name = hashlib.sha256(f"{title}\0{mode}".encode()).hexdigest()[:16]
+        (Path(folder) / f"{name}.json").write_text(json.dumps([title, mode, result.summary()]))
+
+
+def _summaries() -> dict[str, dict[str, str]]:
+    found = {title: {mode: r.summary() for mode, r in by_mode.items()} for title, by_mode in RESULTS.items()}
+    folder = os.environ.get(SUMMARIES)
+    for path in sorted(Path(folder).glob("*.json")) if folder and Path(folder).is_dir() else ():
+        title, mode, summary = json.loads(path.read_text())
+        found.setdefault(title, {})[mode] = summary
+    return found
 
 
 @dataclass
@@ -105,7 +126,7 @@ def finish_suite(running: RunningSuite) -> SuiteResult:
         running.proc.wait()
     result = read_junit(running.report) if running.report.exists() else SuiteResult()
     result.output = running.output.read_text(errors="replace")[-25000:]
-    RESULTS.setdefault(running.title, {})[running.mode] = result
+    _remember(running.title, running.mode, result)
     return result
 
 
@@ -158,10 +179,10 @@ def unexpected(result: SuiteResult, section: str) -> list[str]:
 
 def tables() -> list[str]:
     """One line per suite: passed/total per mode, as a Markdown table."""
-    if not RESULTS:
+    summaries = _summaries()
+    if not summaries:
         return []
     lines = ["| suite | " + " | ".join(MODE_TITLES[m] for m in MODES) + " |", "|---" * (len(MODES) + 1) + "|"]
-    for title, by_mode in sorted(RESULTS.items()):
-        cells = [by_mode[m].summary() if m in by_mode else "-" for m in MODES]
-        lines.append(f"| {title} | " + " | ".join(cells) + " |")
+    for title, by_mode in sorted(summaries.items()):
+        lines.append(f"| {title} | " + " | ".join(by_mode.get(m, "-") for m in MODES) + " |")
     return lines
