@@ -36,7 +36,8 @@ def pytest_configure(config):
 
 #: the session fixtures that start an expensive part once per run (a dockerd and its images, a
 #: swarm, a Slurm cluster, a PostgreSQL server) -> the pytest-xdist group whose tests share it
-EXPENSIVE = {"dockerd": "docker", "engine": "docker", "swarm_engine": "docker", "slurm_cluster": "slurm",
+EXPENSIVE = {"dockerd": "docker", "engine": "docker", "swarm_engine": "docker", "suite_engine": "docker",
+             "slurm_cluster": "slurm",
              "postgres": "postgres"}
 
 
