@@ -44,11 +44,37 @@ EXPENSIVE = {"dockerd": "docker", "engine": "docker", "swarm_engine": "docker", 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
 def pytest_collection_modifyitems(config, items):
     """Under pytest-xdist (``-n``, ``--dist loadgroup``), every test that uses one expensive part runs on
-    the same worker, so each part still starts once per run; the other tests go wherever a core is free."""
-    for item in items:
-        groups = sorted({EXPENSIVE[name] for name in getattr(item, "fixturenames", ()) if name in EXPENSIVE})
-        if groups:
-            item.add_marker(pytest.mark.xdist_group("+".join(groups)))
+    the same worker, so each part still starts once per run; the other tests go wherever a core is free.
+
+    Parts that one test uses together join one group (a test on dockerd and PostgreSQL puts every
+    dockerd test and every PostgreSQL test on the same worker), so no part starts on two workers."""
+    parts = {item: {EXPENSIVE[name] for name in getattr(item, "fixturenames", ()) if name in EXPENSIVE}
+             for item in items}
+    group = {part: part for part in set(EXPENSIVE.values())}
+
+    def root(part: str) -> str:
+        while group[part] != part:
+            part = group[part]
+        return part
+
+    for used in parts.values():
+        first, *others = sorted(used) or [""]
+        for other in others:
+            group[root(other)] = root(first)
+    for item, used in parts.items():
+        if used:
+            item.add_marker(pytest.mark.xdist_group(root(next(iter(used)))))
+
+
+def pytest_collection_finish(session):
+    """Say so, rather than start a part on two workers at once, where pytest-xdist did not read the groups."""
+    if not getattr(session.config.option, "loadgroup", False):
+        return
+    lost = [item.nodeid for item in session.items
+            if item.get_closest_marker("xdist_group") and "@" not in item.nodeid]
+    if lost:
+        raise pytest.UsageError(f"pytest-xdist did not group {lost[0]} (and {len(lost) - 1} more): this pytest "
+                                "and pytest-xdist do not work together; install the versions pyproject.toml names")
 
 
 def pytest_terminal_summary(terminalreporter):
