@@ -133,7 +133,11 @@ def download_wheels(cache: Path, prefix: str, reqs: list[str], what: str) -> Pat
     tmp = Path(tempfile.mkdtemp(prefix=f".{prefix}-", dir=cache))
     try:
         _run([sys.executable, "-m", "pip", "download", "-q", *PIP_TARGET, "-d", str(tmp), *reqs])
-        os.replace(tmp, path)
+        try:
+            os.replace(tmp, path)
+        except OSError:
+            if not path.is_dir():  # else another build downloaded the same list first: use that one
+                raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return path

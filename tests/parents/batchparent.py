@@ -41,9 +41,10 @@ def pytest_load_initial_conftests(early_config, parser, args):
     """Before their conftest is read: each ``.../batchspawner/tests`` folder named on the command line
     makes its ``batchspawner`` folder part of the installed package."""
     for arg in args:
-        folder = Path(arg.split("::")[0]).resolve()
-        while folder.name and folder.name != "tests":
-            folder = folder.parent
-        package = folder.parent
-        if folder.name == "tests" and package.name == "batchspawner" and str(package) not in batchspawner.__path__:
-            batchspawner.__path__.append(str(package))
+        named = Path(arg.split("::")[0]).absolute()
+        for folder in (named, named.resolve()):  # as named (pytest imports by that path) and through any link
+            while folder.name and folder.name != "tests":
+                folder = folder.parent
+            package = folder.parent
+            if folder.name == "tests" and package.name == "batchspawner" and str(package) not in batchspawner.__path__:
+                batchspawner.__path__.append(str(package))
