@@ -1,4 +1,8 @@
-"""Fixtures for gpu-kube: recorded cluster objects served by a Kubernetes API test double.
+"""Fixtures for gpu-kube: a real Kubernetes control plane (``kube_cluster``), and recorded cluster
+objects served by a Kubernetes API test double (``cluster``).
+
+``kube_cluster`` (session): etcd, kube-apiserver, kube-scheduler and kube-controller-manager built
+from the Go module proxy (gpuspawner.kube.devcluster), with the recorded nodes as fake GPU nodes.
 
 The test double is kmock's KubernetesEmulator (PyPI ``kmock``): a real HTTP
 server on 127.0.0.1 answering the Kubernetes REST API from the objects loaded
@@ -9,6 +13,7 @@ kubernetes_asyncio client, configured by a kubeconfig file as in a hub.
 from __future__ import annotations
 
 import copy
+import os
 from types import SimpleNamespace
 
 import aiohttp
@@ -16,7 +21,70 @@ import kmock
 import pytest
 import pytest_asyncio
 
-from kubefixtures import NODES, PODS, load, pod_controller, write_kubeconfig
+from kubefixtures import NODES, PODS, load, pod_controller, until, write_kubeconfig
+from needs import missing
+
+
+@pytest.fixture(scope="session")
+def kube_cluster(tmp_path_factory):
+    """A real control plane for this test run: etcd (Debian), kube-apiserver, kube-scheduler and
+    kube-controller-manager of gpuspawner.kube.devcluster.KUBE_VERSION on loopback (client
+    certificates, ``Node,RBAC``), with the recorded nodes (tests/kube/fixtures/nodes.json: two A100
+    nodes, a MIG node, a time-sliced T4 node, a CPU node) as fake nodes kept Ready by its
+    ``kubelet`` (a :class:`~gpuspawner.kube.devcluster.FakeKubelet`).
+
+    The binaries are built on first use into ``~/.cache/gpuspawner/kube/<version>/bin``
+    (``GPUSPAWNER_KUBE_CACHE``; minutes cold, nothing warm); the cluster starts in seconds. A
+    :class:`~gpuspawner.kube.devcluster.KubeCluster`: ``api(method, path, body)`` as its admin,
+    ``admin_kubeconfig``, ``service_account(ns, name)``, ``kubelet.add_node(...)``. Tests share it:
+    each works in a namespace of its own (``kube_namespace``) and leaves the standing nodes as they
+    are. Where it cannot be built or started, the tests that use it skip, saying why (fail in CI).
+    Every process is stopped by its pid at the end of the run.
+    """
+    from gpuspawner.kube.devcluster import KubeCluster, build, cannot_start
+
+    why = cannot_start()
+    if why:
+        missing(why)
+    try:
+        build()
+    except RuntimeError as error:
+        missing(f"the Kubernetes control plane could not be built: {error}")
+    cluster = KubeCluster(tmp_path_factory.mktemp("kube"))
+    try:
+        cluster.start(nodes=load("nodes.json"))
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture
+def kube_namespace(kube_cluster):
+    """A namespace of this test's own in ``kube_cluster`` (its ``default`` ServiceAccount made, so pods
+    are accepted), deleted afterwards with all it holds."""
+    name = f"t-{os.urandom(4).hex()}"
+    kube_cluster.api("POST", "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace",
+                                                    "metadata": {"name": name}})
+    until(lambda: kube_cluster.api("GET", f"/api/v1/namespaces/{name}/serviceaccounts/default", ok=(404,)),
+          f"the ServiceAccount controller makes {name}/default")
+    yield name
+    kube_cluster.api("DELETE", f"/api/v1/namespaces/{name}", ok=(404,))
+
+
+@pytest_asyncio.fixture
+async def kube_admin(kube_cluster, monkeypatch):
+    """``KUBECONFIG`` (and kubernetes_asyncio's and KubeSpawner's cached client configuration) set to
+    ``kube_cluster``'s admin, as for a hub outside the cluster; the cluster."""
+    from kubespawner import KubeSpawner
+    from kubespawner.clients import load_config
+
+    kubeconfig = str(kube_cluster.admin_kubeconfig)
+    monkeypatch.setenv("KUBECONFIG", kubeconfig)
+    monkeypatch.setattr("kubernetes_asyncio.config.kube_config.KUBE_CONFIG_DEFAULT_LOCATION", kubeconfig)
+    load_config.cache_clear()
+    yield kube_cluster
+    await KubeSpawner._stop_all_reflectors()
+    load_config.cache_clear()
 
 
 @pytest.fixture

@@ -3,6 +3,7 @@
 import asyncio
 import contextlib
 import json
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -71,3 +72,16 @@ async def pod_controller(url: str, handler, change: Callable[[str, str, dict], d
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
+
+
+def until(check: Callable[[], object], what: str, timeout: float = 60, period: float = 0.2):
+    """``check()``'s first true answer, polling; fails naming ``what`` when none comes in ``timeout``
+    seconds (a bound on waiting for the cluster, not a timing being tested)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        answer = check()
+        if answer:
+            return answer
+        if time.monotonic() > deadline:
+            raise AssertionError(f"waited {timeout:.0f}s in vain: {what}")
+        time.sleep(period)

@@ -1,4 +1,5 @@
-"""gpu-kube against a real Kubernetes cluster: runs only when KUBECONFIG is set.
+"""gpu-kube against a real Kubernetes API server: the private control plane of this test run
+(``kube_cluster``), and a site's cluster when KUBECONFIG is set.
 
 Read only, apart from server-side dry-run pod creation (nothing is created):
 the cluster's GPU capacity is read, the form renders, and the pod of a
@@ -12,25 +13,21 @@ import os
 
 import pytest
 
-pytestmark = pytest.mark.skipif(
-    not os.environ.get("KUBECONFIG"),
-    reason="needs a real Kubernetes cluster: set KUBECONFIG (and optionally GPUSPAWNER_TEST_NAMESPACE) to run it",
-)
-
 PROFILES = [
     {"slug": "cpu", "display_name": "CPU only", "gpu_counts": [0]},
     {"slug": "gpu", "display_name": "GPU", "gpu_models": ["any"], "gpu_counts": [1], "default_gpus": 1},
 ]
 
 
-async def test_capacity_form_and_dry_run_pods():
+async def check_capacity_form_and_dry_run_pods(namespace: str) -> list[dict]:
+    """The checks, against the cluster KUBECONFIG names; the choices whose pods were accepted."""
     from traitlets.config import Config
 
     from gpuspawner.kube.capacity import pools
     from gpuspawner.spawners.kube import GPUKubeSpawner
 
     config = Config()
-    config.KubeSpawner.namespace = os.environ.get("GPUSPAWNER_TEST_NAMESPACE", "default")
+    config.KubeSpawner.namespace = namespace
     config.GPUKubeSpawner.gpu_profiles = PROFILES
     spawner = GPUKubeSpawner(_mock=True, config=config)
     reading = await spawner.cluster_capacity().read()
@@ -49,3 +46,15 @@ async def test_capacity_form_and_dry_run_pods():
         manifest = await spawner.get_pod_manifest()
         created = await spawner.api.create_namespaced_pod(spawner.namespace, manifest, dry_run="All")
         assert created.metadata.name == spawner.pod_name
+    return choices
+
+
+@pytest.mark.skipif(not os.environ.get("KUBECONFIG"),
+                    reason="a site's Kubernetes cluster: set KUBECONFIG (and optionally GPUSPAWNER_TEST_NAMESPACE)")
+async def test_capacity_form_and_dry_run_pods_on_a_site_cluster():
+    await check_capacity_form_and_dry_run_pods(os.environ.get("GPUSPAWNER_TEST_NAMESPACE", "default"))
+
+
+async def test_capacity_form_and_dry_run_pods(kube_admin, kube_namespace):
+    choices = await check_capacity_form_and_dry_run_pods(kube_namespace)
+    assert {"profile": "gpu", "gpus": 1} in choices  # the recorded A100 nodes have whole GPUs free
