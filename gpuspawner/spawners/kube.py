@@ -55,6 +55,7 @@ from ..kube.kueue import (
     KueueReader,
     check_queue_name,
     gated,
+    pod_problem,
     queue_position,
     waiting_message,
     workload_of,
@@ -723,7 +724,8 @@ class GPUKubeSpawner(GPUSpawnerMixin, KubeSpawner):
             return None
         uid = (pod.get("metadata") or {}).get("uid")
         workload = workload_of(await reader.workloads(self.namespace, uid), self.pod_name)
-        problem = workload_problem(workload, queue) if workload else None
+        # an evicted pod's Workload goes with the pod Kueue deletes: the pod's own condition says it too
+        problem = (workload_problem(workload, queue) if workload else None) or pod_problem(pod, queue)
         if problem:
             return problem
         if gated(pod):
