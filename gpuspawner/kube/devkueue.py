@@ -329,6 +329,20 @@ def _http_status(port: int, path: str) -> int | None:
         conn.close()
 
 
+def _bind_every_address(port: int) -> None:
+    """Bind ``port`` on every address as Kueue's listener does (IPv6 and IPv4 where there is IPv6), and let
+    go; connections of a past listener (TIME_WAIT) do not count. OSError when a process listens there."""
+    family, address = (socket.AF_INET6, "::") if socket.has_ipv6 else (socket.AF_INET, "")
+    try:
+        s = socket.socket(family)
+    except OSError:  # no IPv6 here after all
+        family, address = socket.AF_INET, ""
+        s = socket.socket(family)
+    with s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind((address, port))
+
+
 class Kueue:
     """Kueue's controller on ``cluster`` (a started :class:`KubeCluster`), its files under
     ``cluster.dir / "kueue"``: ``pki/`` (the webhooks' CA and serving certificate), ``config.yaml``,
@@ -399,13 +413,12 @@ class Kueue:
             raise RuntimeError(f"another Kueue on this machine holds port {VISIBILITY_PORT} (lock {path}): Kueue's "
                                "visibility server always listens there") from None
         self._port_lock = lock
-        with socket.socket() as s:
-            try:
-                s.bind(("", VISIBILITY_PORT))
-            except OSError as error:
-                self._release_port()
-                raise RuntimeError(f"port {VISIBILITY_PORT}, where Kueue's visibility server always listens, "
-                                   f"is taken: {error}") from None
+        try:
+            _bind_every_address(VISIBILITY_PORT)
+        except OSError as error:
+            self._release_port()
+            raise RuntimeError(f"port {VISIBILITY_PORT}, where Kueue's visibility server always listens, is taken: "
+                               f"{error}") from None
 
     def _release_port(self) -> None:
         if self._port_lock is not None:
