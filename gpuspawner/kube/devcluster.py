@@ -172,22 +172,28 @@ def build(version: str | None = None, log: Callable[[str], None] = print) -> Pat
     go = find_go()
     if go is None:
         raise RuntimeError(cannot_start(version) or "no Go toolchain")
+    env = {**os.environ, "GOFLAGS": "-mod=mod -buildvcs=false", "GOTOOLCHAIN": "local", "CGO_ENABLED": "0",
+           "GOWORK": "off"}
+    started = time.monotonic()
+    out = subprocess.run([go, "mod", "download", "-json", f"k8s.io/kubernetes@{version}"], env=env,
+                         cwd=tempfile.gettempdir(), capture_output=True, text=True)
+    try:
+        go_mod = Path(json.loads(out.stdout)["GoMod"]).read_text()
+    except (ValueError, KeyError, OSError):
+        try:  # go reports the failure in its JSON answer
+            why = json.loads(out.stdout).get("Error", "")
+        except ValueError:
+            why = ""
+        raise RuntimeError(f"go mod download k8s.io/kubernetes@{version} failed: "
+                           f"{why or out.stderr[-3000:] or out.stdout[-3000:]}") from None
     top = target.parent
     top.mkdir(parents=True, exist_ok=True)
     with open(top / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if built(version):  # another process built it while this one waited
             return target
-        env = {**os.environ, "GOFLAGS": "-mod=mod -buildvcs=false", "GOTOOLCHAIN": "local", "CGO_ENABLED": "0",
-               "GOWORK": "off"}
         src = top / "src"
         src.mkdir(exist_ok=True)
-        started = time.monotonic()
-        out = subprocess.run([go, "mod", "download", "-json", f"k8s.io/kubernetes@{version}"], env=env, cwd=top,
-                             capture_output=True, text=True)
-        if out.returncode != 0:
-            raise RuntimeError(f"go mod download k8s.io/kubernetes@{version} failed:\n{out.stderr[-3000:]}")
-        go_mod = Path(json.loads(out.stdout)["GoMod"]).read_text()
         (src / "go.mod").write_text(consumer_go_mod(version, go_mod))
         (src / "go.sum").touch()
         missing = [name for name in COMPONENTS if not os.access(target / name, os.X_OK)]
@@ -945,7 +951,8 @@ def develop(directory: Path) -> int:
     cluster.stop()  # one a previous run left here
     start_watcher(directory)
     stopping = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stopping.set())
+    for number in (signal.SIGINT, signal.SIGTERM):  # (SIGINT too where a shell started this with it ignored)
+        signal.signal(number, lambda *_: stopping.set())
     try:
         cluster.start(nodes=[make() for make in DEV_NODES])
         print(f"Kubernetes {cluster.version} is up at {cluster.server} (build/cache {built_at - started:.1f}s, "
@@ -956,8 +963,6 @@ def develop(directory: Path) -> int:
               f"logs: {directory / 'logs'}    Ctrl-C stops it.", flush=True)
         while not stopping.wait(1):
             pass
-    except KeyboardInterrupt:
-        pass
     finally:
         print("kube: stopping", flush=True)
         cluster.stop()

@@ -4,6 +4,7 @@ gpu-kube's own pods fare is tested elsewhere."""
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
@@ -107,3 +108,46 @@ def test_nodes_stay_ready_while_a_silent_node_goes_unknown(kube_cluster):
             assert not [t for t in taints if t["key"].startswith("node.kubernetes.io/")], (name, taints)
     finally:
         kube_cluster.kubelet.remove_node("silent-0")
+
+
+def test_a_service_account_gets_only_what_its_rbac_grants(kube_cluster, kube_namespace):
+    """RBAC is on: the token files and kubeconfig ``service_account`` writes (as a hub in a pod would
+    read them) are refused the nodes until a ClusterRoleBinding grants them."""
+    import kubernetes
+
+    kube_cluster.api("POST", f"/api/v1/namespaces/{kube_namespace}/serviceaccounts",
+                     {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "hub"}})
+    folder = kube_cluster.service_account(kube_namespace, "hub")
+    assert (folder / "namespace").read_text() == kube_namespace and (folder / "token").read_text()
+    api = kubernetes.client.CoreV1Api(kubernetes.config.new_client_from_config(str(folder / "kubeconfig")))
+    with pytest.raises(kubernetes.client.ApiException) as refused:
+        api.list_node()
+    assert refused.value.status == 403
+    assert json.loads(refused.value.body)["message"] == (
+        f'nodes is forbidden: User "system:serviceaccount:{kube_namespace}:hub" cannot list resource "nodes" '
+        'in API group "" at the cluster scope')
+    rbac = "/apis/rbac.authorization.k8s.io/v1"
+    name = f"read-nodes-{kube_namespace}"
+    kube_cluster.api("POST", f"{rbac}/clusterroles", {
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": {"name": name},
+        "rules": [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch"]}]})
+    kube_cluster.api("POST", f"{rbac}/clusterrolebindings", {
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding", "metadata": {"name": name},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
+        "subjects": [{"kind": "ServiceAccount", "name": "hub", "namespace": kube_namespace}]})
+    try:
+        def nodes():
+            try:
+                return api.list_node().items
+            except kubernetes.client.ApiException as error:
+                if error.status != 403:
+                    raise
+                return None
+
+        assert "gpu-a100-0" in {node.metadata.name for node in until(nodes, "the binding takes effect")}
+        with pytest.raises(kubernetes.client.ApiException) as still:
+            api.list_pod_for_all_namespaces()
+        assert still.value.status == 403
+    finally:
+        kube_cluster.api("DELETE", f"{rbac}/clusterrolebindings/{name}", ok=(404,))
+        kube_cluster.api("DELETE", f"{rbac}/clusterroles/{name}", ok=(404,))
