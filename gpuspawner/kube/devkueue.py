@@ -115,8 +115,9 @@ def cannot_start(version: str | None = None) -> str | None:
     if not built(version) and find_go() is None:
         return (f"Kueue {version or kueue_version()} is not built in {version_dir(version)} and no Go toolchain "
                 "was found to build it (install Go, or set GPUSPAWNER_GO)")
-    if shutil.which("unshare") is None:
-        return "unshare (util-linux) is needed to give Kueue's visibility server its certificate folder"
+    for tool in ("unshare", "setpriv"):
+        if shutil.which(tool) is None:
+            return f"{tool} (util-linux) is needed to run Kueue in a mount namespace of its own"
     if os.geteuid() != 0:
         return ("Kueue's visibility server reads its certificate from /visibility (fixed in Kueue); it runs in a "
                 "mount namespace of its own with this cluster's folder there, which needs root")
@@ -468,8 +469,11 @@ class Kueue:
             self._make_mount_point(Path(fixed))
             binds += [str(source), fixed]
         script = 'while [ "$1" != -- ]; do mount --bind "$1" "$2" || exit 1; shift 2; done; shift; exec "$@"'
+        # setpriv --pdeathsig: SIGTERM should the process that started it end first, however it ended (a
+        # safety net beside stop(); unshare, sh and setpriv each exec the next, so the pid stays Kueue's)
         command = ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c", script, "kueue", *binds, "--",
-                   str(exe), f"--config={self.dir / 'config.yaml'}", "--zap-log-level=info"]
+                   "setpriv", "--pdeathsig", "TERM", "--", str(exe), f"--config={self.dir / 'config.yaml'}",
+                   "--zap-log-level=info"]
         api = urllib.parse.urlsplit(self.cluster.server)
         env = {**os.environ, "KUBERNETES_SERVICE_HOST": api.hostname, "KUBERNETES_SERVICE_PORT": str(api.port)}
         env.pop("KUBECONFIG", None)
@@ -525,14 +529,36 @@ class Kueue:
         self._release_port()
 
 
+def _start_for_people(cluster: KubeCluster) -> Callable[[], None]:
+    """Start Kueue on ``cluster`` for ``scripts/kube-dev --kueue``, say how to use it; what stops it."""
+    kueue = Kueue(cluster)
+    kueue.start()
+    print(f"\nKueue {kueue.version} is up ({kueue.timings['kueue ready']:.1f}s; log {kueue.log_path}): label a "
+          f"namespace {MANAGED_LABEL}=true for its pod integration, then make a ResourceFlavor, a ClusterQueue "
+          "with an nvidia.com/gpu quota and a LocalQueue (kueue.x-k8s.io/v1beta1) for "
+          "c.GPUKubeSpawner.kueue_queue_name.\nIts visibility server listens on port 8082 of every address "
+          "(fixed in Kueue).", flush=True)
+    return kueue.stop
+
+
 def main(argv: list[str]) -> int:
     if argv == ["build"]:
         started = time.monotonic()
         print(build())
         print(f"({time.monotonic() - started:.1f}s)")
         return 0
-    print(f"usage: python -m gpuspawner.kube.devkueue build\n  (version {kueue_version()}, cache {cache_root()})",
-          file=sys.stderr)
+    if argv[:1] == ["dev"] and len(argv) <= 2:
+        from .devcluster import develop
+
+        why = cannot_start()
+        if why:
+            print(why, file=sys.stderr)
+            return 1
+        build()
+        directory = Path(argv[1]) if len(argv) == 2 else Path(tempfile.gettempdir()) / "gpuspawner-kube-dev"
+        return develop(directory.resolve(), addons=[_start_for_people])
+    print(f"usage: python -m gpuspawner.kube.devkueue build | dev [DIR]\n  (version {kueue_version()}, "
+          f"cache {cache_root()})", file=sys.stderr)
     return 2
 
 
