@@ -71,16 +71,18 @@ async def progress_until(spawner, wanted: str, timeout: float = 60) -> list[str]
     """Progress messages, as the hub's progress page gets them, until one contains ``wanted``."""
     messages: list[str] = []
 
-    async def collect():
+    async def collect() -> bool:
         async for event in spawner.progress():
             messages.append(event["message"])
             if wanted in event["message"]:
-                return
+                return True
+        return False
 
     try:
-        await asyncio.wait_for(collect(), timeout)
+        found = await asyncio.wait_for(collect(), timeout)
     except TimeoutError:
-        raise AssertionError(f"no progress message with {wanted!r} in {timeout:.0f}s; got {messages}") from None
+        found = False
+    assert found, f"no progress message with {wanted!r}; got {messages}"
     return messages
 
 
@@ -173,10 +175,10 @@ def team(kueue, kube_namespace):
         team.api("DELETE", path, ok=(404,))
 
 
-def hub_account(team: Team, read_cluster_queues: bool = True) -> str:
+def hub_account(team: Team, read_cluster_queues: bool = True, read_positions: bool = True) -> str:
     """The hub's ServiceAccount ``hub`` in the team's namespace with the Helm chart's rights (its Role:
-    pods, events and the Kueue rules; its ClusterRole: nodes, pods and, unless told otherwise, the
-    ClusterQueues); its kubeconfig's path."""
+    pods, events and the Kueue rules; its ClusterRole: nodes, pods and the ClusterQueues), less the
+    ClusterQueues or the visibility API's pending workloads where told; its kubeconfig's path."""
     ns = team.namespace
     team.apply({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "hub", "namespace": ns}})
     team.apply({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
@@ -184,7 +186,8 @@ def hub_account(team: Team, read_cluster_queues: bool = True) -> str:
                 "rules": [{"apiGroups": [""], "resources": ["pods", "persistentvolumeclaims", "services", "secrets"],
                            "verbs": ["get", "list", "watch", "create", "delete", "patch", "update"]},
                           {"apiGroups": [""], "resources": ["events"], "verbs": ["get", "list", "watch"]},
-                          *KUEUE_RULES]})
+                          *[r for r in KUEUE_RULES
+                            if read_positions or "localqueues/pendingworkloads" not in r["resources"]]]})
     cluster_rules = [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch"]},
                      {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]},
                      *([KUEUE_CLUSTER_RULE] if read_cluster_queues else [])]
@@ -202,7 +205,7 @@ def hub_account(team: Team, read_cluster_queues: bool = True) -> str:
 
 @pytest_asyncio.fixture
 async def make_hub(team, monkeypatch):
-    """``make_hub(read_cluster_queues=True)``: a hub in the team's namespace, as its ServiceAccount
+    """``make_hub(read_cluster_queues=True, read_positions=True)``: a hub in the team's namespace, as its ServiceAccount
     (:func:`hub_account`), queueing GPU profiles' pods in ``team-a``; returns its spawner maker
     (``maker(user)``, as ``make_spawner``)."""
     from kubespawner import KubeSpawner
@@ -211,8 +214,8 @@ async def make_hub(team, monkeypatch):
     from conftest import SpawnerMaker
     from gpuspawner.state import stop_serving_hub_metrics
 
-    def make(read_cluster_queues: bool = True) -> SpawnerMaker:
-        kubeconfig = hub_account(team, read_cluster_queues)
+    def make(read_cluster_queues: bool = True, read_positions: bool = True) -> SpawnerMaker:
+        kubeconfig = hub_account(team, read_cluster_queues, read_positions)
         monkeypatch.setenv("KUBECONFIG", kubeconfig)
         monkeypatch.setattr("kubernetes_asyncio.config.kube_config.KUBE_CONFIG_DEFAULT_LOCATION", kubeconfig)
         load_config.cache_clear()
@@ -389,6 +392,18 @@ async def test_form_says_when_the_hubs_account_may_not_read_cluster_queues(team,
     words = text(await make_hub(read_cluster_queues=False)()._render_options_form())
     assert "queue team-a: GPU quota unknown (Kubernetes API answered 403 Forbidden)" in words
     assert re.search(r"NVIDIA-A100-SXM4-80GB - \d+ of 16 free", words)  # the rest of the form is there
+
+
+async def test_a_hub_that_may_not_read_places_still_says_the_server_waits_in_the_queue(team, make_hub):
+    hub = make_hub(read_positions=False)
+    zoe, ana = hub("zoe"), hub("ana")
+    assert (await (await start_task(zoe, GPU1))).startswith("http://10.244.")
+    ana_start = await start_task(ana, GPU1)
+    await until(lambda: gated(team.pod(ana.pod_name)), "Kueue's webhook gates ana's pod")
+    assert "waiting in queue team-a (Kueue)" in await progress_until(ana, "waiting in queue")
+    ana_start.cancel()
+    for spawner in (zoe, ana):
+        await spawner.stop(now=True)
 
 
 # ------------------------------------------------------------ real Kueue: rejection, preemption
