@@ -41,7 +41,7 @@ def kube_cluster(tmp_path_factory):
     are. Where it cannot be built or started, the tests that use it skip, saying why (fail in CI).
     Every process is stopped by its pid at the end of the run.
     """
-    from gpuspawner.kube.devcluster import KubeCluster, build, cannot_start
+    from gpuspawner.kube.devcluster import KubeCluster, build, cannot_start, start_watcher
 
     why = cannot_start()
     if why:
@@ -51,11 +51,14 @@ def kube_cluster(tmp_path_factory):
     except RuntimeError as error:
         missing(f"the Kubernetes control plane could not be built: {error}")
     cluster = KubeCluster(tmp_path_factory.mktemp("kube"))
+    watcher = start_watcher(cluster.dir)  # stops it should this test process die without teardown
     try:
         cluster.start(nodes=load("nodes.json"))
         yield cluster
     finally:
         cluster.stop()
+        watcher.terminate()
+        watcher.wait()
 
 
 @pytest.fixture

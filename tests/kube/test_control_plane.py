@@ -151,3 +151,37 @@ def test_a_service_account_gets_only_what_its_rbac_grants(kube_cluster, kube_nam
     finally:
         kube_cluster.api("DELETE", f"{rbac}/clusterrolebindings/{name}", ok=(404,))
         kube_cluster.api("DELETE", f"{rbac}/clusterroles/{name}", ok=(404,))
+
+
+def test_a_pod_runner_starts_what_must_serve_and_stops_it_on_deletion(kube_cluster, kube_namespace):
+    """The hook for pods that really serve: the runner is asked to start each bound pod once, its address
+    becomes the pod's IP, and it is asked to stop the pod before the deletion is finished."""
+    from gpuspawner.kube.devcluster import PodRunner
+
+    class Runner(PodRunner):
+        def __init__(self) -> None:
+            self.started: list[str] = []
+            self.stopped: list[str] = []
+
+        def start(self, pod: dict) -> str | None:  # (pods other tests left may come by too)
+            self.started.append(f"{pod['metadata']['namespace']}/{pod['metadata']['name']}")
+            return "127.0.0.1"
+
+        def stop(self, pod: dict) -> None:
+            self.stopped.append(f"{pod['metadata']['namespace']}/{pod['metadata']['name']}")
+
+    runner = Runner()
+    mine = f"{kube_namespace}/serving"
+    kubelet = kube_cluster.kubelet
+    default, kubelet.runner = kubelet.runner, runner
+    try:
+        base = f"/api/v1/namespaces/{kube_namespace}/pods"
+        kube_cluster.api("POST", base, pod("serving", {"nvidia.com/gpu": 1}))
+        running = until(lambda: (p := kube_cluster.api("GET", f"{base}/serving"))["status"].get("phase") == "Running"
+                        and p, "the pod is bound and marked Running")
+        assert running["status"]["podIP"] == "127.0.0.1" and runner.started.count(mine) == 1
+        kube_cluster.api("DELETE", f"{base}/serving")
+        until(lambda: kube_cluster.api("GET", f"{base}/serving", ok=(404,)) is None, "the deletion is finished")
+        assert runner.stopped.count(mine) == 1 and runner.started.count(mine) == 1
+    finally:
+        kubelet.runner = default
