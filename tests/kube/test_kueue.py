@@ -378,8 +378,11 @@ async def test_pods_wait_in_kueue_with_their_place_and_start_once_admitted(team,
     words = text(await hub("eve")._render_options_form())
     assert words.count(f"Kueue quota: {team.cluster_queue}: 1 of 1 GPU in use") == len(PROFILES)
 
+    ana_admitted = asyncio.ensure_future(progress_until(ana, "Kueue admitted"))
     await zoe.stop(now=True)
     assert (await ana_start).startswith("http://10.244.")  # admitted once zoe's GPU was given back
+    assert (await ana_admitted)[-1] == (  # Kueue's own event on the pod, in words
+        f"Kueue admitted your server (ClusterQueue {team.cluster_queue}); the scheduler places it next.")
     assert not gated(team.pod(ana.pod_name))
     assert (await progress_until(bob, "position 1"))[-1] == "waiting in queue team-a: position 1 (Kueue)"
     assert not bob_start.done()
