@@ -330,6 +330,10 @@ def _http_status(port: int, path: str) -> int | None:
         conn.close()
 
 
+class PortTaken(RuntimeError):
+    """Port 8082, fixed for Kueue's visibility server, is held by another Kueue or another program."""
+
+
 def _bind_every_address(port: int) -> None:
     """Bind ``port`` on every address as Kueue's listener does (IPv6 and IPv4 where there is IPv6), and let
     go; connections of a past listener (TIME_WAIT) do not count. OSError when a process listens there."""
@@ -411,14 +415,14 @@ class Kueue:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             lock.close()
-            raise RuntimeError(f"another Kueue on this machine holds port {VISIBILITY_PORT} (lock {path}): Kueue's "
+            raise PortTaken(f"another Kueue on this machine holds port {VISIBILITY_PORT} (lock {path}): Kueue's "
                                "visibility server always listens there") from None
         self._port_lock = lock
         try:
             _bind_every_address(VISIBILITY_PORT)
         except OSError as error:
             self._release_port()
-            raise RuntimeError(f"port {VISIBILITY_PORT}, where Kueue's visibility server always listens, is taken: "
+            raise PortTaken(f"port {VISIBILITY_PORT}, where Kueue's visibility server always listens, is taken: "
                                f"{error}") from None
 
     def _release_port(self) -> None:
@@ -566,5 +570,5 @@ if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))
 
 
-__all__ = ["KUEUE_VERSION", "MANAGED_LABEL", "NAMESPACE", "Kueue", "build", "built", "cannot_start",
+__all__ = ["KUEUE_VERSION", "MANAGED_LABEL", "NAMESPACE", "Kueue", "PortTaken", "build", "built", "cannot_start",
            "configuration", "install_objects", "webhook_objects"]

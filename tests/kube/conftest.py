@@ -227,7 +227,8 @@ def kueue(kube_cluster):
     by URL on loopback) and visibility API (an APIService through the API server's aggregator), its
     pod integration on for namespaces labelled ``gpuspawner.dev/kueue=true``. A
     :class:`~gpuspawner.kube.devkueue.Kueue`; stopped by its pid at the end of the run, its webhooks
-    removed. Where it cannot be built or run, the tests that use it skip, saying why (fail in CI)."""
+    removed. Where it cannot be built or run (or another Kueue holds its fixed port 8082), the tests
+    that use it skip, saying why (fail in CI)."""
     from gpuspawner.kube import devkueue
 
     why = devkueue.cannot_start()
@@ -239,7 +240,10 @@ def kueue(kube_cluster):
         missing(f"Kueue could not be built: {error}")
     kueue = devkueue.Kueue(kube_cluster)
     try:
-        kueue.start()
+        try:
+            kueue.start()
+        except devkueue.PortTaken as error:  # another test run's Kueue, say
+            missing(str(error))
         yield kueue
     finally:
         kueue.stop()
