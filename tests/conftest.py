@@ -34,12 +34,12 @@ def pytest_configure(config):
         config._gpuspawner_tmp = top
 
 
-#: the session fixtures that start an expensive part once per run (a dockerd and its images, a swarm,
-#: a Slurm cluster, a PostgreSQL server, a Kubernetes control plane) -> the pytest-xdist group whose tests share it
+#: the session fixtures that start an expensive part once per run (a dockerd and its images, a swarm, a Slurm
+#: cluster, a PostgreSQL server, a Kubernetes control plane, Kueue on it) -> the pytest-xdist group whose tests share it
 EXPENSIVE = {"dockerd": "docker", "engine": "docker", "swarm_engine": "docker", "suite_engine": "docker",
              "slurm_cluster": "slurm",
              "postgres": "postgres",
-             "kube_cluster": "kube"}
+             "kube_cluster": "kube", "kueue": "kube"}
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups

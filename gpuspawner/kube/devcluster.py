@@ -936,9 +936,10 @@ def start_watcher(directory: Path) -> subprocess.Popen:
     return process
 
 
-def develop(directory: Path) -> int:
+def develop(directory: Path, addons: Iterable[Callable[[KubeCluster], Callable[[], None]]] = ()) -> int:
     """Build (once), start a cluster with :data:`DEV_NODES` under ``directory``, say how to use it, and
-    stop it on Ctrl-C (or SIGTERM)."""
+    stop it on Ctrl-C (or SIGTERM). Each of ``addons`` (Kueue: gpuspawner.kube.devkueue) is called
+    with the started cluster and returns what stops it, called before the cluster stops."""
     why = cannot_start()
     if why:
         print(why, file=sys.stderr)
@@ -953,6 +954,7 @@ def develop(directory: Path) -> int:
     stopping = threading.Event()
     for number in (signal.SIGINT, signal.SIGTERM):  # (SIGINT too where a shell started this with it ignored)
         signal.signal(number, lambda *_: stopping.set())
+    stops: list[Callable[[], None]] = []
     try:
         cluster.start(nodes=[make() for make in DEV_NODES])
         print(f"Kubernetes {cluster.version} is up at {cluster.server} (build/cache {built_at - started:.1f}s, "
@@ -961,10 +963,14 @@ def develop(directory: Path) -> int:
               f"  export KUBECONFIG={cluster.admin_kubeconfig}\n"
               f"  {cluster.bin / 'kubectl'} get nodes -L nvidia.com/gpu.product\n\n"
               f"logs: {directory / 'logs'}    Ctrl-C stops it.", flush=True)
+        for addon in addons:
+            stops.append(addon(cluster))
         while not stopping.wait(1):
             pass
     finally:
         print("kube: stopping", flush=True)
+        for stop in reversed(stops):
+            stop()
         cluster.stop()
     return 0
 

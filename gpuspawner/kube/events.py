@@ -81,6 +81,10 @@ def explain_scheduling(message: str, ctx: EventContext) -> str | None:
     return f"{lead}{detail}{tail}"
 
 
+#: how Kueue's "Started" event on a pod begins (jobframework: "Admitted by clusterQueue <name>")
+KUEUE_ADMITTED = "Admitted by clusterQueue"
+
+
 def explain_event(event: Mapping, ctx: EventContext) -> str | None:
     """A Kubernetes event about the user's pod in plain words, or None to keep the original."""
     reason = event.get("reason") or ""
@@ -99,6 +103,12 @@ def explain_event(event: Mapping, ctx: EventContext) -> str | None:
         return f"Downloading {image} (the first time on a node can take minutes)."
     if reason == "Pulled":
         return "Image ready."
+    # Kueue's pod integration records these on the pod (its "Started" is an admission, not the kubelet's)
+    if reason == "CreatedWorkload":
+        return "Kueue took your server into its queue."
+    if reason == "Started" and message.startswith(KUEUE_ADMITTED):
+        queue = message.removeprefix(KUEUE_ADMITTED).strip()
+        return f"Kueue admitted your server (ClusterQueue {queue}); the scheduler places it next."
     if reason == "Started":
         return "Server process started; waiting for it to answer."
     if reason == "UnexpectedAdmissionError" and "nvidia.com/" in message:

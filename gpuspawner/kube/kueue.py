@@ -11,6 +11,7 @@ is the only I/O (the hub's Kubernetes client, raw JSON).
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -112,16 +113,23 @@ _EVICTED = {
 }
 
 
+#: what Kueue (0.15) appends to a preemption's message: where preemptor and preemptee sit in the cohort tree
+_COHORT_PATHS = re.compile(r";\s*preemptor path:.*$", re.S)
+
+
+def _evicted(reason: str, message: str, queue: str) -> str:
+    why = _EVICTED.get(reason, reason or "no reason given")
+    detail = _COHORT_PATHS.sub("", message).strip().rstrip(".")
+    return (f"Kueue evicted your server from queue {queue}: {why}"
+            + (f" ({detail})" if detail else "") + ". Start it again to queue anew.")
+
+
 def workload_problem(workload: Mapping[str, Any], queue: str) -> str | None:
     """A sentence when Kueue evicted or rejected the workload; ``None`` while it waits or runs."""
     conditions = {c.get("type"): c for c in (workload.get("status") or {}).get("conditions") or []}
     evicted = conditions.get("Evicted")
     if evicted and evicted.get("status") == "True":
-        reason = evicted.get("reason") or ""
-        why = _EVICTED.get(reason, reason or "no reason given")
-        detail = (evicted.get("message") or "").strip().rstrip(".")
-        return (f"Kueue evicted your server from queue {queue}: {why}"
-                + (f" ({detail})" if detail else "") + ". Start it again to queue anew.")
+        return _evicted(evicted.get("reason") or "", evicted.get("message") or "", queue)
     reserved = conditions.get("QuotaReserved")
     if reserved and reserved.get("status") == "False" and reserved.get("reason") == "Inadmissible":
         detail = (reserved.get("message") or "no reason given").strip().rstrip(".")
@@ -130,6 +138,23 @@ def workload_problem(workload: Mapping[str, Any], queue: str) -> str | None:
     if finished and finished.get("status") == "True" and finished.get("reason") == "AdmissionChecksRejected":
         detail = (finished.get("message") or "an admission check rejected it").strip().rstrip(".")
         return f"Kueue rejected your server in queue {queue}: {detail}."
+    return None
+
+
+#: the condition Kueue's pod integration puts on a pod it stops: reason ``WorkloadEvictedDueTo<Evicted reason>``
+#: when its Workload was evicted (Kueue then deletes the pod, and the pod's Workload goes with it)
+TERMINATION_TARGET = "TerminationTarget"
+_EVICTED_DUE_TO = "WorkloadEvictedDueTo"
+
+
+def pod_problem(pod: Mapping[str, Any] | None, queue: str) -> str | None:
+    """The eviction sentence when Kueue marked ``pod`` for termination because it evicted its Workload
+    (the Workload may already be gone); ``None`` otherwise."""
+    for condition in ((pod or {}).get("status") or {}).get("conditions") or []:
+        reason = condition.get("reason") or ""
+        if (condition.get("type") == TERMINATION_TARGET and condition.get("status") == "True"
+                and reason.startswith(_EVICTED_DUE_TO)):
+            return _evicted(reason.removeprefix(_EVICTED_DUE_TO), condition.get("message") or "", queue)
     return None
 
 
@@ -208,6 +233,7 @@ __all__ = [
     "check_queue_name",
     "cluster_queue_quota",
     "gated",
+    "pod_problem",
     "queue_position",
     "quota_lines",
     "waiting_message",

@@ -55,6 +55,7 @@ from ..kube.kueue import (
     KueueReader,
     check_queue_name,
     gated,
+    pod_problem,
     queue_position,
     waiting_message,
     workload_of,
@@ -708,6 +709,7 @@ class GPUKubeSpawner(GPUSpawnerMixin, KubeSpawner):
 
     _kueue_queue: str | None = None
     _kueue_messages: list[str] = []  # noqa: RUF012 - replaced per spawn, never appended to in place
+    _kueue_position_error: str | None = None
 
     def kueue_queue(self, profile: Profile) -> str | None:
         """The Kueue LocalQueue of a profile's pods: its own ``kueue``, else ``kueue_queue_name``."""
@@ -723,11 +725,18 @@ class GPUKubeSpawner(GPUSpawnerMixin, KubeSpawner):
             return None
         uid = (pod.get("metadata") or {}).get("uid")
         workload = workload_of(await reader.workloads(self.namespace, uid), self.pod_name)
-        problem = workload_problem(workload, queue) if workload else None
+        # an evicted pod's Workload goes with the pod Kueue deletes: the pod's own condition says it too
+        problem = (workload_problem(workload, queue) if workload else None) or pod_problem(pod, queue)
         if problem:
             return problem
         if gated(pod):
-            position = queue_position(await reader.pending_workloads(self.namespace, queue), self.pod_name)
+            try:
+                position = queue_position(await reader.pending_workloads(self.namespace, queue), self.pod_name)
+            except Exception as e:  # noqa: BLE001 - still waiting in the queue, place unknown
+                if why_failed(e) != self._kueue_position_error:  # once, not every poll
+                    self._kueue_position_error = why_failed(e)
+                    self.log.warning("%s: Kueue's queue positions not read: %s", self._log_name, why_failed(e))
+                position = None
             message = waiting_message(queue, position)
             if message != last:
                 self._kueue_messages = [*self._kueue_messages, message]

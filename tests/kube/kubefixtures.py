@@ -17,10 +17,6 @@ FIXTURES = Path(__file__).resolve().parent / "fixtures"
 EVENTS = kmock.resource("", "v1", "events")
 NODES = kmock.resource("", "v1", "nodes")
 PODS = kmock.resource("", "v1", "pods")
-# Kueue's resources (kueue.x-k8s.io/v1beta1), served by the emulator once registered (see the kueue fixture)
-LOCALQUEUES = kmock.resource("kueue.x-k8s.io", "v1beta1", "localqueues")
-CLUSTERQUEUES = kmock.resource("kueue.x-k8s.io", "v1beta1", "clusterqueues")
-WORKLOADS = kmock.resource("kueue.x-k8s.io", "v1beta1", "workloads")
 
 
 def load(name: str) -> list[dict]:

@@ -49,6 +49,16 @@ def test_other_events():
     assert explain_event({"reason": "Pulling", "message": 'Pulling image "x/y:1"'}, A100_CTX) == (
         "Downloading x/y:1 (the first time on a node can take minutes).")
     assert explain_event({"reason": "Created", "message": "Created container notebook"}, A100_CTX) is None
+    assert explain_event({"reason": "Started", "message": "Started container notebook"}, A100_CTX) == (
+        "Server process started; waiting for it to answer.")
+
+
+def test_kueues_events_on_the_pod():
+    """As Kueue 0.15.2 records them on a pod of its pod integration: its "Started" is an admission."""
+    assert explain_event({"reason": "CreatedWorkload", "message": "Created Workload: jhub/pod-jupyter-zoe-4f1c2"},
+                         A100_CTX) == "Kueue took your server into its queue."
+    assert explain_event({"reason": "Started", "message": "Admitted by clusterQueue team-a"}, A100_CTX) == (
+        "Kueue admitted your server (ClusterQueue team-a); the scheduler places it next.")
     assert explain_scheduling("pod has unbound immediate PersistentVolumeClaims", A100_CTX) is None
 
 

@@ -1,39 +1,46 @@
 """gpu-kube with Kueue: queue label, queue position, quota line, eviction and rejection.
 
-Real GPUKubeSpawners against the API test double holding recorded Kueue
-objects (tests/kube/fixtures/kueue: a LocalQueue and ClusterQueue ``team-a``,
-a pod's Workload, the visibility API's pending workloads). The ``kueue_webhook``
-fixture does what Kueue's webhook does to a created pod with a queue label: it
-adds the scheduling gate ``kueue.x-k8s.io/admission``.
+Against real Kueue (the session fixture ``kueue``: Kueue's controller with its webhooks and
+visibility API on the test run's real control plane, ``kube_cluster``). Each test has a
+namespace of its own labelled for Kueue's pod integration, a LocalQueue ``team-a`` there, a
+ClusterQueue of its own with an ``nvidia.com/gpu`` quota, and a hub whose ServiceAccount has the
+rights the Helm chart gives it (tests/kube/test_helm.py checks the chart grants them). Real
+GPUKubeSpawners create the pods; Kueue's own webhook gates them, Kueue admits, preempts and
+rejects them, the real scheduler binds them to the fake GPU nodes, and the fake kubelet runs them.
+
+The pure functions of gpuspawner.kube.kueue are tested on recorded objects (tests/kube/fixtures/kueue).
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
+import datetime
 import re
+from types import SimpleNamespace
 
-import aiohttp
 import pytest
 import pytest_asyncio
 from tornado.web import HTTPError
 from traitlets import TraitError
 
 from gpuspawner.kube.kueue import (
-    ADMISSION_GATE,
     QUEUE_LABEL,
     cluster_queue_quota,
+    gated,
+    pod_problem,
     queue_position,
     quota_lines,
     workload_problem,
 )
 from gpuspawner.ledger import cluster_holdings
-from kubefixtures import PODS, WORKLOADS, load_object, pod_controller
+from kubefixtures import load_object, until as wait_until
 from profiles import A100, PROFILES, validate_pod
+from test_helm import KUEUE_CLUSTER_RULE, KUEUE_RULES
 
 GPU1 = {"profile": "gpu", "gpus": 1, "gpu_model": A100}
-POD_UID = "0c1d2e3f-0000-4000-8000-000000000003"
-PENDING = "/apis/visibility.kueue.x-k8s.io/v1beta1/namespaces/jhub/localqueues/team-a/pendingworkloads"
+TOLERATE_GPU = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+KUEUE_API = "/apis/kueue.x-k8s.io/v1beta1"
+RBAC_API = "/apis/rbac.authorization.k8s.io/v1"
 
 
 def workload_with(pod_name: str, status_file: str | None = None) -> dict:
@@ -41,26 +48,6 @@ def workload_with(pod_name: str, status_file: str | None = None) -> dict:
     if status_file:
         workload["status"]["conditions"] = load_object(f"kueue/{status_file}")["conditions"]
     return workload
-
-
-@pytest_asyncio.fixture
-async def kueue_webhook(kueue):
-    """Gates every created pod that carries Kueue's queue label, as Kueue's pod webhook does."""
-    gated: set[str] = set()
-
-    def gate(namespace: str, name: str, pod: dict) -> dict | None:
-        labels = (pod.get("metadata") or {}).get("labels") or {}
-        if QUEUE_LABEL not in labels or name in gated:
-            return None
-        gated.add(name)
-        # the uid the API server gives it (the recorded Workload's job-uid label and owner)
-        return {"metadata": {"uid": POD_UID}, "spec": {"schedulingGates": [{"name": ADMISSION_GATE}]},
-                "status": {"phase": "Pending", "conditions": [{
-                    "type": "PodScheduled", "status": "False", "reason": "SchedulingGated",
-                    "message": "Scheduling is blocked due to non-empty scheduling gates"}]}}
-
-    async with pod_controller(kueue.url, kueue.handler, gate, 0.02):
-        yield kueue
 
 
 def text(html: str) -> str:
@@ -74,24 +61,192 @@ def counted(spawner) -> dict[str, dict[str, int]]:
 async def start_task(spawner, options: dict) -> asyncio.Task:
     spawner.user_options = options
     await spawner._run_apply_user_options(options)
-    task = asyncio.ensure_future(asyncio.wait_for(spawner.start(), 60))
+    task = asyncio.ensure_future(asyncio.wait_for(spawner.start(), 90))
     while spawner._start_future is None and not task.done():  # the hub shows progress once the pod is asked for
         await asyncio.sleep(0.01)
     return task
 
 
-async def progress_until(spawner, wanted: str, timeout: float = 30) -> list[str]:
+async def progress_until(spawner, wanted: str, timeout: float = 60) -> list[str]:
     """Progress messages, as the hub's progress page gets them, until one contains ``wanted``."""
     messages: list[str] = []
 
-    async def collect():
+    async def collect() -> bool:
         async for event in spawner.progress():
             messages.append(event["message"])
             if wanted in event["message"]:
-                return
+                return True
+        return False
 
-    await asyncio.wait_for(collect(), timeout)
+    try:
+        found = await asyncio.wait_for(collect(), timeout)
+    except TimeoutError:
+        found = False
+    assert found, f"no progress message with {wanted!r}; got {messages}"
     return messages
+
+
+async def until(check, what: str, timeout: float = 60):
+    """``check()``'s first true answer, polling without blocking the hub's event loop (a bound on
+    waiting for the cluster, not a timing being tested)."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while True:
+        answer = check()
+        if answer:
+            return answer
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"waited {timeout:.0f}s in vain: {what}")
+        await asyncio.sleep(0.1)
+
+
+# ------------------------------------------------------------ a queue and a hub on real Kueue
+
+
+class Team(SimpleNamespace):
+    """This test's namespace, its LocalQueue ``team-a`` and its ClusterQueue (``cluster_queue``)."""
+
+    def api(self, method: str, path: str, body=None, **kwargs):
+        return self.kueue.cluster.api(method, path, body, **kwargs)
+
+    def apply(self, obj: dict) -> dict:
+        """Create or update a cluster object (server-side apply), deleted after the test if cluster-scoped."""
+        from gpuspawner.kube.devkueue import object_path
+
+        meta = obj["metadata"]
+        if obj["kind"] in ("ResourceFlavor", "ClusterQueue", "WorkloadPriorityClass"):
+            plural = {"ResourceFlavor": "resourceflavors", "ClusterQueue": "clusterqueues",
+                      "WorkloadPriorityClass": "workloadpriorityclasses"}[obj["kind"]]
+            path = f"{KUEUE_API}/{plural}/{meta['name']}"
+        elif obj["kind"] == "LocalQueue":
+            path = f"{KUEUE_API}/namespaces/{meta['namespace']}/localqueues/{meta['name']}"
+        else:
+            path = object_path(obj)
+        if not meta.get("namespace") and obj["kind"] != "ResourceFlavor":
+            self.cluster_scoped.append(path)
+        return self.api("PATCH", f"{path}?fieldManager=test&force=true", obj,
+                        content_type="application/apply-patch+yaml")
+
+    def cluster_queue_spec(self, gpus: int, **spec) -> dict:
+        return {"namespaceSelector": {}, "resourceGroups": [{
+            "coveredResources": ["cpu", "memory", "nvidia.com/gpu"],
+            "flavors": [{"name": "default-flavor", "resources": [
+                {"name": "cpu", "nominalQuota": "1000"}, {"name": "memory", "nominalQuota": "10Ti"},
+                {"name": "nvidia.com/gpu", "nominalQuota": str(gpus)}]}]}], **spec}
+
+    def queue(self, name: str, cluster_queue: str) -> None:
+        self.apply({"apiVersion": "kueue.x-k8s.io/v1beta1", "kind": "LocalQueue",
+                    "metadata": {"name": name, "namespace": self.namespace},
+                    "spec": {"clusterQueue": cluster_queue}})
+
+    def pod(self, name: str) -> dict | None:
+        return self.api("GET", f"/api/v1/namespaces/{self.namespace}/pods/{name}", ok=(404,))
+
+    def workload_of(self, pod: dict) -> dict | None:
+        items = self.api("GET", f"{KUEUE_API}/namespaces/{self.namespace}/workloads"
+                                f"?labelSelector=kueue.x-k8s.io/job-uid={pod['metadata']['uid']}")["items"]
+        return items[0] if items else None
+
+
+def condition(obj: dict | None, kind: str) -> bool:
+    return any(c["type"] == kind and c["status"] == "True" for c in ((obj or {}).get("status") or {}).get("conditions")
+               or [])
+
+
+@pytest.fixture
+def team(kueue, kube_namespace):
+    """This test's namespace labelled for Kueue's pod integration, with LocalQueue ``team-a`` pointing at
+    a ClusterQueue of its own (``team.cluster_queue``, named after the namespace) with 1 GPU of quota."""
+    from gpuspawner.kube.devkueue import MANAGED_LABEL
+
+    team = Team(kueue=kueue, namespace=kube_namespace, cluster_queue=f"{kube_namespace}-gpus", cluster_scoped=[])
+    team.api("PATCH", f"/api/v1/namespaces/{kube_namespace}", {"metadata": {"labels": {MANAGED_LABEL: "true"}}},
+             content_type="application/merge-patch+json")
+    team.apply({"apiVersion": "kueue.x-k8s.io/v1beta1", "kind": "ResourceFlavor",
+                "metadata": {"name": "default-flavor"}})
+    team.apply({"apiVersion": "kueue.x-k8s.io/v1beta1", "kind": "ClusterQueue",
+                "metadata": {"name": team.cluster_queue}, "spec": team.cluster_queue_spec(1)})
+    team.queue("team-a", team.cluster_queue)
+    # Kueue calls a Workload of a queue it has not seen yet inadmissible: wait until both are active
+    wait_until(lambda: condition(team.api("GET", f"{KUEUE_API}/namespaces/{kube_namespace}/localqueues/team-a"),
+                                 "Active"), "Kueue makes LocalQueue team-a and its ClusterQueue active")
+    yield team
+    team.api("DELETE", f"/api/v1/namespaces/{kube_namespace}", ok=(404,))  # its pods and Workloads first
+    for path in reversed(team.cluster_scoped):
+        team.api("DELETE", path, ok=(404,))
+
+
+def hub_account(team: Team, read_cluster_queues: bool = True, read_positions: bool = True) -> str:
+    """The hub's ServiceAccount ``hub`` in the team's namespace with the Helm chart's rights (its Role:
+    pods, events and the Kueue rules; its ClusterRole: nodes, pods and the ClusterQueues), less the
+    ClusterQueues or the visibility API's pending workloads where told; its kubeconfig's path."""
+    ns = team.namespace
+    team.apply({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "hub", "namespace": ns}})
+    team.apply({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+                "metadata": {"name": "hub", "namespace": ns},
+                "rules": [{"apiGroups": [""], "resources": ["pods", "persistentvolumeclaims", "services", "secrets"],
+                           "verbs": ["get", "list", "watch", "create", "delete", "patch", "update"]},
+                          {"apiGroups": [""], "resources": ["events"], "verbs": ["get", "list", "watch"]},
+                          *[r for r in KUEUE_RULES
+                            if read_positions or "localqueues/pendingworkloads" not in r["resources"]]]})
+    cluster_rules = [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch"]},
+                     {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]},
+                     *([KUEUE_CLUSTER_RULE] if read_cluster_queues else [])]
+    team.apply({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": {"name": f"{ns}-hub"},
+                "rules": cluster_rules})
+    subjects = [{"kind": "ServiceAccount", "name": "hub", "namespace": ns}]
+    team.apply({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+                "metadata": {"name": "hub", "namespace": ns}, "subjects": subjects,
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "hub"}})
+    team.apply({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+                "metadata": {"name": f"{ns}-hub"}, "subjects": subjects,
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": f"{ns}-hub"}})
+    return str(team.kueue.cluster.service_account(ns, "hub") / "kubeconfig")
+
+
+@pytest_asyncio.fixture
+async def make_hub(team, monkeypatch):
+    """``make_hub(read_cluster_queues=True, read_positions=True)``: a hub in the team's namespace, as its ServiceAccount
+    (:func:`hub_account`), queueing GPU profiles' pods in ``team-a``; returns its spawner maker
+    (``maker(user)``, as ``make_spawner``)."""
+    from kubespawner import KubeSpawner
+    from kubespawner.clients import load_config
+
+    from conftest import SpawnerMaker
+    from gpuspawner.state import stop_serving_hub_metrics
+
+    def make(read_cluster_queues: bool = True, read_positions: bool = True) -> SpawnerMaker:
+        kubeconfig = hub_account(team, read_cluster_queues, read_positions)
+        monkeypatch.setenv("KUBECONFIG", kubeconfig)
+        monkeypatch.setattr("kubernetes_asyncio.config.kube_config.KUBE_CONFIG_DEFAULT_LOCATION", kubeconfig)
+        load_config.cache_clear()
+        maker = SpawnerMaker(team.kueue.cluster.server)
+        maker.settings.update(namespace=team.namespace, gpu_profiles=PROFILES, kueue_queue_name="team-a",
+                              kueue_poll_interval=0.1, gpu_tolerations=TOLERATE_GPU)
+        maker.restart()
+        return maker
+
+    yield make
+    await KubeSpawner._stop_all_reflectors()
+    load_config.cache_clear()
+    stop_serving_hub_metrics()
+
+
+@pytest.fixture
+def full_a100s(team):
+    """Both A100 nodes' 8 GPUs held by pods outside Kueue (a training job's, say), bound by the real
+    scheduler: a GPU request must wait until they go."""
+    for index in range(2):
+        team.api("POST", f"/api/v1/namespaces/{team.namespace}/pods", {
+            "apiVersion": "v1", "kind": "Pod", "metadata": {"name": f"training-{index}"},
+            "spec": {"tolerations": TOLERATE_GPU, "nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB"},
+                     "containers": [{"name": "train", "image": "ghcr.io/example/torch:2.3",
+                                     "resources": {"limits": {"nvidia.com/gpu": "8"}}}]}})
+    return team
+
+
+async def bound(team: Team, *names: str) -> None:
+    await until(lambda: all((team.pod(n) or {}).get("spec", {}).get("nodeName") for n in names),
+                f"the scheduler binds {', '.join(names)}")
 
 
 # ------------------------------------------------------------ recorded objects in words
@@ -102,6 +257,18 @@ def test_recorded_objects_in_words():
     assert queue_position(load_object("kueue/pendingworkloads.json", "jupyter-zoe"), "jupyter-zoe") == 3
     assert queue_position(load_object("kueue/pendingworkloads.json"), "jupyter-nobody") is None
     assert workload_problem(workload_with("jupyter-zoe"), "team-a") is None  # waiting for quota is no problem
+    assert workload_problem(workload_with("jupyter-zoe", "workload-rejected.json"), "team-a") == (
+        "Kueue rejected your server in queue team-a: ClusterQueue team-a is inactive. Ask an administrator about "
+        "the queue.")
+    # the cohort paths Kueue appends to a preemption's message are left out
+    assert workload_problem(workload_with("jupyter-zoe", "workload-evicted.json"), "team-a") == PREEMPTED
+
+
+PREEMPTED = (
+    "Kueue evicted your server from queue team-a: a workload of higher priority (or of a queue reclaiming its "
+    "quota) needed the GPUs (Preempted to accommodate a workload (UID: 1f2e3d4c-5b6a-4978-8695-a4b3c2d1e0f9, "
+    "JobUID: 0c1d2e3f-0000-4000-8000-000000000009) due to prioritization in the ClusterQueue). "
+    "Start it again to queue anew.")
 
 
 def test_quota_lines_name_a_missing_queue():
@@ -116,6 +283,14 @@ def test_usage_is_read_where_kueue_reports_no_reservation():
     del queue["status"]["flavorsReservation"]
     queue["status"]["flavorsUsage"][1]["resources"][2]["total"] = "3"
     assert cluster_queue_quota(queue).line == "team-a: 7 of 8 GPUs in use"
+
+
+def test_a_pod_kueue_stops_says_why_without_its_workload():
+    """Kueue deletes a preempted pod, and its Workload with it: the pod's own condition says why."""
+    pod = load_object("kueue/pod-preempted.json")
+    assert pod_problem(pod, "team-a") == PREEMPTED
+    pod["status"]["conditions"] = pod["status"]["conditions"][:1]
+    assert pod_problem(pod, "team-a") is None
 
 
 # ------------------------------------------------------------ configuration
@@ -153,10 +328,7 @@ def test_other_backends_refuse_a_profiles_kueue():
         GPULocalProcessSpawner(gpu_profiles=[{"display_name": "GPU", "gpu_counts": [1], "kueue": "team-a"}])
 
 
-# ------------------------------------------------------------ pods, form, progress
-
-
-async def test_pods_carry_the_queue_label_and_still_validate(kueue, make_spawner):
+async def test_pods_carry_the_queue_label_and_still_validate(make_spawner):
     own = [*PROFILES, {"slug": "team-b", "display_name": "Team B GPUs", "gpu_models": ["a100"],
                        "gpu_counts": [1], "kueue": "team-b"}]
     spawner = make_spawner(gpu_profiles=own, kueue_queue_name="team-a")
@@ -168,118 +340,113 @@ async def test_pods_carry_the_queue_label_and_still_validate(kueue, make_spawner
         assert pod["metadata"]["labels"][QUEUE_LABEL] == queue
         spawner.release_gpus()
         spawner.restore_configured()
-    # as Kueue's webhook leaves it: gated, and still a valid pod
-    pod["spec"]["schedulingGates"] = [{"name": ADMISSION_GATE}]
-    validate_pod(spawner, pod)
-    without = type(make_spawner)(kueue.url)(gpu_profiles=PROFILES)
+    without = type(make_spawner)(make_spawner.url)(gpu_profiles=PROFILES)
     without.user_options = GPU1
     await without._run_apply_user_options(GPU1)
     await without.reserve_gpus()
     assert QUEUE_LABEL not in validate_pod(without, await without.get_pod_manifest())["metadata"]["labels"]
 
 
-async def test_form_shows_the_cluster_queues_gpu_quota(kueue, make_spawner):
-    spawner = make_spawner(gpu_profiles=PROFILES, kueue_queue_name="team-a")
-    words = text(await spawner._render_options_form())
-    assert words.count("Kueue quota: team-a: 6 of 8 GPUs in use") == len(PROFILES)
-    assert len(kueue.requests("GET", "/clusterqueues")) == 1  # one list per form, however many profiles
+# ------------------------------------------------------------ real Kueue: gate, place, admission, form
 
 
-async def test_form_says_when_the_quota_cannot_be_read(kueue, make_spawner):
-    kueue.handler["get /apis/kueue.x-k8s.io/v1beta1/clusterqueues"] << 403 << {"kind": "Status", "code": 403}
-    spawner = make_spawner(gpu_profiles=PROFILES, kueue_queue_name="team-a")
-    words = text(await spawner._render_options_form())
-    assert "queue team-a: GPU quota unknown (Kubernetes API answered 403 Forbidden)" in words
-    assert "NVIDIA-A100-SXM4-80GB - 3 of 16 free" in words  # the rest of the form is there
+async def test_pods_wait_in_kueue_with_their_place_and_start_once_admitted(team, make_hub):
+    """1 GPU of quota: zoe's pod is admitted and runs; ana's and bob's are held by Kueue's gate with
+    their places from the visibility API; the form shows the quota in use; when zoe stops, ana starts
+    and bob moves up."""
+    hub = make_hub()
+    zoe, ana, bob = hub("zoe"), hub("ana"), hub("bob")
+    assert (await (await start_task(zoe, GPU1))).startswith("http://10.244.")
+    assert condition(team.workload_of(team.pod(zoe.pod_name)), "Admitted")
 
-
-async def test_a_gated_pod_shows_its_place_then_eviction_fails_the_spawn(kueue_webhook, make_spawner):
-    cluster = kueue_webhook
-    spawner = make_spawner("zoe", gpu_profiles=PROFILES, kueue_queue_name="team-a", kueue_poll_interval=0.05)
-    pending = load_object("kueue/pendingworkloads.json", spawner.pod_name)
-    cluster.handler[f"get {PENDING}"] << pending
-    cluster.handler.objects[WORKLOADS, "jhub", f"pod-{spawner.pod_name}-a41b8"] = workload_with(spawner.pod_name)
-    start = await start_task(spawner, GPU1)
-    messages = await progress_until(spawner, "waiting in queue")
-    assert messages[-1] == "waiting in queue team-a: position 3 (Kueue)"
-    assert "Asking Kubernetes for 1 x NVIDIA-A100-SXM4-80GB (nvidia.com/gpu) through the Kueue queue team-a" in messages
-    assert not start.done()
-    assert counted(spawner)["zoe/"] == {"nvidia.com/gpu": 1}
-    # the Workload is looked up by the pod's uid, as Kueue labels it (the test double ignores selectors)
-    lookups = cluster.requests("GET", "/workloads")
-    assert lookups and {r.url.query.get("labelSelector") for r in lookups} == {f"kueue.x-k8s.io/job-uid={POD_UID}"}
-
-    # the two ahead are admitted: the pod moves up
-    pending = {**pending, "items": pending["items"][2:]}
-    pending["items"][0]["positionInLocalQueue"] = 0
-    cluster.handler[f"get {PENDING}"] << pending
-    messages = await progress_until(spawner, "position 1")
+    ana_start = await start_task(ana, GPU1)
+    messages = await progress_until(ana, ": position")  # once Kueue has queued the pod's Workload
     assert messages[-1] == "waiting in queue team-a: position 1 (Kueue)"
+    assert "Asking Kubernetes for 1 x NVIDIA-A100-SXM4-80GB (nvidia.com/gpu) through the Kueue queue team-a" in messages
+    pod = team.pod(ana.pod_name)
+    assert gated(pod) and pod["metadata"]["labels"][QUEUE_LABEL] == "team-a"  # Kueue's own webhook gated it
+    assert counted(ana)["ana/"] == {"nvidia.com/gpu": 1}
+    # Kueue queues in order of creation, which the API server records to the second
+    created = datetime.datetime.fromisoformat(pod["metadata"]["creationTimestamp"].replace("Z", "+00:00"))
+    await until(lambda: datetime.datetime.now(datetime.timezone.utc) >= created + datetime.timedelta(seconds=1),
+                "a second after ana's pod was created")
+    bob_start = await start_task(bob, GPU1)
+    assert (await progress_until(bob, ": position"))[-1] == "waiting in queue team-a: position 2 (Kueue)"
 
-    # Kueue preempts the workload
-    name = f"pod-{spawner.pod_name}-a41b8"
-    cluster.handler.objects[WORKLOADS, "jhub", name] = workload_with(spawner.pod_name, "workload-evicted.json")
+    await until(lambda: cluster_queue_quota(team.api("GET", f"{KUEUE_API}/clusterqueues/{team.cluster_queue}")).used,
+                "Kueue reports zoe's GPU in the ClusterQueue's status")
+    words = text(await hub("eve")._render_options_form())
+    assert words.count(f"Kueue quota: {team.cluster_queue}: 1 of 1 GPU in use") == len(PROFILES)
+
+    ana_admitted = asyncio.ensure_future(progress_until(ana, "Kueue admitted"))
+    await zoe.stop(now=True)
+    assert (await ana_start).startswith("http://10.244.")  # admitted once zoe's GPU was given back
+    assert (await ana_admitted)[-1] == (  # Kueue's own event on the pod, in words
+        f"Kueue admitted your server (ClusterQueue {team.cluster_queue}); the scheduler places it next.")
+    assert not gated(team.pod(ana.pod_name))
+    assert (await progress_until(bob, "position 1"))[-1] == "waiting in queue team-a: position 1 (Kueue)"
+    assert not bob_start.done()
+    bob_start.cancel()
+    for spawner in (ana, bob):
+        await spawner.stop(now=True)
+
+
+async def test_form_says_when_the_hubs_account_may_not_read_cluster_queues(team, make_hub):
+    words = text(await make_hub(read_cluster_queues=False)()._render_options_form())
+    assert "queue team-a: GPU quota unknown (Kubernetes API answered 403 Forbidden)" in words
+    assert re.search(r"NVIDIA-A100-SXM4-80GB - \d+ of 16 free", words)  # the rest of the form is there
+
+
+async def test_a_hub_that_may_not_read_places_still_says_the_server_waits_in_the_queue(team, make_hub):
+    hub = make_hub(read_positions=False)
+    zoe, ana = hub("zoe"), hub("ana")
+    assert (await (await start_task(zoe, GPU1))).startswith("http://10.244.")
+    ana_start = await start_task(ana, GPU1)
+    await until(lambda: gated(team.pod(ana.pod_name)), "Kueue's webhook gates ana's pod")
+    assert "waiting in queue team-a (Kueue)" in await progress_until(ana, "waiting in queue")
+    ana_start.cancel()
+    for spawner in (zoe, ana):
+        await spawner.stop(now=True)
+
+
+# ------------------------------------------------------------ real Kueue: rejection, preemption
+
+
+@pytest.mark.parametrize("case", ["stopped", "no ClusterQueue", "no LocalQueue"])
+async def test_a_workload_kueue_rejects_fails_the_spawn_with_its_sentence(team, make_hub, case):
+    queue, why = "team-a", f"ClusterQueue {team.cluster_queue} is inactive"
+    if case == "stopped":
+        team.apply({"apiVersion": "kueue.x-k8s.io/v1beta1", "kind": "ClusterQueue",
+                    "metadata": {"name": team.cluster_queue}, "spec": team.cluster_queue_spec(1, stopPolicy="Hold")})
+    elif case == "no ClusterQueue":
+        queue, why = "team-z", f"ClusterQueue {team.namespace}-gone doesn't exist"
+        team.queue("team-z", f"{team.namespace}-gone")
+    else:
+        queue, why = "team-q", "LocalQueue team-q doesn't exist"
+    spawner = make_hub()("zoe", kueue_queue_name=queue)
+    start = await start_task(spawner, GPU1)
     with pytest.raises(HTTPError) as refused:
         await start
     assert refused.value.status_code == 409
     assert refused.value.jupyterhub_message == (
-        "Kueue evicted your server from queue team-a: a workload of higher priority (or of a queue reclaiming its "
-        "quota) needed the GPUs (Preempted to accommodate a workload (UID: 1f2e3d4c-5b6a-4978-8695-a4b3c2d1e0f9, "
-        "JobUID: 0c1d2e3f-0000-4000-8000-000000000009) due to prioritization in the ClusterQueue). "
-        "Start it again to queue anew.")
+        f"Kueue rejected your server in queue {queue}: {why}. Ask an administrator about the queue.")
     assert "zoe/" not in counted(spawner)  # the failed start gave its count back
     await spawner.stop(now=True)  # as JupyterHub does after a failed start: the gated pod goes
-    assert cluster.handler.objects[PODS, "jhub", spawner.pod_name].deleted
+    await until(lambda: team.pod(spawner.pod_name) is None, "the refused server's pod is deleted")
 
 
-async def test_an_admitted_pod_starts(kueue_webhook, make_spawner):
-    """Kueue admits the workload: the gate goes, the pod runs, the server starts and keeps its count."""
-    cluster = kueue_webhook
-    spawner = make_spawner("zoe", gpu_profiles=PROFILES, kueue_queue_name="team-a", kueue_poll_interval=0.05)
-    cluster.handler[f"get {PENDING}"] << load_object("kueue/pendingworkloads.json", spawner.pod_name)
-    cluster.handler.objects[WORKLOADS, "jhub", f"pod-{spawner.pod_name}-a41b8"] = workload_with(spawner.pod_name)
-    start = await start_task(spawner, GPU1)
-    await progress_until(spawner, "position 3")
-    image = cluster.handler.objects[PODS, "jhub", spawner.pod_name]["spec"]["containers"][0]["image"]
-    body = {"metadata": {"namespace": "jhub"}, "spec": {"schedulingGates": []},
-            "status": {"phase": "Running", "podIP": "10.244.9.9", "containerStatuses": [
-                {"name": "notebook", "ready": True, "restartCount": 0, "image": image, "imageID": image,
-                 "state": {"running": {}}}]}}
-    async with aiohttp.ClientSession() as session:
-        url = f"{cluster.url}/api/v1/namespaces/jhub/pods/{spawner.pod_name}"
-        async with session.patch(url, data=json.dumps(body),
-                                 headers={"Content-Type": "application/merge-patch+json"}) as response:
-            response.raise_for_status()
-    assert (await start).startswith("http://10.244.9.9:")
-    assert counted(spawner)["zoe/"] == {"nvidia.com/gpu": 1}
-    await spawner.stop(now=True)
-    assert "zoe/" not in counted(spawner)
-
-
-async def test_a_rejected_workload_fails_the_spawn_with_a_sentence(kueue_webhook, make_spawner):
-    cluster = kueue_webhook
-    spawner = make_spawner("zoe", gpu_profiles=PROFILES, kueue_queue_name="team-a", kueue_poll_interval=0.05)
-    cluster.handler[f"get {PENDING}"] << {"kind": "PendingWorkloadsSummary", "items": []}
-    cluster.handler.objects[WORKLOADS, "jhub", f"pod-{spawner.pod_name}-a41b8"] = workload_with(
-        spawner.pod_name, "workload-rejected.json")
-    start = await start_task(spawner, GPU1)
-    with pytest.raises(HTTPError) as refused:
-        await start
-    assert refused.value.jupyterhub_message == (
-        "Kueue rejected your server in queue team-a: ClusterQueue team-a is inactive. "
-        "Ask an administrator about the queue.")
-    await spawner.stop(now=True)
-
-
-async def test_a_busy_cluster_is_left_to_kueue(kueue, make_spawner):
-    """4 A100s are not free on one node now: without Kueue refused at once, with Kueue queued."""
+async def test_a_busy_cluster_is_left_to_kueue(full_a100s, make_hub):
+    """All 16 A100s are held now: without Kueue refused at once, with Kueue queued; 32 never fit."""
+    team = full_a100s
+    await bound(team, "training-0", "training-1")
     options = {"profile": "gpu", "gpus": 4, "gpu_model": A100}
-    plain = make_spawner(gpu_profiles=PROFILES)
+    hub = make_hub()
+    plain = hub("zoe", kueue_queue_name=None)
     plain.user_options = options
     await plain._run_apply_user_options(options)
     with pytest.raises(HTTPError, match="409"):
         await plain.reserve_gpus()
-    queued = type(make_spawner)(kueue.url)(gpu_profiles=PROFILES, kueue_queue_name="team-a")
+    queued = hub("ana", kueue_queue_name="team-a")
     queued.user_options = options
     await queued._run_apply_user_options(options)
     await queued.reserve_gpus()
@@ -291,3 +458,50 @@ async def test_a_busy_cluster_is_left_to_kueue(kueue, make_spawner):
     await queued._run_apply_user_options(never)
     with pytest.raises(HTTPError, match="409"):
         await queued.reserve_gpus()
+
+
+async def test_kueue_preempting_a_server_fails_its_spawn_with_kueues_sentence(full_a100s, make_hub):
+    """zoe's pod is admitted (1 GPU of quota) but waits for a node (training jobs hold every A100);
+    a workload of higher priority comes to the queue: Kueue preempts zoe's, and the spawn fails."""
+    team = full_a100s
+    team.apply({"apiVersion": "kueue.x-k8s.io/v1beta1", "kind": "ClusterQueue",
+                "metadata": {"name": team.cluster_queue},
+                "spec": team.cluster_queue_spec(1, preemption={"withinClusterQueue": "LowerPriority"})})
+    team.apply({"apiVersion": "kueue.x-k8s.io/v1beta1", "kind": "WorkloadPriorityClass",
+                "metadata": {"name": f"{team.namespace}-urgent"}, "value": 1000})
+    await bound(team, "training-0", "training-1")
+    zoe = make_hub()("zoe")
+    start = await start_task(zoe, GPU1)
+    await until(lambda: team.pod(zoe.pod_name) and condition(team.workload_of(team.pod(zoe.pod_name)), "Admitted"),
+                "Kueue admits zoe's workload")
+    assert not start.done()  # admitted, not yet on a node
+    urgent = team.api("POST", f"/api/v1/namespaces/{team.namespace}/pods", {
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "urgent", "labels": {QUEUE_LABEL: "team-a",
+                                                  "kueue.x-k8s.io/priority-class": f"{team.namespace}-urgent"}},
+        "spec": {"tolerations": TOLERATE_GPU, "containers": [{
+            "name": "train", "image": "ghcr.io/example/torch:2.3", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}})
+    with pytest.raises(HTTPError) as refused:
+        await start
+    workload = await until(lambda: team.workload_of(urgent), "Kueue makes the urgent pod's workload")
+    assert refused.value.status_code == 409
+    assert refused.value.jupyterhub_message == (
+        "Kueue evicted your server from queue team-a: a workload of higher priority (or of a queue reclaiming its "
+        f"quota) needed the GPUs (Preempted to accommodate a workload (UID: {workload['metadata']['uid']}, "
+        f"JobUID: {urgent['metadata']['uid']}) due to prioritization in the ClusterQueue). "
+        "Start it again to queue anew.")
+    assert "zoe/" not in counted(zoe)
+    await zoe.stop(now=True)
+    await until(lambda: condition(team.workload_of(urgent), "Admitted"), "Kueue admits the urgent workload")
+
+
+def test_kueue_runs_on_loopback_with_its_webhooks_by_url(kueue):
+    """What the hub relies on is there: every webhook Kueue's manifests register for pods and Kueue's
+    objects, called by URL on 127.0.0.1, and the visibility API available through the API server."""
+    hooks = kueue.cluster.api("GET", "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations"
+                                     "/kueue-mutating-webhook-configuration")["webhooks"]
+    pod_hook = next(h for h in hooks if h["clientConfig"]["url"].endswith("/mutate--v1-pod"))
+    assert pod_hook["clientConfig"]["url"] == f"https://127.0.0.1:{kueue.webhook_port}/mutate--v1-pod"
+    assert all(h["clientConfig"]["url"].startswith("https://127.0.0.1:") for h in hooks)
+    service = kueue.cluster.api("GET", "/apis/apiregistration.k8s.io/v1/apiservices/v1beta1.visibility.kueue.x-k8s.io")
+    assert condition(service, "Available")
