@@ -7,6 +7,7 @@ rendered manifest is validated against the Kubernetes OpenAPI schema.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
@@ -304,3 +305,122 @@ def test_install_upgrade_and_uninstall_on_the_real_api_server(release):
 
 def kube_rules(role: dict) -> list[dict]:
     return [{k: v for k, v in rule.items() if k in ("apiGroups", "resources", "verbs")} for rule in role["rules"]]
+
+
+def refusal(call) -> str:
+    """The API server's own sentence for a call it refuses with 403 (fails if it is allowed or fails otherwise)."""
+    import kubernetes
+
+    with pytest.raises(kubernetes.client.ApiException) as refused:
+        call()
+    assert refused.value.status == 403, refused.value.body
+    return json.loads(refused.value.body)["message"]
+
+
+def allowed(api, namespace: str, verb: str, resource: str, group: str = "", subresource: str = "") -> bool:
+    """The real authorizer's answer for this account (a SelfSubjectAccessReview), for what needs objects
+    this cluster may not have (Kueue's)."""
+    import kubernetes
+
+    review = kubernetes.client.AuthorizationV1Api(api).create_self_subject_access_review({
+        "apiVersion": "authorization.k8s.io/v1", "kind": "SelfSubjectAccessReview",
+        "spec": {"resourceAttributes": {"namespace": namespace, "verb": verb, "group": group, "resource": resource,
+                                        "subresource": subresource}}})
+    return review.status.allowed
+
+
+async def test_the_hubs_account_may_do_what_the_hub_does_and_nothing_more(release, kube_cluster, kube_namespace,
+                                                                          tmp_path, monkeypatch):
+    """As the chart's ServiceAccount (its token, as the hub pod reads it), configured by the chart's own
+    jupyterhub_config.py from the ConfigMap in the cluster: gpu-kube reads the GPU capacity, renders the
+    form, starts a 1-GPU server (the real scheduler places it on the A100 node whose driver has the
+    image's CUDA 12.4), reports the real scheduler's event in words and stops it. What the hub never does
+    is refused with the API server's own sentence."""
+    import kubernetes
+    from kubespawner import KubeSpawner
+    from kubespawner.clients import load_config
+
+    from gpuspawner.spawners.kube import GPUKubeSpawner
+    from profiles import A100
+
+    release.install("install", "--set", "kueue.enabled=true")
+    folder = kube_cluster.service_account(kube_namespace, release.account)
+    kubeconfig = str(folder / "kubeconfig")
+    monkeypatch.setenv("KUBECONFIG", kubeconfig)
+    monkeypatch.setattr("kubernetes_asyncio.config.kube_config.KUBE_CONFIG_DEFAULT_LOCATION", kubeconfig)
+    load_config.cache_clear()
+    for name, text in release.get("configmaps", f"{RELEASE}-gpuspawner-hub")["data"].items():
+        (tmp_path / name).write_text(text)
+    monkeypatch.setenv("POD_NAMESPACE", kube_namespace)
+    monkeypatch.setenv("CONFIGPROXY_AUTH_TOKEN", "token")
+    monkeypatch.setenv("GPUSPAWNER_PASSWORD", "secret")
+    config = PyFileConfigLoader("jupyterhub_config.py", path=str(tmp_path)).load_config()
+    spawner = GPUKubeSpawner(_mock=True, config=config)
+    pods = f"/api/v1/namespaces/{kube_namespace}/pods"
+    try:
+        reading = await spawner.cluster_capacity().read()  # nodes and every namespace's pods, listed
+        assert reading.unknown is None, reading.unknown
+        assert "NVIDIA-A100-SXM4-80GB" in await spawner._render_options_form()
+        options = {"profile": "a100", "gpus": 1, "gpu_model": A100}
+        spawner.user_options = options
+        await spawner._run_apply_user_options(options)
+        assert (await asyncio.wait_for(spawner.start(), 90)).startswith("http://10.244.")
+        pod = kube_cluster.api("GET", f"{pods}/{spawner.pod_name}")
+        assert pod["spec"]["nodeName"] == "gpu-a100-0"
+        assert pod["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "1"
+
+        async def messages() -> list[str]:
+            return [event["message"] async for event in spawner.progress()]
+
+        assert ("Placed on gpu-a100-0; the NVIDIA device plugin gives your server 1 x NVIDIA-A100-SXM4-80GB."
+                in await asyncio.wait_for(messages(), 30))  # the scheduler's event, read by the event reflector
+        await spawner.stop(now=True)
+        until(lambda: kube_cluster.api("GET", f"{pods}/{spawner.pod_name}", ok=(404,)) is None,
+              "the server's pod is deleted")
+    finally:
+        await KubeSpawner._stop_all_reflectors()
+        load_config.cache_clear()
+
+    api = kubernetes.config.new_client_from_config(kubeconfig)
+    core = kubernetes.client.CoreV1Api(api)
+    user = f'User "system:serviceaccount:{kube_namespace}:{release.account}"'
+    other = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "elsewhere"},
+             "spec": {"containers": [{"name": "c", "image": "busybox"}]}}
+    assert refusal(lambda: core.create_namespaced_pod("default", other)) == (  # pods elsewhere: listed only
+        f'pods is forbidden: {user} cannot create resource "pods" in API group "" in the namespace "default"')
+    assert refusal(lambda: core.delete_namespaced_pod("anything", "default")) == (
+        f'pods "anything" is forbidden: {user} cannot delete resource "pods" in API group "" in the namespace '
+        '"default"')
+    assert refusal(lambda: core.list_secret_for_all_namespaces()) == (
+        f'secrets is forbidden: {user} cannot list resource "secrets" in API group "" at the cluster scope')
+    assert refusal(lambda: core.list_namespaced_secret(kube_namespace)) == (  # only its own, by name
+        f'secrets is forbidden: {user} cannot list resource "secrets" in API group "" in the namespace '
+        f'"{kube_namespace}"')
+    assert refusal(lambda: core.delete_node("cpu-0")) == (
+        f'nodes "cpu-0" is forbidden: {user} cannot delete resource "nodes" in API group "" at the cluster scope')
+    assert refusal(lambda: core.read_node("cpu-0")) == (  # listed, never read one by one
+        f'nodes "cpu-0" is forbidden: {user} cannot get resource "nodes" in API group "" at the cluster scope')
+    assert refusal(lambda: core.patch_namespaced_pod(release.hub_pods()[0]["metadata"]["name"], kube_namespace,
+                                                     {"metadata": {"labels": {"x": "y"}}})).endswith(
+        f'cannot patch resource "pods" in API group "" in the namespace "{kube_namespace}"')
+    assert refusal(lambda: core.list_namespaced_resource_quota(kube_namespace)) == (
+        f'resourcequotas is forbidden: {user} cannot list resource "resourcequotas" in API group "" in the '
+        f'namespace "{kube_namespace}"')
+    more = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": {"name": "more"},
+            "subjects": [{"kind": "ServiceAccount", "name": release.account, "namespace": kube_namespace}],
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "admin"}}
+    assert refusal(lambda: kubernetes.client.RbacAuthorizationV1Api(api).create_namespaced_role_binding(
+        kube_namespace, more)) == (  # no rights of its own to grant
+        f'rolebindings.rbac.authorization.k8s.io is forbidden: {user} cannot create resource "rolebindings" in API '
+        f'group "rbac.authorization.k8s.io" in the namespace "{kube_namespace}"')
+
+    # Kueue (kueue.enabled): the namespace's Workloads and LocalQueues listed, queue positions read, the
+    # ClusterQueues listed; nothing written, nothing of another namespace
+    assert allowed(api, kube_namespace, "list", "workloads", "kueue.x-k8s.io")
+    assert allowed(api, kube_namespace, "list", "localqueues", "kueue.x-k8s.io")
+    assert allowed(api, kube_namespace, "get", "localqueues", "visibility.kueue.x-k8s.io", "pendingworkloads")
+    assert allowed(api, "", "list", "clusterqueues", "kueue.x-k8s.io")
+    assert not allowed(api, kube_namespace, "create", "workloads", "kueue.x-k8s.io")
+    assert not allowed(api, kube_namespace, "delete", "localqueues", "kueue.x-k8s.io")
+    assert not allowed(api, "default", "list", "workloads", "kueue.x-k8s.io")
+    assert not allowed(api, "", "update", "clusterqueues", "kueue.x-k8s.io")
