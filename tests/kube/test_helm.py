@@ -249,6 +249,14 @@ class Release:
         selector = f"{INSTANCE},app.kubernetes.io/component=hub"
         return self.cluster.api("GET", f"/api/v1/namespaces/{self.namespace}/pods?labelSelector={selector}")["items"]
 
+    def made_by_controllers(self) -> list[str]:
+        """The ReplicaSets and pods the Deployments' controllers made for the release (they carry its label)."""
+        names = []
+        for api, kind in (("/apis/apps/v1", "replicasets"), ("/api/v1", "pods")):
+            items = self.cluster.api("GET", f"{api}/namespaces/{self.namespace}/{kind}?labelSelector={INSTANCE}")
+            names += [f"{kind}/{i['metadata']['name']}" for i in items["items"]]
+        return names
+
 
 @pytest.fixture
 def release(helm, kube_cluster, kube_namespace, tmp_path):
@@ -302,7 +310,7 @@ def test_install_upgrade_and_uninstall_on_the_real_api_server(release):
     result = release.helm_run("uninstall", RELEASE, "--wait", "--timeout", "60s")
     assert result.returncode == 0 and f'release "{RELEASE}" uninstalled' in result.stdout, result.stderr
     assert release.owned() == {}
-    until(lambda: not release.hub_pods(), "the hub's pods go with its Deployment")
+    until(lambda: not release.made_by_controllers(), "the garbage collector removes the ReplicaSets and their pods")
 
 
 def kube_rules(role: dict) -> list[dict]:
