@@ -206,10 +206,11 @@ NAMESPACED = {"deployments": "/apis/apps/v1", "services": "/api/v1", "configmaps
 class Release:
     """The chart installed as release ``jhub`` in a namespace of ``kube_cluster`` by the real helm, as the admin."""
 
-    def __init__(self, helm: str, cluster, namespace: str, folder: Path) -> None:
-        self.helm, self.cluster, self.namespace = helm, cluster, namespace
+    def __init__(self, helm: str, cluster, namespace: str, folder: Path, chart: Path = CHART,
+                 values: dict = SITE_VALUES, name: str = RELEASE) -> None:
+        self.helm, self.cluster, self.namespace, self.chart, self.name = helm, cluster, namespace, chart, name
         self.values = folder / "site-values.yaml"
-        self.values.write_text(yaml.safe_dump(SITE_VALUES))
+        self.values.write_text(yaml.safe_dump(values))
         self.env = {**os.environ, "KUBECONFIG": str(cluster.admin_kubeconfig),
                     **{f"HELM_{kind}_HOME": str(folder / f"helm-{kind.lower()}")
                        for kind in ("CACHE", "CONFIG", "DATA")}}
@@ -221,7 +222,7 @@ class Release:
                               timeout=300, env=self.env)
 
     def install(self, command: str = "install", *args: str) -> str:
-        result = self.helm_run(command, RELEASE, str(CHART), "--values", str(self.values), "--wait",
+        result = self.helm_run(command, self.name, str(self.chart), "--values", str(self.values), "--wait",
                                "--timeout", "120s", *args)
         assert result.returncode == 0, result.stdout + result.stderr
         return result.stdout
