@@ -345,8 +345,9 @@ async def test_the_hubs_account_may_do_what_the_hub_does_and_nothing_more(releas
     """As the chart's ServiceAccount (its token, as the hub pod reads it), configured by the chart's own
     jupyterhub_config.py from the ConfigMap in the cluster: gpu-kube reads the GPU capacity, renders the
     form, starts a 1-GPU server (the real scheduler places it on the A100 node whose driver has the
-    image's CUDA 12.4), reports the real scheduler's event in words and stops it. What the hub never does
-    is refused with the API server's own sentence."""
+    image's CUDA 12.4) with its Service and the user's PersistentVolumeClaim (a site's extraConfig),
+    reports the real scheduler's event in words, stops it and deletes the claim with the user. What the
+    hub never does is refused with the API server's own sentence."""
     import kubernetes
     from kubespawner import KubeSpawner
     from kubespawner.clients import load_config
@@ -354,6 +355,10 @@ async def test_the_hubs_account_may_do_what_the_hub_does_and_nothing_more(releas
     from gpuspawner.spawners.kube import GPUKubeSpawner
     from profiles import A100
 
+    # as a site that keeps each user's PersistentVolumeClaim and gives each server a Service
+    extra = ('c.KubeSpawner.services_enabled = True\nc.KubeSpawner.storage_pvc_ensure = True\n'
+             'c.KubeSpawner.storage_capacity = "1Gi"')
+    release.values.write_text(yaml.safe_dump({**SITE_VALUES, "hub": {**SITE_VALUES["hub"], "extraConfig": extra}}))
     release.install("install", "--set", "kueue.enabled=true")
     folder = kube_cluster.service_account(kube_namespace, release.account)
     kubeconfig = str(folder / "kubeconfig")
@@ -375,10 +380,14 @@ async def test_the_hubs_account_may_do_what_the_hub_does_and_nothing_more(releas
         options = {"profile": "a100", "gpus": 1, "gpu_model": A100}
         spawner.user_options = options
         await spawner._run_apply_user_options(options)
-        assert (await asyncio.wait_for(spawner.start(), 90)).startswith("http://10.244.")
+        assert await asyncio.wait_for(spawner.start(), 90) == f"http://{spawner.dns_name}:8888"
         pod = kube_cluster.api("GET", f"{pods}/{spawner.pod_name}")
         assert pod["spec"]["nodeName"] == "gpu-a100-0"
         assert pod["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "1"
+        service = kube_cluster.api("GET", f"/api/v1/namespaces/{kube_namespace}/services/{spawner.pod_name}")
+        assert service["metadata"]["ownerReferences"][0]["uid"] == pod["metadata"]["uid"]
+        claim = f"/api/v1/namespaces/{kube_namespace}/persistentvolumeclaims/{spawner.pvc_name}"
+        assert kube_cluster.api("GET", claim)["spec"]["resources"]["requests"]["storage"] == "1Gi"
 
         async def messages() -> list[str]:
             return [event["message"] async for event in spawner.progress()]
@@ -388,6 +397,8 @@ async def test_the_hubs_account_may_do_what_the_hub_does_and_nothing_more(releas
         await spawner.stop(now=True)
         until(lambda: kube_cluster.api("GET", f"{pods}/{spawner.pod_name}", ok=(404,)) is None,
               "the server's pod is deleted")
+        await spawner.delete_forever()  # the user is deleted: the claim goes too
+        until(lambda: kube_cluster.api("GET", claim, ok=(404,)) is None, "the user's claim is deleted")
     finally:
         await KubeSpawner._stop_all_reflectors()
         load_config.cache_clear()
