@@ -184,7 +184,7 @@ def hub_account(team: Team, read_cluster_queues: bool = True, read_positions: bo
     team.apply({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
                 "metadata": {"name": "hub", "namespace": ns},
                 "rules": [*HUB_RULES, *[r for r in KUEUE_RULES
-                            if read_positions or "localqueues/pendingworkloads" not in r["resources"]]]})
+                                        if read_positions or "localqueues/pendingworkloads" not in r["resources"]]]})
     cluster_rules = [*HUB_CLUSTER_RULES, *([KUEUE_CLUSTER_RULE] if read_cluster_queues else [])]
     team.apply({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": {"name": f"{ns}-hub"},
                 "rules": cluster_rules})
