@@ -35,7 +35,7 @@ from gpuspawner.kube.kueue import (
 from gpuspawner.ledger import cluster_holdings
 from kubefixtures import load_object, until as wait_until
 from profiles import A100, PROFILES, validate_pod
-from test_helm import KUEUE_CLUSTER_RULE, KUEUE_RULES
+from test_helm import HUB_CLUSTER_RULES, HUB_RULES, KUEUE_CLUSTER_RULE, KUEUE_RULES
 
 GPU1 = {"profile": "gpu", "gpus": 1, "gpu_model": A100}
 TOLERATE_GPU = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
@@ -183,14 +183,9 @@ def hub_account(team: Team, read_cluster_queues: bool = True, read_positions: bo
     team.apply({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "hub", "namespace": ns}})
     team.apply({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
                 "metadata": {"name": "hub", "namespace": ns},
-                "rules": [{"apiGroups": [""], "resources": ["pods", "persistentvolumeclaims", "services", "secrets"],
-                           "verbs": ["get", "list", "watch", "create", "delete", "patch", "update"]},
-                          {"apiGroups": [""], "resources": ["events"], "verbs": ["get", "list", "watch"]},
-                          *[r for r in KUEUE_RULES
-                            if read_positions or "localqueues/pendingworkloads" not in r["resources"]]]})
-    cluster_rules = [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch"]},
-                     {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]},
-                     *([KUEUE_CLUSTER_RULE] if read_cluster_queues else [])]
+                "rules": [*HUB_RULES, *[r for r in KUEUE_RULES
+                                        if read_positions or "localqueues/pendingworkloads" not in r["resources"]]]})
+    cluster_rules = [*HUB_CLUSTER_RULES, *([KUEUE_CLUSTER_RULE] if read_cluster_queues else [])]
     team.apply({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": {"name": f"{ns}-hub"},
                 "rules": cluster_rules})
     subjects = [{"kind": "ServiceAccount", "name": "hub", "namespace": ns}]

@@ -33,8 +33,9 @@ from traitlets.config import Config
 
 from gpuspawner.compat import min_cuda
 from gpuspawner.kube.profiles import check_entries, combined_entries
+from kubefixtures import until
 from profiles import K8S_VERSION, env, gpu_limits, validate_pod
-from test_helm import ROOT, by_kind, helm, run  # noqa: F401  (helm: the session fixture)
+from test_helm import HUB_CLUSTER_RULES, ROOT, Release, by_kind, helm, refusal, run  # noqa: F401  (helm: the session fixture)
 
 VALUES = ROOT / "helm" / "z2jh-values.yaml"
 ACCESS = ROOT / "helm" / "z2jh-gpu-access"
@@ -137,12 +138,57 @@ def test_access_chart_binds_the_release_namespace_hub_account(helm):  # noqa: F8
             kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
         kinds = by_kind(docs)
         rules = kinds["ClusterRole"][0]["rules"]
-        assert {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch"]} in rules
-        assert all(set(r["verbs"]) <= {"get", "list", "watch"} for r in rules)  # read only
+        assert rules == HUB_CLUSTER_RULES  # nodes and pods listed, nothing more (as the gpuspawner chart)
         assert kinds["ClusterRoleBinding"][0]["subjects"] == [
             {"kind": "ServiceAccount", "name": account, "namespace": namespace}]
     bad = run(helm, "template", "gpu-access", str(ACCESS), "--set", "hub.serviceAccountName=Bad_Name")
     assert bad.returncode != 0 and "serviceAccountName" in bad.stderr
+
+
+def test_access_chart_installed_lets_the_z2jh_hub_list_capacity_and_no_more(helm, kube_cluster, kube_namespace,  # noqa: F811
+                                                                           tmp_path):
+    """helm install of the access chart into the real control plane, beside a z2jh release's hub
+    ServiceAccount (``hub``): that account lists nodes and every namespace's pods (GPU capacity), and is
+    refused what the chart does not grant with the API server's own sentence; helm uninstall takes the
+    rights away again."""
+    import kubernetes
+
+    kube_cluster.api("POST", f"/api/v1/namespaces/{kube_namespace}/serviceaccounts",
+                     {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "hub"}})
+    core = kubernetes.client.CoreV1Api(kubernetes.config.new_client_from_config(
+        str(kube_cluster.service_account(kube_namespace, "hub") / "kubeconfig")))
+    user = f'User "system:serviceaccount:{kube_namespace}:hub"'
+    cannot_list_nodes = (f'nodes is forbidden: {user} cannot list resource "nodes" in API group "" at the cluster '
+                         'scope')
+    assert refusal(core.list_node) == cannot_list_nodes
+    access = Release(helm, kube_cluster, kube_namespace, tmp_path, chart=ACCESS, values={}, name="gpu-access")
+    try:
+        assert "STATUS: deployed" in access.install()
+        nodes = until(lambda: _or_none(core.list_node), "the ClusterRoleBinding takes effect")
+        assert "gpu-a100-0" in {node.metadata.name for node in nodes.items}
+        assert core.list_pod_for_all_namespaces().items is not None
+        assert refusal(lambda: core.read_node("gpu-a100-0")) == (
+            f'nodes "gpu-a100-0" is forbidden: {user} cannot get resource "nodes" in API group "" at the cluster scope')
+        assert refusal(core.list_secret_for_all_namespaces) == (
+            f'secrets is forbidden: {user} cannot list resource "secrets" in API group "" at the cluster scope')
+        result = access.helm_run("uninstall", "gpu-access", "--wait")
+        assert result.returncode == 0, result.stderr
+        until(lambda: _or_none(core.list_node) is None, "the ClusterRoleBinding is gone")
+        assert refusal(core.list_node) == cannot_list_nodes
+    finally:
+        access.helm_run("uninstall", "gpu-access")
+
+
+def _or_none(call):
+    """``call()``'s answer, or None where the API server refuses it (403)."""
+    import kubernetes
+
+    try:
+        return call()
+    except kubernetes.client.ApiException as error:
+        if error.status != 403:
+            raise
+        return None
 
 
 # ------------------------------------------------------------------ the z2jh chart itself (its source needed)
