@@ -21,7 +21,7 @@ import kmock
 import pytest
 import pytest_asyncio
 
-from kubefixtures import NODES, PODS, load, pod_controller, until, write_kubeconfig
+from kubefixtures import NODES, PODS, SpawnerMaker, load, pod_controller, until, write_kubeconfig
 from needs import missing
 
 
@@ -64,7 +64,7 @@ def kube_cluster(tmp_path_factory):
 @pytest.fixture
 def kube_namespace(kube_cluster):
     """A namespace of this test's own in ``kube_cluster`` (its ``default`` ServiceAccount made, so pods
-    are accepted), deleted afterwards with all it holds."""
+    are accepted), deleted afterwards with all it holds (waited for)."""
     name = f"t-{os.urandom(4).hex()}"
     kube_cluster.api("POST", "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace",
                                                     "metadata": {"name": name}})
@@ -72,6 +72,9 @@ def kube_namespace(kube_cluster):
           f"the ServiceAccount controller makes {name}/default")
     yield name
     kube_cluster.api("DELETE", f"/api/v1/namespaces/{name}", ok=(404,))
+    # gone before the next test reads the shared cluster's capacity (its pods no longer hold GPUs)
+    until(lambda: kube_cluster.api("GET", f"/api/v1/namespaces/{name}", ok=(404,)) is None,
+          f"the namespace controller deletes {name} and its pods")
 
 
 @pytest_asyncio.fixture
@@ -143,41 +146,6 @@ async def cluster(tmp_path, monkeypatch, node_items, pod_items):
         # watching this API server after it is gone.
         await KubeSpawner._stop_all_reflectors()
     load_config.cache_clear()
-
-
-class SpawnerMaker:
-    """Makes GPUKubeSpawner instances of one hub (one traitlets Config, so one hub state)."""
-
-    def __init__(self, url: str) -> None:
-        self.url = url
-        self.settings: dict = {}
-        self.restart()
-
-    def restart(self) -> None:
-        """A new hub with the same settings: a new Config, so a new hub state, as after a restart."""
-        from traitlets.config import Config
-
-        self.config = Config()
-        self.config.KubeSpawner.namespace = "jhub"
-        self.config.KubeSpawner.image = "quay.io/jupyter/base-notebook:2024-05-27"
-        self.config.KubeSpawner.k8s_api_host = self.url
-        for key, value in self.settings.items():
-            setattr(self.config.GPUKubeSpawner, key, value)
-
-    def __call__(self, user: str | None = None, server: str = "", groups: tuple = (), **settings):
-        """A spawner for ``user``'s server ``server`` (default: KubeSpawner's mock user)."""
-        from gpuspawner.spawners.kube import GPUKubeSpawner
-
-        for key, value in settings.items():
-            setattr(self.config.GPUKubeSpawner, key, value)
-        self.settings.update(settings)
-        extra = {}
-        if user is not None:
-            extra["user"] = SimpleNamespace(name=user, id=abs(hash(user)) % 10_000, url=f"/user/{user}/",
-                                            groups=list(groups))
-        if server:
-            extra["orm_spawner"] = SimpleNamespace(name=server, display_name=server, server=None)
-        return GPUKubeSpawner(_mock=True, config=self.config, **extra)
 
 
 @pytest.fixture

@@ -6,6 +6,7 @@ import json
 import time
 from collections.abc import Callable
 from pathlib import Path
+from types import SimpleNamespace
 
 import aiohttp
 import kmock
@@ -81,3 +82,38 @@ def until(check: Callable[[], object], what: str, timeout: float = 60, period: f
         if time.monotonic() > deadline:
             raise AssertionError(f"waited {timeout:.0f}s in vain: {what}")
         time.sleep(period)
+
+
+class SpawnerMaker:
+    """Makes GPUKubeSpawner instances of one hub (one traitlets Config, so one hub state)."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.settings: dict = {}
+        self.restart()
+
+    def restart(self) -> None:
+        """A new hub with the same settings: a new Config, so a new hub state, as after a restart."""
+        from traitlets.config import Config
+
+        self.config = Config()
+        self.config.KubeSpawner.namespace = "jhub"
+        self.config.KubeSpawner.image = "quay.io/jupyter/base-notebook:2024-05-27"
+        self.config.KubeSpawner.k8s_api_host = self.url
+        for key, value in self.settings.items():
+            setattr(self.config.GPUKubeSpawner, key, value)
+
+    def __call__(self, user: str | None = None, server: str = "", groups: tuple = (), **settings):
+        """A spawner for ``user``'s server ``server`` (default: KubeSpawner's mock user)."""
+        from gpuspawner.spawners.kube import GPUKubeSpawner
+
+        for key, value in settings.items():
+            setattr(self.config.GPUKubeSpawner, key, value)
+        self.settings.update(settings)
+        extra = {}
+        if user is not None:
+            extra["user"] = SimpleNamespace(name=user, id=abs(hash(user)) % 10_000, url=f"/user/{user}/",
+                                            groups=list(groups))
+        if server:
+            extra["orm_spawner"] = SimpleNamespace(name=server, display_name=server, server=None)
+        return GPUKubeSpawner(_mock=True, config=self.config, **extra)

@@ -33,7 +33,7 @@ from gpuspawner.kube.kueue import (
     workload_problem,
 )
 from gpuspawner.ledger import cluster_holdings
-from kubefixtures import load_object, until as wait_until
+from kubefixtures import SpawnerMaker, load_object, until as wait_until
 from profiles import A100, PROFILES, validate_pod
 from test_helm import HUB_CLUSTER_RULES, HUB_RULES, KUEUE_CLUSTER_RULE, KUEUE_RULES
 
@@ -206,7 +206,6 @@ async def make_hub(team, monkeypatch):
     from kubespawner import KubeSpawner
     from kubespawner.clients import load_config
 
-    from conftest import SpawnerMaker
     from gpuspawner.state import stop_serving_hub_metrics
 
     def make(read_cluster_queues: bool = True, read_positions: bool = True) -> SpawnerMaker:
