@@ -24,7 +24,6 @@ sync_api = playwright_sync_api()
 
 @pytest.fixture
 def hub(tmp_path, fakenvml_libdir):
-    pytest.importorskip("jupyter_scheduler")
     config_path = tmp_path / "gpus.json"
     fakenvml.write_config(config_path, simulated_config(a100=2, t4=2))
     hub = Hub(tmp_path / "hub", fakenvml.env(fakenvml_libdir, config_path), PROFILES, extra_config=JOBS_CONFIG)

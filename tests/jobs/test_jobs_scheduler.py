@@ -22,7 +22,6 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture(scope="module")
 def hub(tmp_path_factory, fakenvml_libdir):
-    pytest.importorskip("jupyter_scheduler")
     tmp = tmp_path_factory.mktemp("jobs-scheduler")
     config_path = tmp / "gpus.json"
     fakenvml.write_config(config_path, simulated_config(a100=2, t4=2))

@@ -16,13 +16,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+from jupyter_scheduler.models import DescribeJob, ListJobsQuery, Status
+from jupyter_scheduler.orm import Job, create_tables
 
-pytest.importorskip("jupyter_scheduler")
-
-from jupyter_scheduler.models import DescribeJob, ListJobsQuery, Status  # noqa: E402
-from jupyter_scheduler.orm import Job, create_tables  # noqa: E402
-
-from gpuspawner.labjobs.scheduler import HUB_JOB_FILE, GPUEnvironments, GPUScheduler  # noqa: E402
+from gpuspawner.labjobs.scheduler import HUB_JOB_FILE, GPUEnvironments, GPUScheduler
 
 
 class SlowHub(BaseHTTPRequestHandler):
