@@ -158,6 +158,25 @@ def pod_problem(pod: Mapping[str, Any] | None, queue: str) -> str | None:
     return None
 
 
+#: the reason of the event Kueue records on a Workload it evicts: ``EvictedDueTo<Evicted reason>``
+_WORKLOAD_EVICTED_DUE_TO = "EvictedDueTo"
+
+
+def events_problem(events: Iterable[Mapping[str, Any]], queue: str) -> str | None:
+    """The eviction sentence from the events Kueue recorded on a Workload, the latest first; ``None`` if none."""
+    evictions = [e for e in events if (e.get("reason") or "").startswith(_WORKLOAD_EVICTED_DUE_TO)]
+    if not evictions:
+        return None
+    last = max(evictions, key=lambda e: e.get("lastTimestamp") or e.get("eventTime") or "")
+    return _evicted(last["reason"].removeprefix(_WORKLOAD_EVICTED_DUE_TO), last.get("message") or "", queue)
+
+
+def pod_gone(queue: str) -> str:
+    """The sentence when a queued server's pod was deleted before it started, and Kueue left no word why."""
+    return (f"Your server's pod was deleted while it waited in Kueue queue {queue} (Kueue evicts a pod by"
+            " deleting it, or an administrator removed it). Start it again to queue anew.")
+
+
 def workload_of(workloads: Iterable[Mapping[str, Any]], pod_name: str) -> Mapping[str, Any] | None:
     """The Workload Kueue made for ``pod_name`` (its owner reference), if any."""
     return next((w for w in workloads if _owned_by_pod(w.get("metadata") or {}, pod_name)), None)
@@ -193,6 +212,11 @@ class KueueReader:
         query = [("labelSelector", f"{JOB_UID_LABEL}={pod_uid}")] if pod_uid else None
         path = f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/workloads"
         return (await self._get(path, query)).get("items") or []
+
+    async def workload_events(self, namespace: str, name: str) -> list[dict[str, Any]]:
+        """The events recorded on one Workload (they outlive it, for the API server's event TTL)."""
+        query = [("fieldSelector", f"involvedObject.kind=Workload,involvedObject.name={name}")]
+        return (await self._get(f"/api/v1/namespaces/{namespace}/events", query)).get("items") or []
 
     async def quota_lines(self, namespace: str, queues: Iterable[str]) -> dict[str, str]:
         """Each LocalQueue's ClusterQueue GPU line (:func:`quota_lines`), from one list of each; or why unknown."""
@@ -233,6 +257,8 @@ __all__ = [
     "check_queue_name",
     "cluster_queue_quota",
     "gated",
+    "events_problem",
+    "pod_gone",
     "pod_problem",
     "queue_position",
     "quota_lines",

@@ -54,7 +54,9 @@ from ..kube.kueue import (
     QUEUE_LABEL,
     KueueReader,
     check_queue_name,
+    events_problem,
     gated,
+    pod_gone,
     pod_problem,
     queue_position,
     waiting_message,
@@ -710,6 +712,9 @@ class GPUKubeSpawner(GPUSpawnerMixin, KubeSpawner):
     _kueue_queue: str | None = None
     _kueue_messages: list[str] = []  # noqa: RUF012 - replaced per spawn, never appended to in place
     _kueue_position_error: str | None = None
+    _kueue_pod_uid: str | None = None
+    _kueue_stale_uid: str | None = None
+    _kueue_workload: str | None = None
 
     def kueue_queue(self, profile: Profile) -> str | None:
         """The Kueue LocalQueue of a profile's pods: its own ``kueue``, else ``kueue_queue_name``."""
@@ -721,10 +726,16 @@ class GPUKubeSpawner(GPUSpawnerMixin, KubeSpawner):
     async def _kueue_verdict(self, reader: KueueReader, queue: str, last: str | None) -> str | None:
         """One look at the queued pod: a new waiting message is recorded; an eviction or rejection is returned."""
         pod = await read_pod(self.api, self.namespace, self.pod_name, self.k8s_api_request_timeout)
+        uid = ((pod or {}).get("metadata") or {}).get("uid")
+        if uid and uid == self._kueue_stale_uid:  # a pod left from before this spawn, which KubeSpawner replaces
+            return None
+        seen, self._kueue_pod_uid = self._kueue_pod_uid, uid or self._kueue_pod_uid
+        if seen and uid != seen:  # this spawn's pod was deleted between two looks (Kueue evicts by deleting)
+            return await self._kueue_gone(reader, queue, seen)
         if pod is None:  # not created yet
             return None
-        uid = (pod.get("metadata") or {}).get("uid")
         workload = workload_of(await reader.workloads(self.namespace, uid), self.pod_name)
+        self._kueue_workload = ((workload or {}).get("metadata") or {}).get("name") or self._kueue_workload
         # an evicted pod's Workload goes with the pod Kueue deletes: the pod's own condition says it too
         problem = (workload_problem(workload, queue) if workload else None) or pod_problem(pod, queue)
         if problem:
@@ -741,6 +752,14 @@ class GPUKubeSpawner(GPUSpawnerMixin, KubeSpawner):
             if message != last:
                 self._kueue_messages = [*self._kueue_messages, message]
         return None
+
+    async def _kueue_gone(self, reader: KueueReader, queue: str, uid: str) -> str:
+        """Why this spawn's pod is gone: its Workload if still there, else the events Kueue left on it."""
+        workload = workload_of(await reader.workloads(self.namespace, uid), self.pod_name)
+        problem = workload_problem(workload, queue) if workload else None
+        if not problem and self._kueue_workload:
+            problem = events_problem(await reader.workload_events(self.namespace, self._kueue_workload), queue)
+        return problem or pod_gone(queue)
 
     async def _watch_kueue(self, queue: str) -> str:
         """Until cancelled: record the pod's place in the queue; return the sentence once Kueue evicts or rejects."""
@@ -768,6 +787,9 @@ class GPUKubeSpawner(GPUSpawnerMixin, KubeSpawner):
         queue = self._kueue_queue
         if not queue:
             return await super()._start()
+        self._kueue_pod_uid = self._kueue_workload = None  # this spawn's pod and Workload, once the watch saw them
+        stale = await read_pod(self.api, self.namespace, self.pod_name, self.k8s_api_request_timeout)
+        self._kueue_stale_uid = ((stale or {}).get("metadata") or {}).get("uid")
         start = asyncio.ensure_future(super()._start())
         watch = asyncio.ensure_future(self._watch_kueue(queue))
         try:

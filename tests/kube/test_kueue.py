@@ -26,7 +26,9 @@ from traitlets import TraitError
 from gpuspawner.kube.kueue import (
     QUEUE_LABEL,
     cluster_queue_quota,
+    events_problem,
     gated,
+    pod_gone,
     pod_problem,
     queue_position,
     quota_lines,
@@ -200,22 +202,22 @@ def hub_account(team: Team, read_cluster_queues: bool = True, read_positions: bo
 
 @pytest_asyncio.fixture
 async def make_hub(team, monkeypatch):
-    """``make_hub(read_cluster_queues=True, read_positions=True)``: a hub in the team's namespace, as its ServiceAccount
-    (:func:`hub_account`), queueing GPU profiles' pods in ``team-a``; returns its spawner maker
-    (``maker(user)``, as ``make_spawner``)."""
+    """``make_hub(read_cluster_queues=True, read_positions=True, poll=0.1)``: a hub in the team's namespace, as its
+    ServiceAccount (:func:`hub_account`), queueing GPU profiles' pods in ``team-a`` and looking at them every ``poll``
+    seconds; returns its spawner maker (``maker(user)``, as ``make_spawner``)."""
     from kubespawner import KubeSpawner
     from kubespawner.clients import load_config
 
     from gpuspawner.state import stop_serving_hub_metrics
 
-    def make(read_cluster_queues: bool = True, read_positions: bool = True) -> SpawnerMaker:
+    def make(read_cluster_queues: bool = True, read_positions: bool = True, poll: float = 0.1) -> SpawnerMaker:
         kubeconfig = hub_account(team, read_cluster_queues, read_positions)
         monkeypatch.setenv("KUBECONFIG", kubeconfig)
         monkeypatch.setattr("kubernetes_asyncio.config.kube_config.KUBE_CONFIG_DEFAULT_LOCATION", kubeconfig)
         load_config.cache_clear()
         maker = SpawnerMaker(team.kueue.cluster.server)
         maker.settings.update(namespace=team.namespace, gpu_profiles=PROFILES, kueue_queue_name="team-a",
-                              kueue_poll_interval=0.1, gpu_tolerations=TOLERATE_GPU)
+                              kueue_poll_interval=poll, gpu_tolerations=TOLERATE_GPU)
         maker.restart()
         return maker
 
@@ -285,6 +287,17 @@ def test_a_pod_kueue_stops_says_why_without_its_workload():
     assert pod_problem(pod, "team-a") == PREEMPTED
     pod["status"]["conditions"] = pod["status"]["conditions"][:1]
     assert pod_problem(pod, "team-a") is None
+
+
+def test_a_deleted_pod_says_why_from_its_workloads_events():
+    """Pod and Workload both gone: the latest eviction event Kueue recorded on the Workload says why."""
+    message = load_object("kueue/pod-preempted.json")["status"]["conditions"][1]["message"]
+    events = [{"reason": "Created", "message": "Created Workload", "lastTimestamp": "2026-11-25T18:11:50Z"},
+              {"reason": "EvictedDueToPodsReadyTimeout", "message": "", "lastTimestamp": "2026-11-25T18:11:52Z"},
+              {"reason": "EvictedDueToPreempted", "message": message, "lastTimestamp": "2026-11-25T18:11:59Z"}]
+    assert events_problem(events, "team-a") == PREEMPTED
+    assert events_problem(events[:1], "team-a") is None
+    assert pod_gone("team-a").startswith("Your server's pod was deleted while it waited in Kueue queue team-a")
 
 
 # ------------------------------------------------------------ configuration
@@ -454,9 +467,12 @@ async def test_a_busy_cluster_is_left_to_kueue(full_a100s, make_hub):
         await queued.reserve_gpus()
 
 
-async def test_kueue_preempting_a_server_fails_its_spawn_with_kueues_sentence(full_a100s, make_hub):
+@pytest.mark.parametrize("poll", [0.1, 4.0], ids=["watched-closely", "pod-gone-between-looks"])
+async def test_kueue_preempting_a_server_fails_its_spawn_with_kueues_sentence(full_a100s, make_hub, poll):
     """zoe's pod is admitted (1 GPU of quota) but waits for a node (training jobs hold every A100);
-    a workload of higher priority comes to the queue: Kueue preempts zoe's, and the spawn fails."""
+    a workload of higher priority comes to the queue: Kueue preempts zoe's, and the spawn fails.
+    Kueue deletes the pod and its Workload within a second: a hub that looks every 4 s finds them gone,
+    and reads why from the events Kueue recorded on the Workload."""
     team = full_a100s
     team.apply({"apiVersion": "kueue.x-k8s.io/v1beta1", "kind": "ClusterQueue",
                 "metadata": {"name": team.cluster_queue},
@@ -464,10 +480,11 @@ async def test_kueue_preempting_a_server_fails_its_spawn_with_kueues_sentence(fu
     team.apply({"apiVersion": "kueue.x-k8s.io/v1beta1", "kind": "WorkloadPriorityClass",
                 "metadata": {"name": f"{team.namespace}-urgent"}, "value": 1000})
     await bound(team, "training-0", "training-1")
-    zoe = make_hub()("zoe")
+    zoe = make_hub(poll=poll)("zoe")
     start = await start_task(zoe, GPU1)
     await until(lambda: team.pod(zoe.pod_name) and condition(team.workload_of(team.pod(zoe.pod_name)), "Admitted"),
                 "Kueue admits zoe's workload")
+    await asyncio.sleep(poll)  # the hub has looked at the admitted pod
     assert not start.done()  # admitted, not yet on a node
     urgent = team.api("POST", f"/api/v1/namespaces/{team.namespace}/pods", {
         "apiVersion": "v1", "kind": "Pod",
