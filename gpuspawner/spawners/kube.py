@@ -775,6 +775,13 @@ class GPUKubeSpawner(GPUSpawnerMixin, KubeSpawner):
                 return problem
             await asyncio.sleep(self.kueue_poll_interval)
 
+    def start(self):
+        """gpuspawner's start (GPUs reserved, then KubeSpawner's), begun at once as KubeSpawner's: the
+        Future returned is also ``_start_future``, whose end ends :meth:`progress` (a caller may read
+        the progress before it awaits the start, as kubespawner's own tests do)."""
+        self._start_future = asyncio.ensure_future(super().start())
+        return self._start_future
+
     async def _start(self):
         """KubeSpawner's start; with Kueue, watched so an eviction or rejection fails it with a sentence."""
         try:

@@ -84,8 +84,7 @@ class GPUPolicyMixin(Configurable):
 
     def user_group_names(self) -> set[str]:
         """The JupyterHub groups of this server's user (none when there is no hub user)."""
-        groups = getattr(getattr(self, "user", None), "groups", None) or []
-        return {getattr(g, "name", g) for g in groups}
+        return {getattr(g, "name", g) for g in _groups_of(getattr(self, "user", None))}
 
     def visible_profiles(self, profiles: tuple[Profile, ...]) -> tuple[Profile, ...]:
         """The profiles this user may see: without ``groups``, or sharing one of the user's groups."""
@@ -123,7 +122,7 @@ class GPUPolicyMixin(Configurable):
         name = getattr(user, "name", "")
         limited = {}
         members = {}
-        for group in getattr(user, "groups", None) or []:
+        for group in _groups_of(user):
             gname = getattr(group, "name", group)
             if gname in self.gpu_quota_per_group:
                 limited[gname] = self.gpu_quota_per_group[gname]
@@ -257,3 +256,14 @@ class GPUPolicyMixin(Configurable):
         """GPUs were given back: wake the queue."""
         if uuids:
             self.hub_state.queue.wake()
+
+
+def _groups_of(user: Any) -> list:
+    """``user.groups`` as a list: none where there is no user, or where the user object has no list of
+    groups (KubeSpawner's own tests spawn for a ``unittest.mock.Mock`` user, whose ``groups`` is a Mock;
+    KubeSpawner never reads it, so its GPU class may not fail on it either)."""
+    groups = getattr(user, "groups", None)
+    try:
+        return list(groups or ())
+    except TypeError:
+        return []

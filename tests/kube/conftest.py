@@ -1,8 +1,8 @@
-"""Fixtures for gpu-kube: a real Kubernetes control plane (``kube_cluster``), and recorded cluster
-objects served by a Kubernetes API test double (``cluster``).
-
-``kube_cluster`` (session): etcd, kube-apiserver, kube-scheduler and kube-controller-manager built
-from the Go module proxy (gpuspawner.kube.devcluster), with the recorded nodes as fake GPU nodes.
+"""Fixtures for gpu-kube: on the real Kubernetes control plane (``kube_cluster``, a session fixture of
+tests/conftest.py, shared with the parents' suites: etcd, kube-apiserver, kube-scheduler and
+kube-controller-manager built from the Go module proxy by gpuspawner.kube.devcluster, with the
+recorded nodes as fake GPU nodes) and recorded cluster objects served by a Kubernetes API test
+double (``cluster``).
 
 The test double is kmock's KubernetesEmulator (PyPI ``kmock``): a real HTTP
 server on 127.0.0.1 answering the Kubernetes REST API from the objects loaded
@@ -23,42 +23,6 @@ import pytest_asyncio
 
 from kubefixtures import NODES, PODS, SpawnerMaker, load, pod_controller, until, write_kubeconfig
 from needs import missing
-
-
-@pytest.fixture(scope="session")
-def kube_cluster(tmp_path_factory):
-    """A real control plane for this test run: etcd (Debian), kube-apiserver, kube-scheduler and
-    kube-controller-manager of gpuspawner.kube.devcluster.KUBE_VERSION on loopback (client
-    certificates, ``Node,RBAC``), with the recorded nodes (tests/kube/fixtures/nodes.json: two A100
-    nodes, a MIG node, a time-sliced T4 node, a CPU node) as fake nodes kept Ready by its
-    ``kubelet`` (a :class:`~gpuspawner.kube.devcluster.FakeKubelet`).
-
-    The binaries are built on first use into ``~/.cache/gpuspawner/kube/<version>/bin``
-    (``GPUSPAWNER_KUBE_CACHE``; minutes cold, nothing warm); the cluster starts in seconds. A
-    :class:`~gpuspawner.kube.devcluster.KubeCluster`: ``api(method, path, body)`` as its admin,
-    ``admin_kubeconfig``, ``service_account(ns, name)``, ``kubelet.add_node(...)``. Tests share it:
-    each works in a namespace of its own (``kube_namespace``) and leaves the standing nodes as they
-    are. Where it cannot be built or started, the tests that use it skip, saying why (fail in CI).
-    Every process is stopped by its pid at the end of the run.
-    """
-    from gpuspawner.kube.devcluster import KubeCluster, build, cannot_start, start_watcher
-
-    why = cannot_start()
-    if why:
-        missing(why)
-    try:
-        build()
-    except RuntimeError as error:
-        missing(f"the Kubernetes control plane could not be built: {error}")
-    cluster = KubeCluster(tmp_path_factory.mktemp("kube"))
-    watcher = start_watcher(cluster.dir)  # stops it should this test process die without teardown
-    try:
-        cluster.start(nodes=load("nodes.json"))
-        yield cluster
-    finally:
-        cluster.stop()
-        watcher.terminate()
-        watcher.wait()
 
 
 @pytest.fixture

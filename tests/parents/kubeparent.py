@@ -1,4 +1,4 @@
-"""A pytest plugin for kubespawner's own tests on this machine (JupyterHub 6, no cluster).
+"""A pytest plugin for kubespawner's own tests on this machine (JupyterHub 6).
 
 Loaded with ``-p kubeparent`` beside :mod:`parentswap` by
 ``test_kubespawner_suite.py``. Their test bodies and fixtures stay as they are;
@@ -9,8 +9,9 @@ this adapts only what JupyterHub 6 changed under them:
   a running event loop (JupyterHub 5 did not): the fixture's body is run inside
   one here.
 
-The cluster tests skip themselves: the kubeconfig the suite is run with points
-at ``https://127.0.0.1:1``, where nothing answers.
+Their cluster tests run against the test run's control plane (the kubeconfig and namespaces
+``test_kubespawner_suite.py`` gives them), their tests and fixtures in one event loop (pytest's
+``-o asyncio_default_*_loop_scope=session``, given there too).
 """
 
 from __future__ import annotations
