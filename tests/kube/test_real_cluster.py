@@ -58,3 +58,30 @@ async def test_capacity_form_and_dry_run_pods_on_a_site_cluster():
 async def test_capacity_form_and_dry_run_pods(kube_admin, kube_namespace):
     choices = await check_capacity_form_and_dry_run_pods(kube_namespace)
     assert {"profile": "gpu", "gpus": 1} in choices  # the recorded A100 nodes have whole GPUs free
+
+
+async def test_start_begins_when_called_as_kubespawners(kube_admin, kube_namespace):
+    """gpu-kube's start(), as KubeSpawner's, begins when called and returns a Future: the pod is made while
+    the caller reads the progress, before it awaits the start (kubespawner's own test_spawn_progress does).
+    Its user here is a ``unittest.mock.Mock``, as in kubespawner's own tests: no list of groups, no group."""
+    import asyncio
+    from unittest.mock import Mock
+
+    from traitlets.config import Config
+
+    from gpuspawner.spawners.kube import GPUKubeSpawner
+
+    config = Config()
+    config.KubeSpawner.namespace = kube_namespace
+    config.GPUKubeSpawner.gpu_profiles = [PROFILES[0]]
+    user = Mock(url="/user/mocky/", escaped_name="mocky", groups=Mock())
+    user.name = "mocky"
+    spawner = GPUKubeSpawner(_mock=True, config=config, user=user)
+    started = spawner.start()
+    assert isinstance(started, asyncio.Future)
+    path = f"/api/v1/namespaces/{kube_namespace}/pods/{spawner.pod_name}"
+    while kube_admin.api("GET", path, ok=(404,)) is None and not started.done():
+        await asyncio.sleep(0.1)  # (the start's own timeout bounds this)
+    assert kube_admin.api("GET", path, ok=(404,)) is not None
+    await started
+    await spawner.stop()
