@@ -109,8 +109,9 @@ def explain_event(event: Mapping, ctx: EventContext) -> str | None:
     if reason == "Started" and message.startswith(KUEUE_ADMITTED):
         queue = message.removeprefix(KUEUE_ADMITTED).strip()
         return f"Kueue admitted your server (ClusterQueue {queue}); the scheduler places it next."
-    if reason == "Started":
-        return "Server process started; waiting for it to answer."
+    if reason == "Started":  # the kubelet's own words kept: "Started container notebook" (older: "Container started")
+        said = message.strip().rstrip(".") or "Started container"
+        return f"Server process started ({said}); waiting for it to answer."
     if reason == "UnexpectedAdmissionError" and "nvidia.com/" in message:
         return f"The node could not hand out the GPU ({message.strip()}); try again."
     return None

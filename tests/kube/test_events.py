@@ -50,7 +50,9 @@ def test_other_events():
         "Downloading x/y:1 (the first time on a node can take minutes).")
     assert explain_event({"reason": "Created", "message": "Created container notebook"}, A100_CTX) is None
     assert explain_event({"reason": "Started", "message": "Started container notebook"}, A100_CTX) == (
-        "Server process started; waiting for it to answer.")
+        "Server process started (Started container notebook); waiting for it to answer.")
+    assert explain_event({"reason": "Started", "message": "Container started"}, A100_CTX) == (
+        "Server process started (Container started); waiting for it to answer.")
 
 
 def test_kueues_events_on_the_pod():
