@@ -47,7 +47,7 @@ ANYONE: tuple[int, tuple[int, ...]] = (-1, ())
 
 __all__ = [
     "ANYONE", "MARK", "AccountError", "SystemAccounts", "account_name", "check_prefix", "ensure_account",
-    "interpreters", "passable_path", "unreachable", "user_groups",
+    "interpreters", "package_problem", "passable_path", "unreachable", "user_groups",
 ]
 
 
@@ -212,6 +212,19 @@ def interpreters(program: str | Path, search_path: str | None = None) -> list[tu
     if home:
         chain.append((Path(home), False))
     return chain
+
+
+def package_problem(uid: int, gids: Iterable[int], who: str, package: str | Path | None = None) -> str | None:
+    """Why ``who`` cannot import gpuspawner from where this hub has it (its servers load their GPU monitor
+    from it): the folder Python finds the package in must be listed (r) and entered (x) by ``uid``."""
+    package = Path(package or Path(__file__).parent)
+    for folder, read in ((package.parent, True), (package, True)):
+        where = unreachable(folder, uid, gids, read=read)
+        if where:
+            return (f"servers run as {who}, which cannot import gpuspawner from {package.parent}: {where}. "
+                    "Let every user read and enter that folder (chmod o+rx; scripts/setup does it for a "
+                    "checkout), or install gpuspawner where every user may read it")
+    return None
 
 
 def passable_path(value: str, uid: int, gids: Iterable[int]) -> str:

@@ -41,6 +41,7 @@ from ..accounts import (
     AccountError,
     SystemAccounts,
     interpreters,
+    package_problem,
     passable_path,
     unreachable,
     user_groups,
@@ -399,7 +400,7 @@ class _LocalGPUs(GPUSpawnerMixin):
                 return (f"servers run as {who}, which cannot run {program}{via}: {where}. Make the servers' "
                         "Python environment from an interpreter outside such a folder (scripts/setup makes .venv "
                         "from one every user may run), or point c.Spawner.cmd at one")
-        return None
+        return package_problem(uid, gids, who)
 
     def root_problem(self) -> str | None:
         """Why this server would run as root, or None."""

@@ -21,6 +21,7 @@ from gpuspawner.accounts import (
     check_prefix,
     ensure_account,
     interpreters,
+    package_problem,
     unreachable,
 )
 from needs import missing
@@ -75,6 +76,23 @@ def test_a_folder_only_root_may_enter_stops_every_other_user(tmp_path):
     script.chmod(0o711)  # executable but not readable: its interpreter could not read it
     assert unreachable(script, *ANYONE) is None
     assert "not readable" in unreachable(script, *ANYONE, read=True)
+
+
+def test_a_checkout_other_users_may_enter_but_not_list_cannot_give_them_gpuspawner(tmp_path):
+    """An editable install in a ``mktemp -d`` checkout: Python lists the folder it imports from, so a
+    checkout made only passable (0701) still hides gpuspawner from the servers' accounts."""
+    checkout = tmp_path / "tmp.abc"
+    package = checkout / "gpuspawner"
+    package.mkdir(parents=True)
+    tmp_path.chmod(0o755)
+    checkout.chmod(0o701)
+    problem = package_problem(*ANYONE, "accounts the hub makes", package)
+    assert problem.startswith(f"servers run as accounts the hub makes, which cannot import gpuspawner from {checkout}: "
+                              f"{checkout} (mode 0701) is not readable for it")
+    assert "chmod o+rx" in problem
+    checkout.chmod(0o705)
+    assert package_problem(*ANYONE, "accounts the hub makes", package) is None
+    assert package_problem(*ANYONE, "accounts the hub makes") is None  # this checkout, as scripts/setup leaves it
 
 
 def test_the_chain_of_a_script_reaches_the_virtualenvs_base_interpreter(tmp_path):
