@@ -61,12 +61,13 @@ def explain_scheduling(message: str, ctx: EventContext) -> str | None:
         elif reason.startswith("Insufficient "):
             resource = reason.removeprefix("Insufficient ")
             parts.append(f"{n} lack{'s' if n == 1 else ''} free {resource}")
-        elif "affinity/selector" in reason:
+        elif "affinity/selector" in reason or "didn't match node selector" in reason or "node affinity" in reason:
+            # current releases: "didn't match Pod's node affinity/selector"; v1.20 and older said the two apart
             why = "another GPU model"
             if ctx.cuda:
                 why += f" or a driver older than CUDA {cuda_version_text(ctx.cuda)}"
             parts.append(f"{n} {'has' if n == 1 else 'have'} {why}")
-        elif "untolerated taint" in reason:
+        elif "untolerated taint" in reason or "the pod didn't tolerate" in reason:  # older: "had taint {..}, that .."
             parts.append(f"{n} {'is' if n == 1 else 'are'} reserved for other work")
         elif "unschedulable" in reason:
             parts.append(f"{n} {'is' if n == 1 else 'are'} cordoned")
