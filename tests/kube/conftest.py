@@ -1,44 +1,41 @@
-"""Fixtures for gpu-kube: on the real Kubernetes control plane (``kube_cluster``, a session fixture of
+"""Fixtures for gpu-kube, on the real Kubernetes control plane (``kube_cluster``, a session fixture of
 tests/conftest.py, shared with the parents' suites: etcd, kube-apiserver, kube-scheduler and
 kube-controller-manager built from the Go module proxy by gpuspawner.kube.devcluster, with the
-recorded nodes as fake GPU nodes) and recorded cluster objects served by a Kubernetes API test
-double (``cluster``).
+recorded nodes as fake GPU nodes kept Ready by a fake kubelet).
 
-The test double is kmock's KubernetesEmulator (PyPI ``kmock``): a real HTTP
-server on 127.0.0.1 answering the Kubernetes REST API from the objects loaded
-into it. gpuspawner and KubeSpawner talk to it through the real
-kubernetes_asyncio client, configured by a kubeconfig file as in a hub.
+Each test works in a namespace of its own (``kube_namespace``); ``cluster`` makes the recorded pods
+there and runs the hub as its ServiceAccount with the Helm chart's RBAC (kubefixtures.hub_account),
+talking to the API server through the real kubernetes_asyncio client, configured by a kubeconfig file
+as in a hub. Tests that only build objects use the recorded ones (``node_items``, ``pod_items``) and
+no cluster.
 """
 
 from __future__ import annotations
 
-import copy
-import os
 from types import SimpleNamespace
 
-import aiohttp
-import kmock
 import pytest
 import pytest_asyncio
 
-from kubefixtures import NODES, PODS, SpawnerMaker, load, pod_controller, until, write_kubeconfig
+from kubefixtures import (
+    HUB_CLUSTER_RULES,
+    HUB_RULES,
+    SpawnerMaker,
+    as_hub,
+    hub_account,
+    load,
+    load_pods,
+    namespace_of_its_own,
+    write_kubeconfig,
+)
 from needs import missing
 
 
 @pytest.fixture
 def kube_namespace(kube_cluster):
-    """A namespace of this test's own in ``kube_cluster`` (its ``default`` ServiceAccount made, so pods
-    are accepted), deleted afterwards with all it holds (waited for)."""
-    name = f"t-{os.urandom(4).hex()}"
-    kube_cluster.api("POST", "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace",
-                                                    "metadata": {"name": name}})
-    until(lambda: kube_cluster.api("GET", f"/api/v1/namespaces/{name}/serviceaccounts/default", ok=(404,)),
-          f"the ServiceAccount controller makes {name}/default")
-    yield name
-    kube_cluster.api("DELETE", f"/api/v1/namespaces/{name}", ok=(404,))
-    # gone before the next test reads the shared cluster's capacity (its pods no longer hold GPUs)
-    until(lambda: kube_cluster.api("GET", f"/api/v1/namespaces/{name}", ok=(404,)) is None,
-          f"the namespace controller deletes {name} and its pods")
+    """A namespace of this test's own in ``kube_cluster`` (kubefixtures.namespace_of_its_own)."""
+    with namespace_of_its_own(kube_cluster) as name:
+        yield name
 
 
 @pytest_asyncio.fixture
@@ -68,53 +65,64 @@ def pod_items() -> list[dict]:
 
 
 class Cluster(SimpleNamespace):
-    """A running API test double: ``url``, ``handler`` (kmock), and helpers."""
+    """The real ``kube_cluster`` (``cluster.kube``) seen from a test's namespace (``namespace``), where the
+    recorded pods were made and the hub runs as its ServiceAccount (``url``: the API server)."""
 
-    def load(self, nodes: list[dict], pods: list[dict]) -> None:
-        for node in nodes:
-            self.handler.objects[NODES, None, node["metadata"]["name"]] = copy.deepcopy(node)
-        for pod in pods:
-            meta = pod["metadata"]
-            self.handler.objects[PODS, meta["namespace"], meta["name"]] = copy.deepcopy(pod)
+    def api(self, method: str, path: str, body=None, **kwargs):
+        """A request as the cluster's admin (kubectl, an operator)."""
+        return self.kube.api(method, path, body, **kwargs)
 
-    async def delete_pod(self, namespace: str, name: str) -> None:
-        """Delete a pod through the API, as its owner (a job controller, a user) would."""
-        async with aiohttp.ClientSession() as session:
-            async with session.delete(f"{self.url}/api/v1/namespaces/{namespace}/pods/{name}") as response:
-                response.raise_for_status()
+    def hub(self, monkeypatch, rules: list[dict] = HUB_RULES, cluster_rules: list[dict] = HUB_CLUSTER_RULES) -> None:
+        """The hub's ServiceAccount given these rights (default: the Helm chart's), and its kubeconfig in use."""
+        as_hub(monkeypatch, hub_account(self.kube, self.namespace, rules, cluster_rules))
 
-    def requests(self, method: str = "", path_part: str = "") -> list:
-        return [r for r in self.handler
-                if (not method or str(r.method.value).upper() == method.upper()) and path_part in r.url.path]
+    def pod(self, name: str) -> dict | None:
+        return self.api("GET", f"/api/v1/namespaces/{self.namespace}/pods/{name}", ok=(404,))
+
+    def made_pods(self) -> list[str]:
+        """The pods of the namespace besides the recorded ones (what the hub made and still has), sorted."""
+        items = self.api("GET", f"/api/v1/namespaces/{self.namespace}/pods")["items"]
+        return sorted({p["metadata"]["name"] for p in items} - self.recorded)
+
+    def made_claims(self) -> list[str]:
+        items = self.api("GET", f"/api/v1/namespaces/{self.namespace}/persistentvolumeclaims")["items"]
+        return sorted(p["metadata"]["name"] for p in items)
+
+    def delete_pod(self, name: str) -> None:
+        """Delete a pod through the API, as its owner (a job controller, a user) would; the kubelet ends it."""
+        self.api("DELETE", f"/api/v1/namespaces/{self.namespace}/pods/{name}")
 
 
 @pytest_asyncio.fixture
-async def cluster(tmp_path, monkeypatch, node_items, pod_items):
-    """The recorded cluster (tests/kube/fixtures) on a loopback API server; KUBECONFIG points at it."""
+async def cluster(kube_cluster, kube_namespace, monkeypatch, pod_items):
+    """The recorded cluster (tests/kube/fixtures) on the real control plane: the standing fake nodes, the
+    recorded pods made again in this test's namespace (bound to their nodes; jhub's and the others'), and
+    ``KUBECONFIG`` set to the hub's ServiceAccount there with the Helm chart's RBAC."""
     from kubespawner import KubeSpawner
     from kubespawner.clients import load_config
 
-    async with kmock.KubernetesEmulator() as handler, kmock.Server(handler) as server:
-        handler.resources["v1/events"] = {}
-        url = str(server.url).rstrip("/")
-        kubeconfig = str(write_kubeconfig(tmp_path / "kubeconfig", url))
-        monkeypatch.setenv("KUBECONFIG", kubeconfig)
-        # kubernetes_asyncio reads KUBECONFIG once, at import
-        monkeypatch.setattr("kubernetes_asyncio.config.kube_config.KUBE_CONFIG_DEFAULT_LOCATION", kubeconfig)
-        load_config.cache_clear()  # KubeSpawner configures its client once per process and host
-        c = Cluster(url=url, handler=handler)
-        c.load(node_items, pod_items)
-        yield c
-        # KubeSpawner's pod and event reflectors are shared by the class, across
-        # spawners: any test's spawner (a stop() starts them too) would leave them
-        # watching this API server after it is gone.
-        await KubeSpawner._stop_all_reflectors()
+    c = Cluster(kube=kube_cluster, namespace=kube_namespace, url=kube_cluster.server,
+                recorded={p["metadata"]["name"] for p in pod_items})
+    c.hub(monkeypatch)
+    load_pods(kube_cluster, kube_namespace, pod_items)
+    yield c
+    # KubeSpawner's pod and event reflectors are shared by the class, across spawners: stop them with the hub
+    await KubeSpawner._stop_all_reflectors()
     load_config.cache_clear()
 
 
 @pytest.fixture
+def offline_hub(tmp_path, monkeypatch) -> str:
+    """For tests that only configure spawners and build objects: ``KUBECONFIG`` set to an API address with
+    no server behind it (nothing is asked of it); that address."""
+    url = "https://127.0.0.1:9"
+    as_hub(monkeypatch, str(write_kubeconfig(tmp_path / "kubeconfig", url)))
+    return url
+
+
+@pytest.fixture
 def make_spawner(cluster):
-    """GPUKubeSpawner instances configured like a hub would, talking to the test double.
+    """GPUKubeSpawner instances configured like a hub would, in ``cluster``'s namespace as its ServiceAccount.
 
     ``make_spawner(**settings)`` (KubeSpawner's own mock user and hub, ``_mock=True``)
     or ``make_spawner(user="zoe", server="big", groups=[...], **settings)``; all
@@ -122,33 +130,8 @@ def make_spawner(cluster):
     """
     from gpuspawner.state import stop_serving_hub_metrics
 
-    yield SpawnerMaker(cluster.url)
+    yield SpawnerMaker(cluster.url, cluster.namespace)
     stop_serving_hub_metrics()
-
-
-@pytest_asyncio.fixture
-async def kubelet(cluster):
-    """Stands in for what the API server and a kubelet add to a created pod: it runs at once.
-
-    Every pod created through the API (one without a ``status.phase``) gets its
-    namespace and a uid in ``metadata`` and a Running status with a ready
-    ``notebook`` container, by a PATCH through the API, so KubeSpawner's pod
-    reflector sees it start. (KubeSpawner's reflectors are stopped with ``cluster``.)
-    """
-
-    def run(namespace: str, name: str, pod: dict) -> dict | None:
-        if (pod.get("status") or {}).get("phase"):
-            return None
-        image = pod["spec"]["containers"][0].get("image", "")
-        return {
-            "metadata": {"namespace": namespace, "uid": f"uid-{namespace}-{name}"},
-            "status": {"phase": "Running", "podIP": "10.244.9.9", "containerStatuses": [
-                {"name": "notebook", "ready": True, "restartCount": 0, "image": image,
-                 "imageID": image, "state": {"running": {}}}]},
-        }
-
-    async with pod_controller(cluster.url, cluster.handler, run, 0.05):
-        yield
 
 
 @pytest.fixture(scope="session")

@@ -4,12 +4,15 @@ The recorded cluster (tests/kube/fixtures): two 8 x A100-80GB nodes (drivers
 for CUDA 12.4 and 12.2), one A100 node in MIG mixed strategy (all-balanced),
 one T4 node with time-slicing (4 replicas, renamed to nvidia.com/gpu.shared)
 and a CPU node, with pods using some of them (running, finished, failed,
-pending). Reads go through the real kubernetes_asyncio client to kmock's
-Kubernetes API emulator on loopback.
+pending). Through the API: the real control plane's standing fake nodes (the recorded ones), the
+recorded pods made again in the test's namespace (``cluster``), read by the real kubernetes_asyncio
+client as the hub's ServiceAccount with the Helm chart's RBAC. The inventory's arithmetic and its
+sentences are also tested pure, on the recorded objects.
 """
 
 from __future__ import annotations
 
+import os
 import re
 
 import pytest
@@ -18,7 +21,10 @@ from tornado.web import HTTPError
 
 from gpuspawner.kube.api import ClusterCapacity
 from gpuspawner.kube.capacity import CapacityError, cluster_inventory, place, pod_requests, pools
+from kubefixtures import HUB_CLUSTER_RULES, HUB_RULES, nodes_added, without
 from profiles import A100, MIG_1G, PROFILES, SHARED_T4, TORCH
+
+H100 = "NVIDIA-H100-80GB-HBM3"
 
 
 def text(html: str) -> str:
@@ -27,8 +33,17 @@ def text(html: str) -> str:
 
 @pytest.fixture
 async def api(cluster):
-    async with client.ApiClient(client.Configuration(host=cluster.url)) as api_client:
+    """The Kubernetes API as the hub's ServiceAccount (its kubeconfig: ``KUBECONFIG``)."""
+    from kubernetes_asyncio import config
+
+    configuration = client.Configuration()
+    await config.load_kube_config(config_file=os.environ["KUBECONFIG"], client_configuration=configuration)
+    async with client.ApiClient(configuration) as api_client:
         yield client.CoreV1Api(api_client)
+
+
+def hub_cannot_list_nodes(cluster, monkeypatch) -> None:
+    cluster.hub(monkeypatch, HUB_RULES, without(HUB_CLUSTER_RULES, "nodes", "list"))
 
 
 async def test_inventory_from_the_api(api):
@@ -53,17 +68,22 @@ async def test_inventory_from_the_api(api):
 
 
 async def test_reading_is_cached_briefly(cluster, api):
+    """Within its ttl a reading is not taken again: a pod bound since is seen only by a fresh reading."""
     capacity = ClusterCapacity(api, ttl=60)
-    await capacity.read()
-    await capacity.read()
-    assert len(cluster.requests("GET", "/api/v1/nodes")) == 1
+    assert {p.slug: p.free for p in pools((await capacity.read()).nodes)}[A100] == 3
+    cluster.api("POST", f"/api/v1/namespaces/{cluster.namespace}/pods", {
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "training"}, "spec": {
+            "nodeName": "gpu-a100-1", "containers": [{"name": "train", "image": "ghcr.io/example/torch:2.3",
+                                                      "resources": {"limits": {"nvidia.com/gpu": "2"}}}]}})
+    assert {p.slug: p.free for p in pools((await capacity.read()).nodes)}[A100] == 3
+    assert {p.slug: p.free for p in pools((await ClusterCapacity(api, ttl=0).read()).nodes)}[A100] == 1
 
 
-async def test_api_failure_means_availability_unknown(cluster, api):
-    cluster.handler["get /api/v1/nodes"] << 503 << {"kind": "Status", "code": 503, "message": "etcd is down"}
+async def test_api_failure_means_availability_unknown(cluster, monkeypatch, api):
+    hub_cannot_list_nodes(cluster, monkeypatch)  # the API server refuses the hub's read of the nodes
     reading = await ClusterCapacity(api).read()
     assert reading.nodes == ()
-    assert reading.unknown == "Kubernetes API answered 503 Service Unavailable"
+    assert reading.unknown == "Kubernetes API answered 403 Forbidden"
 
 
 async def test_unreachable_api_means_availability_unknown():
@@ -165,7 +185,7 @@ async def test_spawn_refused_now_with_409_and_no_pod(cluster, make_spawner):
         await spawner.start()
     assert e.value.status_code == 409
     assert e.value.jupyterhub_message.startswith("No NVIDIA-A100-SXM4-80GB is free right now: 3 of 16 free")
-    assert cluster.requests("POST") == []  # no pod, no PVC, nothing created
+    assert cluster.made_pods() == [] and cluster.made_claims() == []  # no pod, no PVC, nothing created
 
 
 async def test_spawn_refused_never_names_the_models(cluster, make_spawner):
@@ -177,7 +197,7 @@ async def test_spawn_refused_never_names_the_models(cluster, make_spawner):
     assert e.value.status_code == 409
     assert e.value.jupyterhub_message.startswith(
         "No node in this cluster has a H100. GPU models here: NVIDIA-A100-SXM4-80GB")
-    assert cluster.requests("POST") == []
+    assert cluster.made_pods() == [] and cluster.made_claims() == []
 
 
 async def test_spawn_refused_for_cuda(cluster, make_spawner):
@@ -201,11 +221,11 @@ async def test_form_shows_models_mig_and_shared_pools(make_spawner):
     assert re.search(r'<option value="4"\s+disabled>4 GPUs \(not free now\)', html)
 
 
-async def test_form_still_works_when_the_api_fails(cluster, make_spawner):
-    cluster.handler["get /api/v1/nodes"] << 500 << {"kind": "Status", "code": 500}
+async def test_form_still_works_when_the_api_fails(cluster, monkeypatch, make_spawner):
+    hub_cannot_list_nodes(cluster, monkeypatch)
     spawner = make_spawner(gpu_profiles=PROFILES)
     html = await spawner._render_options_form()
-    assert "GPU availability unknown right now (Kubernetes API answered 500 Internal Server Error)" in text(html)
+    assert "GPU availability unknown right now (Kubernetes API answered 403 Forbidden)" in text(html)
     assert " disabled>" not in html  # nothing disabled: the scheduler decides
     # and a spawn goes ahead without a capacity check, asking for whole GPUs of any model
     spawner.user_options = {"profile": "gpu", "gpus": 2}
@@ -214,3 +234,38 @@ async def test_form_still_works_when_the_api_fails(cluster, make_spawner):
     assert spawner.extra_resource_limits == {"nvidia.com/gpu": "2"}
     assert "nvidia.com/gpu.product" not in spawner.node_selector
     assert any("availability unknown" in e["message"] for e in spawner._gpu_events)
+
+
+@pytest.fixture
+def h100_nodes(cluster):
+    """Two H100 nodes added for this test: one cordoned by an admin, one whose kubelet reports NotReady;
+    removed afterwards (the standing nodes are left as they are)."""
+    from gpuspawner.kube.devcluster import gpu_node
+
+    names = ("gpu-h100-cordoned", "gpu-h100-down")
+    with (nodes_added(cluster.kube, gpu_node(names[0], H100, 8, cuda=(12, 4))),
+          nodes_added(cluster.kube, gpu_node(names[1], H100, 8, cuda=(12, 4)), heartbeat=False)):
+        cluster.api("PATCH", f"/api/v1/nodes/{names[0]}", {"spec": {"unschedulable": True}},  # kubectl cordon
+                    content_type="application/merge-patch+json")
+        node = cluster.api("GET", f"/api/v1/nodes/{names[1]}")
+        for condition in node["status"]["conditions"]:
+            if condition["type"] == "Ready":
+                condition.update(status="False", reason="KubeletNotReady", message="container runtime is down")
+        cluster.api("PATCH", f"/api/v1/nodes/{names[1]}/status",
+                    {"status": {"conditions": node["status"]["conditions"]}},
+                    content_type="application/strategic-merge-patch+json")
+        yield names
+
+
+async def test_cordoned_and_not_ready_nodes_of_the_cluster_are_unavailable(h100_nodes, make_spawner):
+    spawner = make_spawner(gpu_profiles=PROFILES)
+    words = text(await spawner._render_options_form())
+    assert f"{H100} - none usable: 16 of 16 unavailable" in words
+    assert "NVIDIA-A100-SXM4-80GB - 3 of 16 free" in words  # the standing nodes as they are
+    spawner.user_options = {"profile": "gpu", "gpus": 1, "gpu_model": "h100-80gb-hbm3"}
+    await spawner._run_apply_user_options(spawner.user_options)
+    with pytest.raises(HTTPError) as e:
+        await spawner.reserve_gpus()
+    assert e.value.status_code == 409
+    assert e.value.jupyterhub_message.startswith(
+        f"No {H100} is usable right now: 16 of 16 are unavailable (node not ready or cordoned).")

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 
 from gpuspawner.kube.events import EventContext, explain_event, explain_scheduling
-from kubefixtures import EVENTS, FIXTURES
+from kubefixtures import FIXTURES, progress_until, start_task
 from profiles import A100, PROFILES, TORCH
 
 A100_CTX = EventContext("NVIDIA-A100-SXM4-80GB", 1)
@@ -64,34 +63,45 @@ def test_kueues_events_on_the_pod():
     assert explain_scheduling("pod has unbound immediate PersistentVolumeClaims", A100_CTX) is None
 
 
-async def test_progress_translates_the_pods_events(cluster, make_spawner):
-    """KubeSpawner's own event reflector reads the events from the API; gpu-kube rewords them."""
-    spawner = make_spawner(gpu_profiles=PROFILES, events_enabled=True)
+def test_recorded_events_in_words():
+    """A pod's events as a cluster recorded them (tests/kube/fixtures/events.json), and the older releases'
+    wording of the same (v1.20's "node affinity", "had taint ... the pod didn't tolerate"; "Container started")."""
     events = json.loads((FIXTURES / "events.json").read_text())["items"]
-    for event in events:
-        text = json.dumps(event).replace('"POD', '"' + spawner.pod_name).replace("/POD", "/" + spawner.pod_name)
-        event = json.loads(text)
-        cluster.handler.objects[EVENTS, "jhub", event["metadata"]["name"]] = event
-    spawner.user_options = {"profile": "gpu", "gpus": 1, "gpu_model": A100, "image": TORCH}
-    await spawner._run_apply_user_options(spawner.user_options)
-    await spawner.reserve_gpus()
-    done = asyncio.get_running_loop().create_future()
-    done.set_result(None)
-    spawner._start_future = done
-    messages = []
+    words = [explain_event(event, A100_CTX) for event in events]
+    assert words[0].startswith("Waiting for a free NVIDIA-A100-SXM4-80GB: of 5 nodes, 2 have too few free right now;")
+    assert words[1:] == ["Placed on gpu-a100-1; the NVIDIA device plugin gives your server 1 x NVIDIA-A100-SXM4-80GB.",
+                         "Downloading ghcr.io/example/torch:2.3 (the first time on a node can take minutes).",
+                         None]  # "Created container notebook": KubeSpawner's own wording kept
+    old = ("0/5 nodes are available: 2 Insufficient nvidia.com/gpu, 1 node(s) had taint "
+           "{node-role.kubernetes.io/master: }, that the pod didn't tolerate, 2 node(s) didn't match node selector.")
+    assert explain_scheduling(old, A100_CTX) == (
+        "Waiting for a free NVIDIA-A100-SXM4-80GB: of 5 nodes, 2 have too few free right now; 1 is reserved for "
+        "other work; 2 have another GPU model. Your server starts as soon as one is free.")
 
-    async def collect():
-        async for event in spawner.progress():
-            messages.append(event["message"])
 
+async def test_progress_says_the_real_schedulers_words(cluster, make_spawner):
+    """KubeSpawner's own event reflector reads the real scheduler's events from the API as the hub's
+    ServiceAccount; gpu-kube rewords them: waiting while the A100s are held, placed once they are free."""
+    spawner = make_spawner(gpu_profiles=PROFILES, events_enabled=True, gpu_inventory_ttl=600)
+    await spawner._render_options_form()  # the hub read the cluster: gpu-a100-1 has 2 A100s free
+    # a training job takes them before the user presses start (the hub's reading is a minute old)
+    cluster.api("POST", f"/api/v1/namespaces/{cluster.namespace}/pods", {
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "training"}, "spec": {
+            "nodeName": "gpu-a100-1", "containers": [{"name": "train", "image": TORCH,
+                                                      "resources": {"limits": {"nvidia.com/gpu": "2"}}}]}})
+    task = await start_task(spawner, {"profile": "gpu", "gpus": 2, "gpu_model": A100, "image": TORCH})
     try:
-        await asyncio.wait_for(collect(), 60)
+        messages = await progress_until(spawner, "Your server starts as soon as one is free")
+        assert messages[0] == "Checking the cluster for 2 GPU(s), a100-sxm4-80gb"
+        assert messages[1] == "Asking Kubernetes for 2 x NVIDIA-A100-SXM4-80GB (nvidia.com/gpu)"
+        assert messages[-1] == ("Waiting for 2 free NVIDIA-A100-SXM4-80GB GPUs on one node: of 5 nodes, 2 have another "
+                                "GPU model; 3 have too few free right now. Your server starts as soon as one is free.")
+        cluster.delete_pod("training")  # the job ends: the scheduler binds the server's pod where it was
+        messages = await progress_until(spawner, "Placed on")
+        assert messages[-1] == ("Placed on gpu-a100-1; the NVIDIA device plugin gives your server 2 x "
+                                "NVIDIA-A100-SXM4-80GB.")
+        await task
+        assert cluster.pod(spawner.pod_name)["spec"]["nodeName"] == "gpu-a100-1"
     finally:
-        await type(spawner)._stop_all_reflectors()  # KubeSpawner's reflectors are per class
-    assert messages[0] == "Checking the cluster for 1 GPU(s), a100-sxm4-80gb"
-    assert messages[1] == "Asking Kubernetes for 1 x NVIDIA-A100-SXM4-80GB (nvidia.com/gpu)"
-    assert messages[2].startswith(
-        "Waiting for a free NVIDIA-A100-SXM4-80GB: of 5 nodes, 2 have too few free right now;")
-    assert messages[3] == "Placed on gpu-a100-1; the NVIDIA device plugin gives your server 1 x NVIDIA-A100-SXM4-80GB."
-    assert messages[4].startswith("Downloading ghcr.io/example/torch:2.3")
-    assert messages[5].endswith("[Normal] Created container notebook")  # KubeSpawner's own wording kept
+        task.cancel()
+        await spawner.stop(now=True)

@@ -21,7 +21,7 @@ import yaml
 from traitlets.config.loader import PyFileConfigLoader
 
 from gpuspawner.profiles import load_profiles
-from kubefixtures import until
+from kubefixtures import HUB_CLUSTER_RULES, HUB_RULES, KUEUE_CLUSTER_RULE, KUEUE_RULES, until
 from profiles import K8S_VERSION
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -70,20 +70,6 @@ def test_rendered_manifests_are_valid_kubernetes(helm):
     assert {d["metadata"]["name"] for d in kinds["Deployment"]} == {"jhub-gpuspawner-hub", "jhub-gpuspawner-proxy"}
     proxy = next(d for d in kinds["Deployment"] if d["metadata"]["name"].endswith("proxy"))
     assert proxy["spec"]["template"]["spec"]["containers"][0]["command"][0] == "configurable-http-proxy"
-
-
-#: the hub's Role in its namespace, as the chart grants it: only the verbs KubeSpawner and gpu-kube use
-HUB_RULES = [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch", "create", "delete"]},
-             {"apiGroups": [""], "resources": ["persistentvolumeclaims", "services", "secrets"],
-              "verbs": ["get", "create", "delete"]},
-             {"apiGroups": [""], "resources": ["events"], "verbs": ["list", "watch"]}]
-#: cluster-wide, list only: GPU capacity
-HUB_CLUSTER_RULES = [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["list"]},
-                     {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]}]
-KUEUE_RULES = [{"apiGroups": ["kueue.x-k8s.io"], "resources": ["workloads", "localqueues"], "verbs": ["list"]},
-               {"apiGroups": ["visibility.kueue.x-k8s.io"], "resources": ["localqueues/pendingworkloads"],
-                "verbs": ["get"]}]
-KUEUE_CLUSTER_RULE = {"apiGroups": ["kueue.x-k8s.io"], "resources": ["clusterqueues"], "verbs": ["list"]}
 
 
 def test_rbac(helm):

@@ -25,7 +25,9 @@ from tornado import web
 from traitlets import TraitError
 from traitlets.config import Config
 
+from gpuspawner.kube.devcluster import gpu_node
 from gpuspawner.spawners.kube import GPUKubeSpawner
+from kubefixtures import nodes_added
 from profiles import env, gpu_limits, validate_pod
 
 SPAWNERS = [KubeSpawner, GPUKubeSpawner]
@@ -77,12 +79,17 @@ PROFILE_LIST = [PLAIN, DEMO]
 
 
 @pytest.fixture
-def make(cluster):
+def make(request):
+    """Spawners of a hub configured as given: in ``cluster``'s namespace where the test uses the cluster, else
+    with no API server behind their address (only configured and asked for forms and manifests)."""
+    cluster = request.getfixturevalue("cluster") if "cluster" in request.fixturenames else None
+    url = cluster.url if cluster else request.getfixturevalue("offline_hub")
+
     def make(cls, profile_list=PROFILE_LIST, **settings):
         config = Config()
-        config.KubeSpawner.namespace = "jhub"
+        config.KubeSpawner.namespace = cluster.namespace if cluster else "jhub"
         config.KubeSpawner.image = "quay.io/jupyter/base-notebook:2024-05-27"
-        config.KubeSpawner.k8s_api_host = cluster.url
+        config.KubeSpawner.k8s_api_host = url
         config.KubeSpawner.environment = {"CONFIGURED": "yes", "REMOVED": "no"}
         config.KubeSpawner.profile_list = profile_list
         for key, value in settings.items():
@@ -237,7 +244,7 @@ async def test_profile_without_default_the_first_is_default(make, cls):
 # ------------------------------------------------------------------ gpu-kube only: GPUs beside the options
 
 
-async def test_gpu_choices_appear_beside_a_profiles_options(make):
+async def test_gpu_choices_appear_beside_a_profiles_options(make, cluster):
     gpu = {**DEMO, "slug": "gpu", "display_name": "GPU", "gpu_models": ["a100", "h100"], "gpu_counts": [1, 2]}
     spawner = make(GPUKubeSpawner, [PLAIN, gpu])
     fields = Fields(await form_of(spawner))
@@ -260,7 +267,7 @@ async def test_gpu_choices_appear_beside_a_profiles_options(make):
     ("nvidia.com/mig-1g.10gb", "mig-1g-10gb-a100-sxm4-80gb", "NVIDIA-A100-SXM4-80GB"),
     ("nvidia.com/gpu.shared", "shared-t4", "Tesla-T4"),
 ])
-async def test_kubespawner_style_gpu_entries_keep_their_gpu(make, resource, model, product):
+async def test_kubespawner_style_gpu_entries_keep_their_gpu(make, cluster, resource, model, product):
     entry = {"display_name": "GPU", "slug": "gpu",
              "kubespawner_override": {"extra_resource_limits": {resource: 1}, "environment": {"KEPT": "1"}}}
     spawner = make(GPUKubeSpawner, [PLAIN, entry])
@@ -271,7 +278,7 @@ async def test_kubespawner_style_gpu_entries_keep_their_gpu(make, resource, mode
     assert env(pod)["KEPT"] == "1"
 
 
-async def test_a_gpu_from_an_options_choice_is_checked_and_applied(make):
+async def test_a_gpu_from_an_options_choice_is_checked_and_applied(make, cluster):
     entry = {"display_name": "Pick", "slug": "pick", "profile_options": {"accel": {"display_name": "Accelerator",
              "choices": {"none": {"display_name": "None"},
                          "mig": {"display_name": "MIG 1g", "kubespawner_override": {
@@ -285,7 +292,7 @@ async def test_a_gpu_from_an_options_choice_is_checked_and_applied(make):
 
 
 @pytest.mark.parametrize("apply_hook", ["gpuspawner's", "none (JupyterHub before 5.3, or the admin's own)"])
-async def test_no_stale_choice_between_spawns(make, apply_hook):
+async def test_no_stale_choice_between_spawns(make, cluster, apply_hook):
     gpu = {"display_name": "GPU", "slug": "gpu", "gpu_models": ["any"], "gpu_counts": [1, 2],
            "kubespawner_override": {"environment": {"GPU_PROFILE": "1"}, "node_selector": {"pool": "gpu"}}}
     settings = {} if apply_hook == "gpuspawner's" else {"apply_user_options": {}}
@@ -363,7 +370,7 @@ async def test_refused_options_are_a_400_and_the_valueerror_kubespawner_raises(m
     assert spawner.image == "quay.io/jupyter/base-notebook:2024-05-27"  # nothing was applied
 
 
-async def test_a_start_applies_the_profile_once_and_the_pod_has_it(make, cluster, kubelet):
+async def test_a_start_applies_the_profile_once_and_the_pod_has_it(make, cluster):
     calls = []
 
     def labels(spawner):
@@ -377,9 +384,8 @@ async def test_a_start_applies_the_profile_once_and_the_pod_has_it(make, cluster
     await spawner._run_apply_user_options(spawner.user_options)
     await asyncio.wait_for(spawner.start(), 60)
     assert calls == ["gpu"]  # reserve_gpus loaded the options; KubeSpawner's _start did not load them again
-    created = [r.data for r in cluster.requests("POST", "/pods")]
-    assert len(created) == 1
-    pod = created[0]
+    assert cluster.made_pods() == [spawner.pod_name]  # one pod, as the API server holds it
+    pod = cluster.pod(spawner.pod_name)
     assert pod["metadata"]["labels"]["applied"] == "1"
     assert gpu_limits(pod) == {"nvidia.com/gpu": "1"}
     assert env(pod)["GPU_PROFILE"] == "1" and env(pod)["CONFIGURED"] == "yes"
@@ -444,7 +450,14 @@ class Checked(HTMLParser):
             self._select = None
 
 
-async def test_the_form_preselects_the_last_choice(make, cluster, kubelet):
+async def test_the_form_preselects_the_last_choice(make, cluster):
+    # the site's large user nodes, where the choice below runs (A100s, an FPGA, in the users pool)
+    with nodes_added(cluster.kube, gpu_node("gpu-users-large", gpus=2, resources={"example.com/fpga": 1},
+                                            labels={"pool": "users", "size": "large"})):
+        await form_preselects_the_last_choice(make)
+
+
+async def form_preselects_the_last_choice(make):
     gpu = {**DEMO, "slug": "gpu", "display_name": "GPU", "gpu_models": ["a100", "h100"], "gpu_counts": [1, 2]}
     spawner = make(GPUKubeSpawner, [PLAIN, gpu])
     form = {"profile": ["gpu"], "profile-option-gpu--gpus": ["2"], "profile-option-gpu--gpu_model": ["a100-sxm4-80gb"],
@@ -498,7 +511,7 @@ async def test_settings_gpu_kube_would_replace_stop_it_naming_them(make, profile
     assert named in str(info.value)
 
 
-async def test_a_class_level_gpu_beside_kubespawner_style_profiles_is_honoured(make):
+async def test_a_class_level_gpu_beside_kubespawner_style_profiles_is_honoured(make, cluster):
     selector = {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB"}
     spawner = make(GPUKubeSpawner, PROFILE_LIST, extra_resource_limits={"nvidia.com/gpu": "1"}, node_selector=selector)
     pod = await pod_for(spawner, {"profile": "plain"})  # every server asks for it, as with KubeSpawner
@@ -525,7 +538,7 @@ def configured(spawner) -> dict:
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(sequence=st.lists(CHOSEN, min_size=1, max_size=5))
-async def test_after_any_loads_the_settings_are_those_of_the_last_accepted_options(make, sequence):
+async def test_after_any_loads_the_settings_are_those_of_the_last_accepted_options(make, cluster, sequence):
     """Refused options change nothing; accepted ones replace all an earlier load applied (no stale settings)."""
     spawner, last = make(GPUKubeSpawner), None
     for options in sequence:

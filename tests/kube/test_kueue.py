@@ -35,9 +35,20 @@ from gpuspawner.kube.kueue import (
     workload_problem,
 )
 from gpuspawner.ledger import cluster_holdings
-from kubefixtures import SpawnerMaker, load_object, until as wait_until
+from kubefixtures import (
+    HUB_CLUSTER_RULES,
+    HUB_RULES,
+    KUEUE_CLUSTER_RULE,
+    KUEUE_RULES,
+    SpawnerMaker,
+    as_hub,
+    hub_account,
+    load_object,
+    progress_until,
+    start_task,
+    until as wait_until,
+)
 from profiles import A100, PROFILES, validate_pod
-from test_helm import HUB_CLUSTER_RULES, HUB_RULES, KUEUE_CLUSTER_RULE, KUEUE_RULES
 
 GPU1 = {"profile": "gpu", "gpus": 1, "gpu_model": A100}
 TOLERATE_GPU = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
@@ -58,34 +69,6 @@ def text(html: str) -> str:
 
 def counted(spawner) -> dict[str, dict[str, int]]:
     return {owner: cluster_holdings(keys) for owner, keys in spawner.ledger.allocations().items()}
-
-
-async def start_task(spawner, options: dict) -> asyncio.Task:
-    spawner.user_options = options
-    await spawner._run_apply_user_options(options)
-    task = asyncio.ensure_future(asyncio.wait_for(spawner.start(), 90))
-    while spawner._start_future is None and not task.done():  # the hub shows progress once the pod is asked for
-        await asyncio.sleep(0.01)
-    return task
-
-
-async def progress_until(spawner, wanted: str, timeout: float = 60) -> list[str]:
-    """Progress messages, as the hub's progress page gets them, until one contains ``wanted``."""
-    messages: list[str] = []
-
-    async def collect() -> bool:
-        async for event in spawner.progress():
-            messages.append(event["message"])
-            if wanted in event["message"]:
-                return True
-        return False
-
-    try:
-        found = await asyncio.wait_for(collect(), timeout)
-    except TimeoutError:
-        found = False
-    assert found, f"no progress message with {wanted!r}; got {messages}"
-    return messages
 
 
 async def until(check, what: str, timeout: float = 60):
@@ -177,44 +160,28 @@ def team(kueue, kube_namespace):
         team.api("DELETE", path, ok=(404,))
 
 
-def hub_account(team: Team, read_cluster_queues: bool = True, read_positions: bool = True) -> str:
-    """The hub's ServiceAccount ``hub`` in the team's namespace with the Helm chart's rights (its Role:
-    pods, events and the Kueue rules; its ClusterRole: nodes, pods and the ClusterQueues), less the
-    ClusterQueues or the visibility API's pending workloads where told; its kubeconfig's path."""
-    ns = team.namespace
-    team.apply({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "hub", "namespace": ns}})
-    team.apply({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
-                "metadata": {"name": "hub", "namespace": ns},
-                "rules": [*HUB_RULES, *[r for r in KUEUE_RULES
-                                        if read_positions or "localqueues/pendingworkloads" not in r["resources"]]]})
-    cluster_rules = [*HUB_CLUSTER_RULES, *([KUEUE_CLUSTER_RULE] if read_cluster_queues else [])]
-    team.apply({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": {"name": f"{ns}-hub"},
-                "rules": cluster_rules})
-    subjects = [{"kind": "ServiceAccount", "name": "hub", "namespace": ns}]
-    team.apply({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
-                "metadata": {"name": "hub", "namespace": ns}, "subjects": subjects,
-                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "hub"}})
-    team.apply({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
-                "metadata": {"name": f"{ns}-hub"}, "subjects": subjects,
-                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": f"{ns}-hub"}})
-    return str(team.kueue.cluster.service_account(ns, "hub") / "kubeconfig")
+def hub_rights(read_cluster_queues: bool = True, read_positions: bool = True) -> tuple[list[dict], list[dict]]:
+    """The Helm chart's hub rights with Kueue on (its Role: pods, events and the Kueue rules; its ClusterRole:
+    nodes, pods and the ClusterQueues), less the ClusterQueues or the visibility API's pending workloads
+    where told."""
+    rules = [*HUB_RULES, *[r for r in KUEUE_RULES
+                           if read_positions or "localqueues/pendingworkloads" not in r["resources"]]]
+    return rules, [*HUB_CLUSTER_RULES, *([KUEUE_CLUSTER_RULE] if read_cluster_queues else [])]
 
 
 @pytest_asyncio.fixture
 async def make_hub(team, monkeypatch):
     """``make_hub(read_cluster_queues=True, read_positions=True, poll=0.1)``: a hub in the team's namespace, as its
-    ServiceAccount (:func:`hub_account`), queueing GPU profiles' pods in ``team-a`` and looking at them every ``poll``
-    seconds; returns its spawner maker (``maker(user)``, as ``make_spawner``)."""
+    ServiceAccount (kubefixtures.hub_account, with :func:`hub_rights`), queueing GPU profiles' pods in ``team-a``
+    and looking at them every ``poll`` seconds; returns its spawner maker (``maker(user)``, as ``make_spawner``)."""
     from kubespawner import KubeSpawner
     from kubespawner.clients import load_config
 
     from gpuspawner.state import stop_serving_hub_metrics
 
     def make(read_cluster_queues: bool = True, read_positions: bool = True, poll: float = 0.1) -> SpawnerMaker:
-        kubeconfig = hub_account(team, read_cluster_queues, read_positions)
-        monkeypatch.setenv("KUBECONFIG", kubeconfig)
-        monkeypatch.setattr("kubernetes_asyncio.config.kube_config.KUBE_CONFIG_DEFAULT_LOCATION", kubeconfig)
-        load_config.cache_clear()
+        as_hub(monkeypatch, hub_account(team.kueue.cluster, team.namespace,
+                                        *hub_rights(read_cluster_queues, read_positions)))
         maker = SpawnerMaker(team.kueue.cluster.server)
         maker.settings.update(namespace=team.namespace, gpu_profiles=PROFILES, kueue_queue_name="team-a",
                               kueue_poll_interval=poll, gpu_tolerations=TOLERATE_GPU)
@@ -303,14 +270,16 @@ def test_a_deleted_pod_says_why_from_its_workloads_events():
 # ------------------------------------------------------------ configuration
 
 
-def test_queue_true_with_kueue_is_refused_at_configuration(make_spawner):
+def test_queue_true_with_kueue_is_refused_at_configuration(offline_hub):
+    make_spawner = SpawnerMaker(offline_hub)
     queued = [*PROFILES, {"slug": "wait", "display_name": "Wait", "gpu_counts": [1], "queue": True}]
     with pytest.raises(TraitError, match="profile 'wait': sets 'queue': True and sends its pods to the Kueue "
                                          "queue 'team-a': Kueue is the queue, and the hub never runs"):
         make_spawner(kueue_queue_name="team-a", gpu_profiles=queued)
 
 
-def test_queue_true_with_a_profiles_own_kueue_is_refused(make_spawner):
+def test_queue_true_with_a_profiles_own_kueue_is_refused(offline_hub):
+    make_spawner = SpawnerMaker(offline_hub)
     queued = [*PROFILES, {"slug": "wait", "display_name": "Wait", "gpu_counts": [1], "queue": True,
                           "kueue": "team-b"}]
     with pytest.raises(TraitError, match="Kueue queue 'team-b': Kueue is the queue"):
@@ -321,11 +290,11 @@ def test_queue_true_with_a_profiles_own_kueue_is_refused(make_spawner):
         make_spawner(gpu_profiles=PROFILES, kueue_queue_name="team-a", profile_list=[entry])
 
 
-def test_a_bad_queue_name_is_refused(make_spawner):
+def test_a_bad_queue_name_is_refused(offline_hub):
     with pytest.raises(TraitError, match="kueue_queue_name 'Team A' must be a LocalQueue name"):
-        make_spawner(kueue_queue_name="Team A")
+        SpawnerMaker(offline_hub)(kueue_queue_name="Team A")
     with pytest.raises(TraitError, match="kueue 'x_y' must be a LocalQueue name"):
-        type(make_spawner)(make_spawner.url)(gpu_profiles=[{"display_name": "GPU", "gpu_counts": [1], "kueue": "x_y"}])
+        SpawnerMaker(offline_hub)(gpu_profiles=[{"display_name": "GPU", "gpu_counts": [1], "kueue": "x_y"}])
 
 
 def test_other_backends_refuse_a_profiles_kueue():
@@ -347,7 +316,7 @@ async def test_pods_carry_the_queue_label_and_still_validate(make_spawner):
         assert pod["metadata"]["labels"][QUEUE_LABEL] == queue
         spawner.release_gpus()
         spawner.restore_configured()
-    without = type(make_spawner)(make_spawner.url)(gpu_profiles=PROFILES)
+    without = SpawnerMaker(make_spawner.url, make_spawner.namespace)(gpu_profiles=PROFILES)
     without.user_options = GPU1
     await without._run_apply_user_options(GPU1)
     await without.reserve_gpus()

@@ -1,9 +1,10 @@
 """gpu-kube quotas: users' and groups' quotas count their pods' GPUs.
 
-Real GPUKubeSpawners start and stop real KubeSpawner pods on the API test
-double (kmock's emulator; the ``kubelet`` fixture makes created pods run).
-The hub's ledger counts each server's GPUs (cluster tokens, per resource);
-after a restart it is rebuilt from the hub's single-user pods.
+Real GPUKubeSpawners start and stop real KubeSpawner pods on the real control plane, the hub as its
+ServiceAccount with the Helm chart's RBAC (``cluster``: the recorded pods in the test's namespace; the
+real scheduler binds the new pods, the fake kubelet runs them). The hub's ledger counts each server's
+GPUs (cluster tokens, per resource); after a restart it is rebuilt from the hub's single-user pods.
+The pods' truth on recorded pods is tested pure.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from tornado.web import HTTPError
 
 from gpuspawner.kube.holdings import server_holdings
 from gpuspawner.ledger import cluster_holdings
-from kubefixtures import PODS
+from kubefixtures import HUB_CLUSTER_RULES, HUB_RULES, load_pods, without
 from profiles import A100, PROFILES
 
 GPU1 = {"profile": "gpu", "gpus": 1, "gpu_model": A100}
@@ -28,10 +29,6 @@ async def start(spawner, options: dict) -> str:
     spawner.user_options = options
     await spawner._run_apply_user_options(options)
     return await asyncio.wait_for(spawner.start(), 60)
-
-
-def created_pods(cluster) -> list[str]:
-    return [r.data["metadata"]["name"] for r in cluster.requests("POST", "/pods")]
 
 
 def counted(spawner) -> dict[str, dict[str, int]]:
@@ -103,7 +100,7 @@ def test_ended_deleting_other_hubs_and_unnamed_pods(pod_items):
 
 
 async def test_a_second_gpu_server_over_the_quota_is_refused_while_the_first_pod_exists(
-        cluster, kubelet, make_spawner):
+        cluster, make_spawner):
     first = make_spawner("zoe", gpu_profiles=PROFILES, gpu_quota_per_user=1)
     await start(first, GPU1)
     assert counted(first)["zoe/"] == {"nvidia.com/gpu": 1}
@@ -114,7 +111,7 @@ async def test_a_second_gpu_server_over_the_quota_is_refused_while_the_first_pod
     assert e.value.jupyterhub_message == (
         "Your quota is 1 GPU and your servers hold 1 (servers: default); asking for 1 more would exceed it. "
         "Stop one of your servers or ask for fewer GPUs.")
-    assert created_pods(cluster) == [first.pod_name]  # nothing was created for the refused server
+    assert cluster.made_pods() == [first.pod_name]  # nothing was created for the refused server
     assert "zoe/big" not in counted(first)
     assert refusals(first, "quota_user") == 1
     # CPU-only servers are not limited
@@ -127,12 +124,12 @@ async def test_a_second_gpu_server_over_the_quota_is_refused_while_the_first_pod
     assert "zoe/" not in counted(first)
     await start(second, GPU1)
     assert counted(second)["zoe/big"] == {"nvidia.com/gpu": 1}
-    assert created_pods(cluster)[-1] == second.pod_name
+    assert cluster.made_pods() == [second.pod_name]
     await second.stop(now=True)
     assert [o for o in counted(second) if o.startswith("zoe/")] == []
 
 
-async def test_concurrent_spawns_of_one_user_respect_the_quota(cluster, kubelet, make_spawner):
+async def test_concurrent_spawns_of_one_user_respect_the_quota(cluster, make_spawner):
     # gpu_inventory_ttl = 0: every spawn reads the cluster, so the spawns interleave at that read
     spawners = [make_spawner("zoe", name, gpu_profiles=PROFILES, gpu_quota_per_user=1, gpu_inventory_ttl=0)
                 for name in ("", "a", "b")]
@@ -141,14 +138,14 @@ async def test_concurrent_spawns_of_one_user_respect_the_quota(cluster, kubelet,
     assert len(refused) == 2, results
     assert all(r.status_code == 409 and r.jupyterhub_message.startswith("Your quota is 1 GPU and your servers hold 1")
                for r in refused)
-    assert len(created_pods(cluster)) == 1
+    assert len(cluster.made_pods()) == 1
     assert sum(sum(c.values()) for o, c in counted(spawners[0]).items() if o.startswith("zoe/")) == 1
     for spawner, result in zip(spawners, results, strict=True):
         if not isinstance(result, Exception):
             await spawner.stop(now=True)
 
 
-async def test_concurrent_spawns_of_a_group_respect_its_quota(cluster, kubelet, make_spawner):
+async def test_concurrent_spawns_of_a_group_respect_its_quota(cluster, make_spawner):
     members = ["ana", "ben", "cai", "dev"]
     students = group(STUDENTS, members)
     spawners = [make_spawner(m, groups=(students,), gpu_profiles=PROFILES, gpu_quota_per_group={STUDENTS: 2},
@@ -158,31 +155,30 @@ async def test_concurrent_spawns_of_a_group_respect_its_quota(cluster, kubelet, 
     assert len(refused) == 2, results
     assert all(r.status_code == 409 and r.jupyterhub_message.startswith(
         "The quota of group 'students' is 2 GPUs and its members' servers hold 2") for r in refused)
-    assert len(created_pods(cluster)) == 2
+    assert len(cluster.made_pods()) == 2
     for spawner, result in zip(spawners, results, strict=True):
         if not isinstance(result, Exception):
             await spawner.stop(now=True)
     assert not [o for o in counted(spawners[0]) if o.split("/")[0] in members]
 
 
-async def test_a_failed_start_gives_the_count_back(cluster, kubelet, make_spawner):
-    cluster.handler["post /api/v1/namespaces/jhub/pods"] << 403 << {"kind": "Status", "code": 403}
+async def test_a_failed_start_gives_the_count_back(cluster, make_spawner, monkeypatch):
+    cluster.hub(monkeypatch, without(HUB_RULES, "pods", "create"))  # the API server refuses the hub's pod
     spawner = make_spawner("zoe", gpu_profiles=PROFILES, gpu_quota_per_user=1)
     with pytest.raises(Exception, match="Forbidden"):
         await start(spawner, GPU1)
     assert "zoe/" not in counted(spawner)
 
 
-async def test_a_leftover_pod_of_the_server_is_replaced_and_the_new_one_counted(cluster, kubelet, make_spawner):
+async def test_a_leftover_pod_of_the_server_is_replaced_and_the_new_one_counted(cluster, make_spawner):
     """A hub that died mid-spawn left zoe's pod; her next start replaces it and still counts 1 GPU."""
     leftover = make_spawner("zoe", gpu_profiles=PROFILES, gpu_quota_per_user=1)
     leftover.user_options = GPU1
     await leftover._run_apply_user_options(GPU1)
     await leftover.reserve_gpus()
     pod = leftover.api.api_client.sanitize_for_serialization(await leftover.get_pod_manifest())
-    pod["metadata"]["namespace"] = "jhub"
-    pod["status"] = {"phase": "Pending"}
-    cluster.load([], [pod])
+    pod.pop("status", None)
+    left = cluster.api("POST", f"/api/v1/namespaces/{cluster.namespace}/pods", pod)
     make_spawner.restart()
 
     spawner = make_spawner("zoe")
@@ -190,8 +186,8 @@ async def test_a_leftover_pod_of_the_server_is_replaced_and_the_new_one_counted(
     assert counted(spawner)["zoe/"] == {"nvidia.com/gpu": 1}
     await start(spawner, GPU1)  # its own server's count does not block it
     # KubeSpawner met the leftover (409 Conflict), stopped it and created the pod again
-    assert created_pods(cluster) == [spawner.pod_name, spawner.pod_name]
-    assert len(cluster.requests("DELETE", f"/pods/{spawner.pod_name}")) == 1
+    assert cluster.made_pods() == [spawner.pod_name]
+    assert cluster.pod(spawner.pod_name)["metadata"]["uid"] != left["metadata"]["uid"]
     assert counted(spawner)["zoe/"] == {"nvidia.com/gpu": 1}  # KubeSpawner's replacement kept the count
     with pytest.raises(HTTPError, match="Your quota is 1 GPU"):
         await start(make_spawner("zoe", "big"), GPU1)
@@ -202,7 +198,7 @@ async def test_a_leftover_pod_of_the_server_is_replaced_and_the_new_one_counted(
 # ------------------------------------------------------------ after a hub restart
 
 
-async def test_after_a_restart_the_pods_are_counted_and_the_quota_refuses_first(cluster, kubelet, make_spawner):
+async def test_after_a_restart_the_pods_are_counted_and_the_quota_refuses_first(cluster, make_spawner):
     alice = make_spawner("alice", gpu_profiles=PROFILES, gpu_quota_per_user=4)
     await alice.poll()  # JupyterHub polls every server it had when it starts: the first one reconciles
     assert counted(alice) == {
@@ -217,7 +213,7 @@ async def test_after_a_restart_the_pods_are_counted_and_the_quota_refuses_first(
         assert e.value.status_code == 409
         assert e.value.jupyterhub_message.startswith(
             "Your quota is 4 GPUs and your servers hold 4 (servers: default); asking for ")
-    assert created_pods(cluster) == []
+    assert cluster.made_pods() == []
     # carol's named server holds 2 MIG slices: with a quota of 3 she gets one more GPU, not two
     carol = make_spawner("carol", "big", gpu_quota_per_user=3)
     with pytest.raises(HTTPError, match="your servers hold 2 \\(servers: mig\\); asking for 2 more"):
@@ -231,11 +227,11 @@ async def test_after_a_restart_the_pods_are_counted_and_the_quota_refuses_first(
 
 
 async def test_a_pod_deleted_behind_the_hubs_back_stops_counting_without_a_restart(
-        cluster, kubelet, make_spawner, caplog):
+        cluster, make_spawner, caplog):
     zoe = make_spawner("zoe", gpu_profiles=PROFILES, gpu_quota_per_user=1, gpu_reconcile_interval=1)
     await start(zoe, GPU1)
     assert counted(zoe)["zoe/"] == {"nvidia.com/gpu": 1}
-    await cluster.delete_pod("jhub", zoe.pod_name)  # kubectl delete, a node drained, an eviction
+    cluster.delete_pod(zoe.pod_name)  # kubectl delete, a node drained, an eviction
     await until(lambda: "zoe/" not in counted(zoe))
     assert "gpu-kube: zoe/'s GPU charge (1) freed: no live pod of it" in caplog.text
     # her quota of 1 counts only what she holds: another server of hers starts
@@ -244,30 +240,33 @@ async def test_a_pod_deleted_behind_the_hubs_back_stops_counting_without_a_resta
 
 
 async def test_a_pod_of_the_hub_it_did_not_count_is_counted_without_a_restart(
-        cluster, kubelet, make_spawner, pod_items, caplog):
+        cluster, make_spawner, pod_items, caplog):
     zoe = make_spawner("zoe", gpu_profiles=PROFILES, gpu_reconcile_interval=1)
     await zoe.poll()  # the hub has reconciled (at start) and runs on
     assert "yuri/" not in counted(zoe)
     # a server pod of this hub made behind its back (another hub process on the same database, say)
     pod = copy.deepcopy(next(p for p in pod_items if p["metadata"]["name"] == "jupyter-alice"))
-    pod["metadata"].update(name="jupyter-yuri", uid="uid-yuri", annotations={"hub.jupyter.org/username": "yuri"})
-    cluster.load([], [pod])
+    pod["metadata"].update(name="jupyter-yuri", annotations={"hub.jupyter.org/username": "yuri"})
+    load_pods(cluster.kube, cluster.namespace, [pod])
     await until(lambda: "yuri/" in counted(zoe))
     assert counted(zoe)["yuri/"] == {"nvidia.com/gpu": 4}
-    assert "gpu-kube: pod jhub/jupyter-yuri of yuri/ counted: it holds 4 GPU(s) the hub did not count" in caplog.text
+    assert (f"gpu-kube: pod {cluster.namespace}/jupyter-yuri of yuri/ counted: it holds 4 GPU(s) the hub did not "
+            "count") in caplog.text
 
 
-async def test_no_pod_list_no_gpu_spawn_but_cpu_only_works(cluster, make_spawner):
-    cluster.handler["get /api/v1/namespaces/jhub/pods"] << 500 << {"kind": "Status", "code": 500}
+async def test_no_pod_list_no_gpu_spawn_but_cpu_only_works(cluster, make_spawner, monkeypatch):
+    # a hub whose account may not list pods (its Role's and ClusterRole's "list" on pods taken away)
+    cluster.hub(monkeypatch, without(HUB_RULES, "pods", "list"), without(HUB_CLUSTER_RULES, "pods", "list"))
     spawner = make_spawner("zoe", gpu_profiles=PROFILES, gpu_quota_per_user=1)
-    spawner.user_options = GPU1
-    await spawner._run_apply_user_options(GPU1)
+    any_gpu = {"profile": "gpu", "gpus": 1}  # the models in use are unknown without the pods: any model
+    spawner.user_options = any_gpu
+    await spawner._run_apply_user_options(any_gpu)
     with pytest.raises(HTTPError) as e:
         await spawner.reserve_gpus()
     assert e.value.status_code == 503
     assert e.value.jupyterhub_message == (
-        "The hub could not read its servers' pods from Kubernetes (Kubernetes API answered 500 Internal Server "
-        "Error), so it cannot count your GPUs against the quotas. Nothing was started; try again in a minute.")
+        "The hub could not read its servers' pods from Kubernetes (Kubernetes API answered 403 Forbidden), "
+        "so it cannot count your GPUs against the quotas. Nothing was started; try again in a minute.")
     assert spawner.extra_resource_limits == {}  # no GPU asked for
     spawner.user_options = CPU
     await spawner._run_apply_user_options(CPU)
@@ -294,12 +293,12 @@ async def until(condition, timeout: float = 30):
         await asyncio.sleep(0.05)
 
 
-async def test_a_queue_profile_waits_until_the_cluster_has_room_then_gets_its_pod(cluster, kubelet, make_spawner):
+async def test_a_queue_profile_waits_until_the_cluster_has_room_then_gets_its_pod(cluster, make_spawner):
     # 3 A100s are free, at most 2 on one node: 4 fit on a node (8 each) but not now
     zoe = make_spawner("zoe", gpu_profiles=[*PROFILES, WAIT], gpu_inventory_ttl=0, gpu_queue_recheck=0.2)
     waiting = asyncio.create_task(start(zoe, FOUR_WAITING))
     await until(lambda: any(m.startswith("Waiting for a free GPU: number 1 in the queue") for m in messages(zoe)))
-    assert created_pods(cluster) == [] and "zoe/" not in counted(zoe)  # no pod, no count while waiting
+    assert cluster.made_pods() == [] and "zoe/" not in counted(zoe)  # no pod, no count while waiting
 
     # a profile without queue does not go ahead of her
     eve = make_spawner("eve")
@@ -311,11 +310,12 @@ async def test_a_queue_profile_waits_until_the_cluster_has_room_then_gets_its_po
         "or try again later.")
 
     # a training job outside the hub ends: its node has room for 4, seen at the next look
-    await cluster.delete_pod("ml", "train-llm-7c9f8-x2kqz")
+    cluster.delete_pod("train-llm-7c9f8-x2kqz")
     await asyncio.wait_for(waiting, 60)
-    assert created_pods(cluster) == [zoe.pod_name]
-    pod = cluster.handler.objects[PODS, "jhub", zoe.pod_name]
-    assert pod["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] in (4, "4")
+    assert cluster.made_pods() == [zoe.pod_name]
+    pod = cluster.pod(zoe.pod_name)
+    assert pod["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "4"
+    await until(lambda: cluster.pod(zoe.pod_name)["spec"].get("nodeName") == "gpu-a100-0")  # the scheduler's choice
     assert counted(zoe)["zoe/"] == {"nvidia.com/gpu": 4}
     steps = messages(zoe)
     asking = next(i for i, m in enumerate(steps) if m.startswith("Asking Kubernetes for 4 x"))
@@ -331,4 +331,4 @@ async def test_a_queued_request_no_node_can_ever_take_is_refused_at_once(cluster
         await start(zoe, {"profile": "wait", "gpus": 16, "gpu_model": A100})
     assert e.value.status_code == 409
     assert e.value.jupyterhub_message.startswith("No node has 16 x NVIDIA-A100-SXM4-80GB: at most 8 on one node.")
-    assert len(zoe.hub_state.queue) == 0 and created_pods(cluster) == []
+    assert len(zoe.hub_state.queue) == 0 and cluster.made_pods() == []

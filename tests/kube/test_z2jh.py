@@ -63,7 +63,7 @@ async def z2jh_spawner(cluster):
     from gpuspawner.spawners.kube import GPUKubeSpawner
 
     config = z2jh_config(values())
-    config.KubeSpawner.namespace = "jhub"
+    config.KubeSpawner.namespace = cluster.namespace
     config.KubeSpawner.k8s_api_host = cluster.url
     return GPUKubeSpawner(_mock=True, config=config)
 
