@@ -1,43 +1,38 @@
-"""Notebook GPU jobs on gpu-kube: a real JupyterHub with gpu-kube against the Kubernetes API test double.
+"""Notebook GPU jobs on gpu-kube: a real JupyterHub with gpu-kube on the real control plane.
 
-The double (kmock's emulator, as in the other gpu-kube tests) runs in a thread
-of the test process on loopback; the hub, a real JupyterHub process, reaches it
-through a kubeconfig. Nothing runs the pods' containers: a stand-in kubelet
-marks every created pod Running, and each test ends a job's pod as a kubelet
-would, by setting its phase and the notebook container's exit code and
-termination message. Every pod the hub creates is checked against the
-Kubernetes OpenAPI schema.
+The hub, a real JupyterHub process, runs as its ServiceAccount with the Helm chart's RBAC in a namespace
+of this module's own in ``kube_cluster`` (the standing fake GPU nodes), its users' home claims bound to
+PersistentVolumes made for them. The real scheduler binds the job pods and the fake kubelet marks them
+Running; nothing runs their containers: each test ends a job's pod as a kubelet would, by setting its
+phase and the notebook container's exit code and termination message. Every pod the hub creates is
+checked against the Kubernetes OpenAPI schema.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import copy
 import json
-import threading
+from types import SimpleNamespace
 
-import aiohttp
-import kmock
 import kubernetes_validate
 import pytest
-import requests
 
 from hub import BASE_HUB_CONFIG, Hub
 from jobnotebooks import submit, wait_state
-from kubefixtures import NODES, PODS, load, write_kubeconfig
+from kubefixtures import hub_account, namespace_of_its_own, until
 from profiles import A100, K8S_VERSION, PROFILES
 
 pytestmark = pytest.mark.integration
 
 GPU1 = {"profile": "gpu", "gpus": 1, "gpu_model": A100}
+USERS = ("zoe", "yann")
 KUBE_CONFIG = BASE_HUB_CONFIG + """
 from gpuspawner.hub.setup import configure
 c.JupyterHub.spawner_class = "gpu-kube"
-c.KubeSpawner.namespace = "jhub"
+c.KubeSpawner.namespace = settings["namespace"]
 c.KubeSpawner.k8s_api_host = settings["k8s"]
 c.KubeSpawner.image = "quay.io/jupyter/pytorch-notebook:cuda12-2024-05-27"
 c.KubeSpawner.storage_pvc_ensure = True
+c.KubeSpawner.storage_capacity = "1Gi"
 c.KubeSpawner.pvc_name_template = "claim-{username}"
 c.KubeSpawner.volumes = [{"name": "home", "persistentVolumeClaim": {"claimName": "claim-{username}"}}]
 c.KubeSpawner.volume_mounts = [{"name": "home", "mountPath": "/home/jovyan"}]
@@ -52,79 +47,13 @@ configure(c)
 """
 
 
-class ThreadedCluster:
-    """The API double on its own event loop thread, with a stand-in kubelet that starts every new pod."""
-
-    def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self._stack = contextlib.AsyncExitStack()
-        self.url = ""
-
-    def _call(self, coro, timeout: float = 30):
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
-
-    def start(self, nodes: list[dict]) -> None:
-        self.thread.start()
-        self._call(self._open(nodes))
-
-    async def _open(self, nodes: list[dict]) -> None:
-        self.handler = await self._stack.enter_async_context(kmock.KubernetesEmulator())
-        server = await self._stack.enter_async_context(kmock.Server(self.handler))
-        self.handler.resources["v1/events"] = {}
-        self.handler.resources["v1/pods"] = {}
-        self.handler.resources["v1/persistentvolumeclaims"] = {}
-        self.url = str(server.url).rstrip("/")
-        for node in nodes:
-            self.handler.objects[NODES, None, node["metadata"]["name"]] = copy.deepcopy(node)
-        self._kubelet = asyncio.ensure_future(self._run_pods())
-
-    async def _run_pods(self) -> None:
-        async with aiohttp.ClientSession() as session:
-            while True:
-                for (resource, namespace, name), obj in list(self.handler.objects.items()):
-                    if resource != PODS or obj.deleted or (obj.get("status") or {}).get("phase"):
-                        continue
-                    image = obj["spec"]["containers"][0].get("image", "")
-                    await self._patch(session, namespace, name, {
-                        "metadata": {"namespace": namespace, "uid": f"uid-{namespace}-{name}"},
-                        "status": {"phase": "Running", "containerStatuses": [
-                            {"name": "notebook", "ready": True, "restartCount": 0, "image": image,
-                             "imageID": image, "state": {"running": {}}}]},
-                    })
-                await asyncio.sleep(0.05)
-
-    async def _patch(self, session, namespace: str, name: str, body: dict) -> None:
-        url = f"{self.url}/api/v1/namespaces/{namespace}/pods/{name}"
-        headers = {"Content-Type": "application/merge-patch+json"}
-        async with session.patch(url, data=json.dumps(body), headers=headers) as response:
-            response.raise_for_status()
-
-    async def _close(self) -> None:
-        self._kubelet.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._kubelet
-        await self._stack.aclose()
-
-    def close(self) -> None:
-        self._call(self._close())
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(10)
-
-    # ------------------------------------------------------------ what the tests see and do
+class JobCluster(SimpleNamespace):
+    """``kube_cluster`` (``kube``) seen from the module's namespace (``namespace``)."""
 
     def pods(self) -> dict[str, dict]:
-        """Live pods by name."""
-        return {name: copy.deepcopy(dict(obj)) for (resource, _ns, name), obj in list(self.handler.objects.items())
-                if resource == PODS and not obj.deleted}
-
-    def created(self) -> list[dict]:
-        """Every pod body the hub posted."""
-        return [r.data for r in self.handler if str(r.method.value).upper() == "POST" and r.url.path.endswith("/pods")]
-
-    def deleted(self) -> list[str]:
-        return [r.url.path.rsplit("/", 1)[1] for r in self.handler
-                if str(r.method.value).upper() == "DELETE" and "/pods/" in r.url.path]
+        """Live pods (not being deleted) by name, as the API server holds them."""
+        items = self.kube.api("GET", f"/api/v1/namespaces/{self.namespace}/pods")["items"]
+        return {p["metadata"]["name"]: p for p in items if not p["metadata"].get("deletionTimestamp")}
 
     def finish(self, name: str, phase: str, exit_code: int, message: str = "") -> None:
         """End a pod as its kubelet would: the phase, and the notebook container terminated."""
@@ -134,35 +63,48 @@ class ThreadedCluster:
         body = {"status": {"phase": phase, "containerStatuses": [
             {"name": "notebook", "ready": False, "restartCount": 0, "image": "x", "imageID": "x",
              "state": {"terminated": terminated}}]}}
-        r = requests.patch(f"{self.url}/api/v1/namespaces/jhub/pods/{name}", data=json.dumps(body),
-                           headers={"Content-Type": "application/merge-patch+json"}, timeout=10)
-        r.raise_for_status()
+        self.kube.api("PATCH", f"/api/v1/namespaces/{self.namespace}/pods/{name}/status", body,
+                      content_type="application/merge-patch+json")
+
+    def gone(self, name: str) -> bool:
+        return self.kube.api("GET", f"/api/v1/namespaces/{self.namespace}/pods/{name}", ok=(404,)) is None
+
+
+def home_volume(name: str) -> dict:
+    return {"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": name},
+            "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteOnce"],
+                     "persistentVolumeReclaimPolicy": "Retain", "hostPath": {"path": f"/srv/{name}"}}}
 
 
 @pytest.fixture(scope="module")
-def kube():
-    cluster = ThreadedCluster()
-    cluster.start(load("nodes.json"))
-    try:
-        yield cluster
-    finally:
-        cluster.close()
+def kube(kube_cluster):
+    """The module's namespace, with a PersistentVolume for each user's home claim (deleted afterwards)."""
+    with namespace_of_its_own(kube_cluster) as namespace:
+        volumes = [f"{namespace}-{user}" for user in USERS]
+        for name in volumes:
+            kube_cluster.api("POST", "/api/v1/persistentvolumes", home_volume(name))
+        try:
+            yield JobCluster(kube=kube_cluster, namespace=namespace)
+        finally:
+            for name in volumes:
+                kube_cluster.api("DELETE", f"/api/v1/persistentvolumes/{name}", ok=(404,))
 
 
 @pytest.fixture(scope="module")
 def hub(tmp_path_factory, kube):
+    """A real JupyterHub with gpu-kube, as its ServiceAccount in the module's namespace."""
     tmp = tmp_path_factory.mktemp("jobs-kube")
-    kubeconfig = write_kubeconfig(tmp / "kubeconfig", kube.url)
-    hub = Hub(tmp / "hub", {"KUBECONFIG": str(kubeconfig)}, PROFILES)
-    hub.settings["k8s"] = kube.url
+    kubeconfig = hub_account(kube.kube, kube.namespace)
+    hub = Hub(tmp / "hub", {"KUBECONFIG": kubeconfig}, PROFILES)
+    hub.settings.update(k8s=kube.kube.server, namespace=kube.namespace)
     hub.env["GPUSPAWNER_TEST_HUB"] = json.dumps(hub.settings)
     hub.config_file.write_text(KUBE_CONFIG)
     hub.start()
-    hub.add_users("zoe", "yann")
+    hub.add_users(*USERS)
     try:
         yield hub
     finally:
-        for name in ("zoe", "yann"):
+        for name in USERS:
             for job in hub.api("GET", f"/users/{name}/gpu-jobs").json().get("jobs", []):
                 hub.api("DELETE", f"/users/{name}/gpu-jobs/{job['id']}")
         hub.stop()
@@ -170,11 +112,19 @@ def hub(tmp_path_factory, kube):
 
 
 
-def job_pod(kube: ThreadedCluster, job_id: str) -> dict:
-    found = [p for p in kube.created() if p["metadata"]["labels"].get("gpuspawner.org/job") == job_id]
-    assert len(found) == 1, [p["metadata"]["name"] for p in kube.created()]
-    kubernetes_validate.validate(found[0], K8S_VERSION, strict=True)
-    return found[0]
+def job_pods(kube: JobCluster, job_id: str) -> list[dict]:
+    return [p for p in kube.pods().values() if p["metadata"]["labels"].get("gpuspawner.org/job") == job_id]
+
+
+def job_pod(kube: JobCluster, job_id: str) -> dict:
+    """The job's one pod, as the API server holds it, once the scheduler has bound it."""
+    found = job_pods(kube, job_id)
+    assert len(found) == 1, list(kube.pods())
+    pod = until(lambda: kube.pods().get(found[0]["metadata"]["name"], {}).get("spec", {}).get("nodeName")
+                and kube.pods()[found[0]["metadata"]["name"]], f"the scheduler binds {found[0]['metadata']['name']}")
+    sent = {"apiVersion": "v1", "kind": "Pod", "metadata": pod["metadata"], "spec": pod["spec"]}
+    kubernetes_validate.validate(sent, K8S_VERSION, strict=True)
+    return pod
 
 
 def counted(hub: Hub) -> dict[str, int]:
@@ -216,7 +166,7 @@ def test_job_pod_runs_the_executor_with_the_gpu_and_completes(hub, kube):
     assert done["state"] == "completed" and done["exit_code"] == 0, done
     assert done["started"] == running["started"] and done["ended"]
     assert f"zoe/job/{job_id}" not in counted(hub), "the claim is freed"
-    assert pod["metadata"]["name"] not in kube.pods() and pod["metadata"]["name"] in kube.deleted()
+    until(lambda: kube.gone(pod["metadata"]["name"]), "the hub deletes the job's pod")
 
 
 def test_failed_pod_fails_the_job_with_its_termination_message(hub, kube):
@@ -230,7 +180,7 @@ def test_failed_pod_fails_the_job_with_its_termination_message(hub, kube):
     assert done["state"] == "failed" and done["reason"] == "RuntimeError: no convergence", done
     assert done["exit_code"] == 1
     assert f"yann/job/{job_id}" not in counted(hub)
-    assert name not in kube.pods()
+    until(lambda: kube.gone(name), f"the hub deletes {name}")
 
 
 def test_cancel_deletes_the_pod_and_frees_the_claim(hub, kube):
@@ -242,7 +192,7 @@ def test_cancel_deletes_the_pod_and_frees_the_claim(hub, kube):
     r = hub.api("DELETE", f"/users/zoe/gpu-jobs/{job_id}")
     assert r.status_code == 200, r.text
     assert r.json()["state"] == "cancelled" and r.json()["reason"] == "cancelled"
-    assert name in kube.deleted() and name not in kube.pods()
+    until(lambda: kube.gone(name), f"the hub deletes {name}")
     assert f"zoe/job/{job_id}" not in counted(hub)
 
 
@@ -254,12 +204,12 @@ def test_quota_counts_job_pods(hub, kube):
         wait_state(hub, "yann", job_id, ("running",))
         assert job_pod(kube, job_id)["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "2"
         assert counted(hub)[f"yann/job/{job_id}"] == 2
-        posted = len(kube.created())
+        pods = set(kube.pods())
         r = submit(hub, "yann", {**GPU1, "notebook": "more.ipynb"})
         assert r.status_code == 409, r.text
         assert r.json()["message"].startswith("Your quota is 2 GPUs"), r.json()
         assert f"job/{job_id}" in r.json()["message"]
-        assert len(kube.created()) == posted, "a refused job creates no pod"
+        assert set(kube.pods()) == pods, "a refused job creates no pod"
     finally:
         hub.api("DELETE", f"/users/yann/gpu-jobs/{job_id}")
     assert f"yann/job/{job_id}" not in counted(hub)
@@ -278,18 +228,19 @@ def test_a_restarted_hub_counts_a_running_job_pod_and_records_one_that_ended(hub
     running_id, ending_id = (submit(hub, "zoe", {**GPU1, "notebook": n}).json()["id"] for n in ("a.ipynb", "b.ipynb"))
     for job_id in (running_id, ending_id):
         wait_state(hub, "zoe", job_id, ("running",))
-    running_pod, ending_pod = (job_pod(kube, j)["metadata"]["name"] for j in (running_id, ending_id))
+    running, ending_pod = (job_pod(kube, j) for j in (running_id, ending_id))
+    running_pod, ending_pod = running["metadata"]["name"], ending_pod["metadata"]["name"]
     hub.stop()
     kube.finish(ending_pod, "Failed", 1, "ValueError: bad batch")
     hub.start()
     ended = wait_state(hub, "zoe", ending_id, ("completed", "failed"))
     assert ended["state"] == "failed"
     assert ended["reason"] == "ValueError: bad batch (ended while the hub was down)"
-    assert ending_pod not in kube.pods()
+    until(lambda: kube.gone(ending_pod), f"the hub deletes {ending_pod}")
     # the running one is counted again under its job (read from its pod), never started twice
     assert counted(hub) == {f"zoe/job/{running_id}": 1}
     assert wait_state(hub, "zoe", running_id, ("running",))["state"] == "running"
-    assert len([p for p in kube.created() if p["metadata"]["name"] == running_pod]) == 1
+    assert kube.pods()[running_pod]["metadata"]["uid"] == running["metadata"]["uid"]  # the same pod
     r = submit(hub, "zoe", {"profile": "gpu", "gpus": 2, "gpu_model": A100, "notebook": "c.ipynb"})
     assert r.status_code == 409 and f"job/{running_id}" in r.json()["message"], r.text
     kube.finish(running_pod, "Succeeded", 0)
