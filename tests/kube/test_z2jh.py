@@ -33,9 +33,9 @@ from traitlets.config import Config
 
 from gpuspawner.compat import min_cuda
 from gpuspawner.kube.profiles import check_entries, combined_entries
-from kubefixtures import until
+from kubefixtures import HUB_CLUSTER_RULES, until
 from profiles import K8S_VERSION, env, gpu_limits, validate_pod
-from test_helm import HUB_CLUSTER_RULES, ROOT, Release, by_kind, helm, refusal, run  # noqa: F401  (helm: the session fixture)
+from test_helm import ROOT, Release, by_kind, helm, refusal, run  # noqa: F401  (helm: the session fixture)
 
 VALUES = ROOT / "helm" / "z2jh-values.yaml"
 ACCESS = ROOT / "helm" / "z2jh-gpu-access"
