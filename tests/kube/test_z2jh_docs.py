@@ -199,8 +199,8 @@ async def test_z2jh_docs_config_spawns_each_profile_as_kubespawner_would(z2jh):
 
 
 async def test_z2jh_docs_config_form_lists_the_profiles_with_the_default_chosen(z2jh):
+    from forms import Checked, Fields, form_of
     from gpuspawner.spawners.kube import GPUKubeSpawner
-    from test_kubespawner_profiles import Checked, Fields, form_of
 
     spawner = GPUKubeSpawner(_mock=True, config=z2jh.config)
     html = await form_of(spawner)
