@@ -12,14 +12,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from .owner import Owner, user_of
 from .placement import PlacementError
 
-__all__ = ["Quota", "QuotaError", "check", "owner_user", "held_by"]
-
-
-def owner_user(owner: str) -> str:
-    """The user name of a ledger owner key ``"user/server"`` (user names hold no slash)."""
-    return owner.split("/", 1)[0]
+__all__ = ["Quota", "QuotaError", "check", "held_by"]
 
 
 @dataclass(frozen=True)
@@ -42,7 +38,7 @@ def _plural(n: int) -> str:
 
 def held_by(allocations: Mapping[str, tuple[str, ...]], users: frozenset[str] | set[str]) -> dict[str, int]:
     """owner -> GPU count, for the owners belonging to ``users``."""
-    return {o: len(u) for o, u in allocations.items() if owner_user(o) in users and u}
+    return {o: len(u) for o, u in allocations.items() if user_of(o) in users and u}
 
 
 def check(
@@ -65,7 +61,7 @@ def check(
         total = sum(mine.values())
         queued = waiting.get(quota.user, 0)
         if total + queued + count > quota.per_user:
-            servers = ", ".join(sorted(o.split("/", 1)[1] or "default" for o in mine)) or "none"
+            servers = ", ".join(sorted(Owner.parse(o).label or "default" for o in mine)) or "none"
             also = f" and your queued spawns wait for {queued}" if queued else ""
             raise QuotaError(
                 f"Your quota is {_plural(quota.per_user)} and your servers hold {total} "

@@ -71,6 +71,7 @@ from .gpu import GPU
 from .hub.culler import IdleTracker
 from .hub.setup import RECOMMENDED_CULLER, RECOMMENDED_QUEUE_TIMEOUT, RECOMMENDED_QUOTA_PER_USER
 from .ledger import Ledger
+from .owner import Owner
 from .placement import GPURequest, PlacementError
 from .queue import WAITABLE, GPUQueue, Waiter
 from .quota import Quota, check
@@ -141,7 +142,7 @@ class Session:
 
     @property
     def owner(self) -> str:
-        return f"{self.user}/{'job/' if self.job else 's'}{self.id}"
+        return str(Owner.of_job(self.user, str(self.id)) if self.job else Owner.of_server(self.user, f"s{self.id}"))
 
     @property
     def planned(self) -> float:

@@ -57,8 +57,9 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.orm import Session
 
 from .db import Base
+from .owner import Owner
 
-__all__ = ["Allocation", "UsageRecorder", "migrate", "owner_kind", "END_REASONS", "SCHEMA_VERSION"]
+__all__ = ["Allocation", "UsageRecorder", "migrate", "END_REASONS", "SCHEMA_VERSION"]
 
 log = logging.getLogger("gpuspawner.usage")
 
@@ -138,11 +139,6 @@ def migrate(conn: Connection) -> int:
     elif current != SCHEMA_VERSION:
         conn.execute(table.update().where(table.c.name == "usage").values(version=SCHEMA_VERSION))
     return current
-
-
-def owner_kind(owner: str) -> str:
-    """``job`` for ``user/job/<id>``, else ``server``."""
-    return "job" if owner.split("/", 1)[-1].startswith("job/") else "server"
 
 
 @dataclass
@@ -249,9 +245,9 @@ class UsageRecorder:
         told = self._reasons.get(owner)
         if told is not None and told.at < since:  # a reason told for an earlier holding
             del self._reasons[owner]
-        user = owner.split("/", 1)[0]
+        user, kind = (parsed := Owner.parse(owner)).user, parsed.kind
         row = Allocation(
-            owner=owner, user=user, kind=owner_kind(owner), groups=json.dumps(self._groups(session, user)),
+            owner=owner, user=user, kind=kind, groups=json.dumps(self._groups(session, user)),
             gpu_count=len(gpus), model=gpus[0]["model"] if gpus else "", host=gpus[0]["host"] if gpus else "",
             gpus=json.dumps(gpus), started=since, busy_seconds=0.0, idle_seconds=0.0,
         )

@@ -16,7 +16,7 @@ from jupyterhub.handlers import BaseHandler
 from tornado import web
 
 from ..inputs import dumps
-from ..jobs.spec import job_of_owner
+from ..owner import Owner
 from ..state import HubState, hub_state
 from .live import LiveStats
 from .overview import Holder, build
@@ -41,14 +41,13 @@ class _Overview:
         for owner in allocations:
             withheld = out_of_service.get(owner)
             if withheld is not None:  # what last held them is not over: held, and why
-                user_name, server_name = withheld.was.split("/", 1)
-                kind = "job" if job_of_owner(withheld.was) is not None else "server"
-                holders[owner] = Holder(owner, user_name, server_name, withheld.since, "out of service", None, kind)
+                was = Owner.parse(withheld.was)
+                holders[owner] = Holder(owner, was.user, was.label, withheld.since, "out of service", None, was.kind)
                 continue
-            user_name, server_name = owner.split("/", 1)
-            job_id = job_of_owner(owner)
-            if job_id is not None:
-                record = jobs.get(job_id) if jobs is not None else None
+            parsed = Owner.parse(owner)
+            user_name, server_name = parsed.user, parsed.label
+            if parsed.is_job:
+                record = jobs.get(parsed.job) if jobs is not None else None
                 state = record.state if record is not None else "running"
                 holders[owner] = Holder(owner, user_name, server_name, ledger.since(owner), state, None, "job")
                 continue

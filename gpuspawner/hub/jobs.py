@@ -28,6 +28,7 @@ from ..inputs import OptionsError, dumps, read_json
 from ..jobs.manager import JobManager
 from ..jobs.spec import JOB_ID
 from ..jobs.store import JobRecord, JobStore
+from ..owner import Owner
 from ..placement import PlacementError
 from ..profiles import Choice
 from ..state import HubState, hub_state, settings_for
@@ -95,7 +96,7 @@ class JobOptionsHandler(_JobsBase):
         manager = self.jobs
         if manager.runner is None:
             raise web.HTTPError(501, "This hub's backend does not run GPU jobs.")
-        spawner = manager._spawner(user, f"{user.name}/job/options")
+        spawner = manager._spawner(user, str(Owner.of_job(user.name, "options")))
         context = await spawner.options_form_context()
         types = await compute_types(context, spawner.never_fits)
         self.set_header("Cache-Control", "no-store")

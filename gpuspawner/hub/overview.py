@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from ..availability import model_availability
 from ..inventory import InventoryReading
 from ..ledger import cluster_holdings
+from ..owner import Owner
 from ..queue import Waiter
 from .live import GPUNumbers
 
@@ -43,8 +44,8 @@ def _numbers(n: GPUNumbers | None, now: float) -> dict:
 def _holder(owner: str, holder: Holder | None, problems: Mapping[str, str]) -> dict:
     return {
         "owner": owner,
-        "user": holder.user if holder else owner.split("/", 1)[0],
-        "server": holder.server if holder else owner.split("/", 1)[1],
+        "user": holder.user if holder else Owner.parse(owner).user,
+        "server": holder.server if holder else Owner.parse(owner).label,
         "since": holder.since if holder else None,
         "state": holder.state if holder else "unknown",
         "url": holder.url if holder else None,
@@ -97,7 +98,7 @@ def build(
         for m in model_availability(reading.gpus, set(by_uuid))
     ]
     queue = [
-        {"position": n, "user": w.user, "server": w.owner.split("/", 1)[1], "gpus": w.count,
+        {"position": n, "user": w.user, "server": Owner.parse(w.owner).label, "gpus": w.count,
          "models": list(w.models) or ["any"], "profile": w.profile, "waiting_seconds": round(now - w.joined, 1)}
         for n, w in enumerate(waiters, 1)
     ]

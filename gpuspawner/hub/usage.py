@@ -31,7 +31,7 @@ from sqlalchemy import or_, select
 from tornado import web
 
 from ..inputs import OptionsError, check_json, dumps, field_name, read_json, shown
-from ..jobs.spec import job_of_owner
+from ..owner import Owner, OwnerError
 from ..state import hub_state
 from ..usage import END_REASONS, Allocation
 from .handlers import _Overview
@@ -152,7 +152,7 @@ def allocation_rows(parts: list[Share]) -> list[dict]:
     for part in sorted(parts, key=lambda p: (p.row.started, p.row.id)):
         row = part.row
         out.append({
-            "id": row.id, "owner": row.owner, "user": row.user, "kind": row.kind, "job_id": job_of_owner(row.owner),
+            "id": row.id, "owner": row.owner, "user": row.user, "kind": row.kind, "job_id": Owner.parse(row.owner).job,
             "groups": json.loads(row.groups or "[]"), "model": row.model, "host": row.host,
             "gpu_count": row.gpu_count, "uuids": [g["uuid"] for g in json.loads(row.gpus or "[]")],
             "started": iso(row.started, "milliseconds"), "ended": iso(row.ended, "milliseconds"),
@@ -278,7 +278,11 @@ def parse_report(body: object, now: float) -> Report:
     if unknown:
         raise OptionsError(field_name(unknown[0]), f"unknown key; allowed: {', '.join(REPORT_KEYS)}")
     owner = body.get("owner")
-    if not isinstance(owner, str) or "/" not in owner or len(owner) > 512:
+    try:
+        Owner.parse(owner)
+    except OwnerError:
+        owner = None
+    if owner is None or len(owner) > 512:
         raise OptionsError("owner", "must name the server or job reported on: 'user/server' or 'user/job/ID'")
     threshold = body.get("threshold", 5.0)
     if not _number(threshold) or not 0 <= threshold <= 100:

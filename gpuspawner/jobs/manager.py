@@ -31,9 +31,10 @@ from tornado import web
 from traitlets.utils.importstring import import_item
 
 from ..gpu import GPU
+from ..owner import Owner
 from ..profiles import OptionsError
 from .outcome import outcome_of
-from .spec import JobSpec, job_owner, parse_job, requested_job_id
+from .spec import JobSpec, parse_job, requested_job_id
 from .store import ACTIVE, STATES, JobExists, JobRecord, JobStore
 
 log = logging.getLogger("gpuspawner.jobs")
@@ -144,7 +145,7 @@ class JobManager:
             self._submitting.discard(job_id)
 
     async def _submit(self, user: Any, spec: JobSpec, job_id: str) -> JobRecord:
-        owner = job_owner(user.name, job_id)
+        owner = str(Owner.of_job(user.name, job_id))
         spawner = self._spawner(user, owner)
         spawner.user_options = dict(spec.options)  # as JupyterHub sets them before apply_user_options
         await spawner._apply_gpu_options(spec.options)  # 400/403 as for a server
@@ -293,13 +294,13 @@ class JobManager:
             return
         first = self._user(active[0].user)
         if first is not None:  # rebuild the ledger from what really runs, once, before anything else
-            await self._spawner(first, job_owner(first.name, active[0].id)).ensure_reconciled()
+            await self._spawner(first, str(Owner.of_job(first.name, active[0].id))).ensure_reconciled()
         for record in sorted(active, key=lambda r: r.created):
             user = self._user(record.user)
             if user is None:
                 self._save(record.changed(state="failed", reason="its user no longer exists", ended=time.time()))
                 continue
-            spawner = self._spawner(user, job_owner(record.user, record.id))
+            spawner = self._spawner(user, str(Owner.of_job(record.user, record.id)))
             spawner.gpu_allocation = tuple(_gpu(g) for g in record.gpus)
             launched = not (record.state in ("queued", "starting") and not record.handle)
             # a launched job holds its GPUs only while it still runs (the reconciliation has kept them
@@ -341,7 +342,7 @@ class JobManager:
         if user is None:
             return
         try:
-            await self._spawner(user, f"{user.name}/").ensure_reconciled()
+            await self._spawner(user, str(Owner.of_server(user.name))).ensure_reconciled()
         except Exception as e:  # the first poll or spawn tries again
             log.warning("the GPU ledger was not reconciled with the cluster at hub start: %s", e)
 

@@ -41,7 +41,6 @@ from ..profiles import OPTION_KEYS
 
 JOB_KEYS = ("notebook", "outputs", "log", "parameters", "kernel", "time_limit", "name", "id")
 OUTPUT_FORMATS = ("ipynb", "html")
-JOB_PART = "job/"  # a job's ledger owner is "user/job/<id>"; server names never hold a slash
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
 _KERNEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 #: the ids of jobs: a UUID, as the hub makes it (uuid4().hex) or with dashes (as jupyter-scheduler makes it)
@@ -50,17 +49,6 @@ _MAX_TEXT = 4096  # characters of a parameter's text value
 _MAX_PATH = 1024  # bytes of a path (UTF-8)
 _MAX_NAME = 255  # bytes of one file or folder name (what Linux file systems take)
 _MAX_JOB_NAME = 256  # characters of a job's display name
-
-
-def job_owner(user: str, job_id: str) -> str:
-    """The ledger owner of job ``job_id`` of ``user``."""
-    return f"{user}/{JOB_PART}{job_id}"
-
-
-def job_of_owner(owner: str) -> str | None:
-    """The job id of a ledger owner, or ``None`` for a server."""
-    _user, _, rest = owner.partition("/")
-    return rest[len(JOB_PART):] if rest.startswith(JOB_PART) else None
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..owner import Owner
 from .capacity import is_gpu_resource, pod_requests
 
 USERNAME_ANNOTATION = "hub.jupyter.org/username"
@@ -63,7 +64,7 @@ def server_holdings(pods: Iterable[Mapping[str, Any]], component: str = "singleu
         if not user:
             unnamed.append(f"{meta.get('namespace', '')}/{meta.get('name', '')}")
             continue
-        owner = f"{user}/{annotations.get(SERVERNAME_ANNOTATION, '')}"
+        owner = str(Owner.of_server(user, annotations.get(SERVERNAME_ANNOTATION, "")))
         held = holdings.setdefault(owner, {})
         for resource, n in gpus.items():
             held[resource] = held.get(resource, 0) + n

@@ -35,6 +35,7 @@ from ..form import form_context, has_choices
 from ..gpu import GPU, gpu_from_record
 from ..inventory import CachedInventory
 from ..ledger import Ledger
+from ..owner import Owner, user_of
 from ..placement import GPURequest, PlacementError, never_fits
 from ..profiles import (
     OPTION_KEYS,
@@ -214,7 +215,7 @@ class GPUSpawnerMixin(GPUPolicyMixin, GPUHubSettings):
     @property
     def gpu_owner(self) -> str:
         """The ledger key of this server (one per user server), or of the job it runs."""
-        return self.gpu_owner_override or f"{self.user.name}/{self.name}"
+        return self.gpu_owner_override or str(Owner.of_server(self.user.name, self.name))
 
     # ------------------------------------------------------------ runtime state
 
@@ -646,7 +647,7 @@ class GPUSpawnerMixin(GPUPolicyMixin, GPUHubSettings):
         for workload in () if stop else result.orphans:
             self.log.warning("%s: adopted %s of %s: no server or notebook job of this hub's database names it; "
                              "its GPUs count against %s", self.backend_name, workload, workload.owner,
-                             workload.owner.split("/", 1)[0])
+                             user_of(workload.owner))
         self.gpu_released(tuple(freed))
 
     # ------------------------------------------------------------ state

@@ -51,7 +51,7 @@ from ..fence import DeviceFence, Isolation, detect
 from ..fence_starts import StartRecord
 from ..fence_systemd import ScopeFence, scope_command
 from ..gpu import nvidia_visible_devices
-from ..jobs.spec import job_of_owner
+from ..owner import Owner, user_of
 from .base import GPUSpawnerMixin, user_error
 from .processes import (
     HUB_VAR,
@@ -257,10 +257,10 @@ class _LocalGPUs(GPUSpawnerMixin):
         for owner in before:
             ledger.release(owner)
         for start in starts:
-            if job_of_owner(start.owner) == start.spawn:  # a notebook job: the job manager watches it
+            if Owner.parse(start.owner).job == start.spawn:  # a notebook job: the job manager watches it
                 conflict = ledger.adopt(start.owner, start.uuids)
                 self.log.info("gpu-local: job %s of %s runs (pids %s) on GPUs %s", start.spawn,
-                              start.owner.split("/", 1)[0], _pids(start.pids), ", ".join(start.uuids) or "none")
+                              user_of(start.owner), _pids(start.pids), ", ".join(start.uuids) or "none")
             elif recorded.get(start.owner) == start.spawn:
                 conflict = ledger.adopt(start.owner, start.uuids)
                 if start.leader:
@@ -543,15 +543,15 @@ def live_starts(fence: StartFence, hub_id: str) -> list[LiveStart]:
         elif record is not None:
             owner, uuids, leader = record.owner, record.uuids, None
         else:  # a cgroup without record or marks (made by an older gpuspawner): end it, holding nothing
-            owner, uuids, leader = "unknown/", (), None
+            owner, uuids, leader = str(Owner.of_server("unknown")), (), None
         found.append(LiveStart(owner, spawn, uuids, tuple(sorted(pids)), leader))
     return found
 
 
 def leftover_reason(owner: str, processes: list[str], interval: float) -> str:
     """Why ``owner``'s GPUs are out of service: what of its start would not die."""
-    user, _, name = owner.partition("/")
-    job = job_of_owner(owner)
+    who = Owner.parse(owner)
+    user, name, job = who.user, who.server, who.job
     what = f"{user}'s job {job}" if job else (f"{user}'s server '{name}'" if name else f"{user}'s server")
     listed = "; ".join(processes) if processes else "a process that is gone by now"
     return (f"{len(processes) or 1} process(es) of {what} would not die on SIGKILL: {listed}. Its GPUs stay out "

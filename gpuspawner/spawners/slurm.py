@@ -39,6 +39,7 @@ from ..form import form_context
 from ..gpu import GPU
 from ..inventory import InventoryReading
 from ..ledger import cluster_tokens
+from ..owner import Owner, user_of
 from ..placement import GPURequest, PlacementError
 from ..profiles import Choice, load_profiles
 from ..reconcile import Workload
@@ -278,7 +279,7 @@ class GPUSlurmSpawner(GPUSpawnerMixin, SystemAccounts, SlurmSpawner):
     def slurm_job_identity(self) -> tuple[str, str]:
         """This job's name and comment: the hub, user and server (``job/<id>`` for a notebook job), and the
         comment also this start's mark (how the hub recognizes its jobs, :mod:`gpuspawner.reconcile`)."""
-        server = self.gpu_owner[len(self.user.name) + 1:]
+        server = Owner.parse(self.gpu_owner).label
         return (f"jupyterhub-{self.gpu_hub_id}-{self.user.name}-{server}".rstrip("-"),
                 job_comment(self.gpu_hub_id, self.user.name, server, self.gpu_start_mark))
 
@@ -602,7 +603,7 @@ class GPUSlurmSpawner(GPUSpawnerMixin, SystemAccounts, SlurmSpawner):
             tag = parse_comment(job.comment)
             if tag is None or tag[0] != self.gpu_hub_id or job.state in ENDED or job.state == "COMPLETING":
                 continue
-            owner = f"{tag[1]}/{tag[2]}"
+            owner = str(Owner.from_parts(tag[1], tag[2]))
             gpus = parse_gres(job.gpus.replace("gres:", ""))
             holds = cluster_tokens(owner, {_ledger_resource(t): n for t, n in gpus.items()})
             live.append(Workload(job.id, owner, holds, comment_start(job.comment), f"Slurm job {job.id}"))
@@ -615,19 +616,18 @@ class GPUSlurmSpawner(GPUSpawnerMixin, SystemAccounts, SlurmSpawner):
             return None
         from jupyterhub import orm
 
-        from ..jobs.spec import job_owner
         from ..jobs.store import JobStore
 
         owners: dict[str, set[str]] = {}
         for row in self.db.query(orm.Spawner).filter(orm.Spawner.server != None).all():  # noqa: E711 (SQL)
             job_id = (row.state or {}).get("job_id")
             if job_id and row.user is not None:
-                owners.setdefault(f"{row.user.name}/{row.name or ''}", set()).add(str(job_id))
+                owners.setdefault(str(Owner.of_server(row.user.name, row.name)), set()).add(str(job_id))
         manager = self.hub_state.jobs
         store = manager.store if manager is not None else JobStore(self.db.get_bind())
         for record in store.list(active_only=True, limit=100_000):
             if record.handle.get("slurm_job"):
-                owners.setdefault(job_owner(record.user, record.id), set()).add(str(record.handle["slurm_job"]))
+                owners.setdefault(str(Owner.of_job(record.user, record.id)), set()).add(str(record.handle["slurm_job"]))
         return owners
 
     def stops_orphans(self) -> bool:
@@ -640,7 +640,7 @@ class GPUSlurmSpawner(GPUSpawnerMixin, SystemAccounts, SlurmSpawner):
                          "database names it (the hub stopped before saving it, or its server was stopped)",
                          workload.id, workload.owner)
         try:
-            subvars = {**self.command_subvars(), "username": self.account_of(workload.owner.split("/", 1)[0]),
+            subvars = {**self.command_subvars(), "username": self.account_of(user_of(workload.owner)),
                        "job_id": workload.id}
             line = prefixed(format_template(self.exec_prefix, **subvars),
                             format_template(self.batch_cancel_cmd, **subvars))
