@@ -51,17 +51,18 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Collection, Iterable, Iterator, Sequence, Set as AbstractSet
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from itertools import combinations
 from typing import NamedTuple
 
 from gpuspawner.availability import ModelAvailability, by_model
 from gpuspawner.gpu import GPU, model_rank
 from gpuspawner.refusals import WAITABLE, PlacementError, explain_interconnect, explain_refusal
+from gpuspawner.request import GPURequest
 from gpuspawner.topology import CLASS_NAMES, INTERCONNECTS, NVLINK_CLASSES, level_rank, nvlink_count, set_class
 
 __all__ = [
-    "GPURequest",
+    "GPURequest",  # what place() is asked; defined in gpuspawner.request
     "PlacementError",  # what place() raises; defined in gpuspawner.refusals
     "PlacementIndex",
     "FreeState",
@@ -72,44 +73,8 @@ __all__ = [
     "set_class_of",
 ]
 
-ANY_MODEL = "any"
 #: Groups up to this many GPUs are searched for their best set.
 MAX_SCORED = 12
-
-
-@dataclass(frozen=True)
-class GPURequest:
-    """What one user server asks for.
-
-    ``models`` holds patterns for :func:`~gpuspawner.gpu.slug_matches`, in
-    order of preference; ``()`` or a tuple containing ``"any"`` accepts any
-    model. Patterns are normalised to stripped lower case, and a single string
-    is accepted as a one-element tuple. ``interconnect="nvlink"`` accepts only
-    GPUs NVLink joins (for two or more GPUs).
-    """
-
-    owner: str
-    count: int
-    models: tuple[str, ...] = ()
-    interconnect: str | None = None
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.owner, str) or not self.owner:
-            raise ValueError("GPURequest.owner must be a non-empty string")
-        if isinstance(self.count, bool) or not isinstance(self.count, int):
-            raise ValueError(f"GPURequest.count must be an int, got {self.count!r}")
-        if self.count < 0:
-            raise ValueError(f"GPURequest.count must be >= 0, got {self.count}")
-        if self.interconnect is not None and self.interconnect not in INTERCONNECTS:
-            raise ValueError(f"GPURequest.interconnect must be None or one of {INTERCONNECTS}")
-        models = (self.models,) if isinstance(self.models, str) else tuple(self.models)
-        cleaned = tuple(p.strip().lower() for p in models if p and p.strip())
-        object.__setattr__(self, "models", cleaned)
-
-    @property
-    def any_model(self) -> bool:
-        """Whether every model is acceptable."""
-        return not self.models or ANY_MODEL in self.models
 
 
 # --------------------------------------------------------------------------

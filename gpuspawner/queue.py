@@ -29,8 +29,7 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 from .gpu import GPU, model_slug, slug_matches
-from .placement import PlacementError
-from .refusals import WAITABLE  # refusal codes a wait can cure; any other refusal ends the wait at once
+from .refusals import WAITABLE, PlacementError, refuse  # WAITABLE: codes a wait can cure; others end the wait
 
 __all__ = ["GPUQueue", "QueueTimeout", "Waiter", "WAITABLE"]
 
@@ -197,11 +196,8 @@ class GPUQueue:
                     last_report = (position, text)
                 remaining = deadline - self._clock()
                 if remaining <= 0:
-                    raise QueueTimeout(
-                        f"No GPU became free within {_minutes(timeout)}, the queue's limit "
-                        f"(you were number {position} in the queue). Try again later or ask for fewer GPUs.",
-                        code="queue_timeout", requested=waiter.count, models=waiter.models,
-                    )
+                    raise refuse("queue_timeout", {"minutes": _minutes(timeout), "position": position},
+                                 QueueTimeout, requested=waiter.count, models=waiter.models)
                 try:
                     await asyncio.wait_for(waiter.event.wait(), min(remaining, recheck))
                 except asyncio.TimeoutError:

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from .owner import Owner, user_of
-from .placement import PlacementError
+from .refusals import PlacementError, refuse
 
 __all__ = ["Quota", "QuotaError", "check", "held_by"]
 
@@ -63,20 +63,13 @@ def check(
         if total + queued + count > quota.per_user:
             servers = ", ".join(sorted(Owner.parse(o).label or "default" for o in mine)) or "none"
             also = f" and your queued spawns wait for {queued}" if queued else ""
-            raise QuotaError(
-                f"Your quota is {_plural(quota.per_user)} and your servers hold {total} "
-                f"(servers: {servers}){also}; asking for {count} more would exceed it. "
-                "Stop one of your servers or ask for fewer GPUs.",
-                code="quota_user", requested=count,
-            )
+            raise refuse("quota_user", {"limit": _plural(quota.per_user), "total": total, "servers": servers,
+                                        "also": also, "count": count}, QuotaError, requested=count)
     for group, limit in sorted(quota.groups.items()):
         members = quota.members.get(group, frozenset()) | {quota.user}
         total = sum(held_by(others, members).values())
         queued = sum(n for u, n in waiting.items() if u in members)
         if total + queued + count > limit:
             also = f" and their queued spawns wait for {queued}" if queued else ""
-            raise QuotaError(
-                f"The quota of group '{group}' is {_plural(limit)} and its members' servers hold {total}{also}; "
-                f"asking for {count} more would exceed it. Try again when a member of '{group}' stops a server.",
-                code="quota_group", requested=count,
-            )
+            raise refuse("quota_group", {"group": group, "limit": _plural(limit), "total": total, "also": also,
+                                         "count": count}, QuotaError, requested=count)

@@ -1,7 +1,13 @@
-"""Why a GPU request gets nothing: :class:`PlacementError` and the sentences a user reads.
+"""Why a GPU request gets nothing: the refusal codes, the ONE table of sentences a user reads, :class:`PlacementError`.
 
-:func:`gpuspawner.placement.place` decides; when it cannot place a request it
-raises what :func:`explain_refusal` builds here. Pure, like placement. The
+Every refusal of a spawn, whoever decides it, is a :class:`PlacementError` (or a subclass:
+:class:`~gpuspawner.quota.QuotaError`, :class:`~gpuspawner.queue.QueueTimeout`, Kubernetes'
+:class:`~gpuspawner.kube.capacity.CapacityError`, Slurm's :class:`~gpuspawner.slurm.sinfo.NeverFits`)
+with a :class:`Refusal` code, worded from :data:`SENTENCES`, so the hub handles them one way:
+HTTP 409 with the sentence, the code in metrics, a wait only for the codes in :data:`WAITABLE`.
+
+:func:`gpuspawner.placement.place` decides for the hub's own GPUs; when it cannot place a
+request it raises what :func:`explain_refusal` builds here. Pure, like placement. The
 counts in the sentences ("0 of 2 free. 1 more is unavailable: GPU is lost.")
 are those of :mod:`gpuspawner.availability`, the same the spawn form shows.
 """
@@ -9,21 +15,115 @@ are those of :mod:`gpuspawner.availability`, the same the spawn form shows.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from enum import Enum
+from typing import TypeVar
 
 from gpuspawner.availability import ModelAvailability, by_model
 from gpuspawner.gpu import GPU, model_rank
+from gpuspawner.request import GPURequest
 
-if TYPE_CHECKING:
-    from gpuspawner.placement import GPURequest
+__all__ = ["SENTENCES", "WAITABLE", "PlacementError", "Refusal", "explain_interconnect", "explain_refusal",
+           "refuse", "words"]
 
-__all__ = ["WAITABLE", "PlacementError", "explain_refusal"]
 
-#: Refusal codes that a wait can cure (GPUs are busy or out of service now). Any other code of
-#: :func:`explain_refusal` and :func:`explain_interconnect` means the request never fits here.
-WAITABLE = frozenset({"none_free", "not_enough_on_one_host", "none_usable", "no_nvlink_set"})
+class Refusal(str, Enum):
+    """Why a request is refused: the stable keyword of metrics, logs and :attr:`PlacementError.code`.
+
+    A ``str``: ``Refusal.NONE_FREE == "none_free"``, and it prints as its value.
+    """
+
+    NO_GPUS = "no_gpus"  # no GPUs at all
+    NO_MATCHING_MODEL = "no_matching_model"  # none of the models asked for
+    EXCEEDS_HOST_SIZE = "exceeds_host_size"  # more than any one machine or node has
+    DRIVER_TOO_OLD = "driver_too_old"  # Kubernetes: no node's driver is new enough for the image's CUDA
+    CUDA_TOO_OLD = "cuda_too_old"  # Slurm: the same
+    NO_NVLINK_HOST = "no_nvlink_host"  # no machine has such GPUs joined by NVLink
+    NONE_USABLE = "none_usable"  # all of them out of service now
+    NONE_FREE = "none_free"  # all taken now
+    NOT_ENOUGH_ON_ONE_HOST = "not_enough_on_one_host"  # enough free, but not on one machine
+    NO_NVLINK_SET = "no_nvlink_set"  # enough free, none joined by NVLink
+    QUOTA_USER = "quota_user"  # over the user's quota
+    QUOTA_GROUP = "quota_group"  # over a group's quota
+    QUEUED_AHEAD = "queued_ahead"  # others wait in the queue for these GPUs
+    QUEUE_TIMEOUT = "queue_timeout"  # waited in the queue for the queue's limit
+
+    def __str__(self) -> str:
+        return self.value
+
+    __format__ = str.__format__
+
+
+#: Refusal codes that a wait can cure (GPUs are busy or out of service now). Any other code
+#: means the request never fits here (or, for quotas, not before the user frees GPUs).
+WAITABLE = frozenset({Refusal.NONE_FREE, Refusal.NOT_ENOUGH_ON_ONE_HOST, Refusal.NONE_USABLE,
+                      Refusal.NO_NVLINK_SET})
+
+R = Refusal
+#: Every sentence a refused user reads: key -> (code, template for :meth:`str.format`). Keys without a
+#: code are fragments of other sentences (filled in first). Kept word for word: users and tests know them.
+SENTENCES: dict[str, tuple[Refusal | None, str]] = {
+    # the hub places (gpu-local, gpu-docker): explain_refusal, explain_interconnect
+    "no_gpus": (R.NO_GPUS, "This hub has no GPUs to give out. Please contact your administrators."),
+    "no_matching_model": (R.NO_MATCHING_MODEL, "This hub has no GPU matching {patterns}. Models here: {models}."),
+    "exceeds_host_size": (R.EXCEEDS_HOST_SIZE, "{amount} {was} requested but no machine here has more than "
+                                               "{most} {subjects}{one_model}. Ask for {most} or fewer."),
+    "none_usable": (R.NONE_USABLE, "No {subject} is usable right now: {n} of {n} {are} unavailable ({reasons})."
+                                   "{alternatives} {next_step}"),
+    "none_free": (R.NONE_FREE, "No {subject} is free right now: 0 of {total} free.{broken}{alternatives} {next_step}"),
+    "not_enough_on_one_host": (R.NOT_ENOUGH_ON_ONE_HOST, "{amount} were requested but at most {best} {are} "
+                               "free{one_model} on one machine ({free} of {total} free in all)."
+                               "{broken}{alternatives} {next_step}"),
+    "no_nvlink_host": (R.NO_NVLINK_HOST, "{amount} joined by NVLink were requested, but no machine here has "
+                                         "{count} {many} joined by NVLink. "
+                                         "Pick a profile without the NVLink requirement."),
+    "no_nvlink_set": (R.NO_NVLINK_SET, "{amount} joined by NVLink were requested, but no {count} free on one "
+                                       "machine are joined by NVLink ({free} of {total} free in all). "
+                                       "Try again later, or pick a profile without the NVLink requirement."),
+    "unavailable": (None, " {n} {more}{are} unavailable: {reasons}."),
+    "has_free": (None, " {name} has {free} free."),
+    "others_free": (None, " Other models with room: {listed}."),
+    # Kubernetes places (gpu-kube): gpuspawner.kube.capacity.place
+    "kube_no_matching_model": (R.NO_MATCHING_MODEL, "No node in this cluster has a {what}. {inventory}"),
+    "kube_driver_too_old": (R.DRIVER_TOO_OLD, "No {what} node has a driver new enough for CUDA {cuda}, which this "
+                                              "image needs; the newest there supports CUDA {newest}. {inventory}"),
+    "kube_exceeds_host_size": (R.EXCEEDS_HOST_SIZE, "No node has {count} x {what}: at most {most} on one node. "
+                                                    "{inventory}"),
+    "kube_none_usable": (R.NONE_USABLE, "No {what} is usable right now: {down} of {down} {are} unavailable "
+                                        "(node not ready or cordoned).{others} Pick another model or try again later."),
+    "kube_none_free": (R.NONE_FREE, "No {what} is free right now: {free} of {total} free, at most {largest} on one "
+                                    "node, and you asked for {count}.{unavailable}{others} "
+                                    "Pick another model or try again later."),
+    "kube_unavailable": (None, " {down} more {are} unavailable: node not ready or cordoned."),
+    # Slurm places (gpu-slurm): gpuspawner.slurm.sinfo.choose_type
+    "slurm_no_gpus": (R.NO_GPUS, "No node {where} has GPUs."),
+    "slurm_no_matching_model": (R.NO_MATCHING_MODEL, "No node {where} has {wanted} GPUs; the GPUs there: {sizes}."),
+    "slurm_exceeds_host_size": (R.EXCEEDS_HOST_SIZE, "No node {where} has {count} {what} GPUs; the most on one node: "
+                                                     "{sizes}. Ask for fewer GPUs."),
+    "slurm_cuda_too_old": (R.CUDA_TOO_OLD, "{subject} needs CUDA {need} but the drivers of the nodes {where} with "
+                                           "{count} {what}GPUs support CUDA {newest} at most. Pick {instead} built "
+                                           "for CUDA {newest} or older, or ask an admin to update the driver."),
+    # every backend: gpuspawner.quota, gpuspawner.queue, the queue's order (spawners.policies)
+    "quota_user": (R.QUOTA_USER, "Your quota is {limit} and your servers hold {total} (servers: {servers}){also}; "
+                                 "asking for {count} more would exceed it. "
+                                 "Stop one of your servers or ask for fewer GPUs."),
+    "quota_group": (R.QUOTA_GROUP, "The quota of group '{group}' is {limit} and its members' servers hold "
+                                   "{total}{also}; asking for {count} more would exceed it. "
+                                   "Try again when a member of '{group}' stops a server."),
+    "queued_ahead": (R.QUEUED_AHEAD, "{waiting} queued request(s) from {users} user(s) are waiting for these GPUs; "
+                                     "choose a profile that queues, or try again later."),
+    "gpus_gone": (R.NO_GPUS, "this hub no longer has its GPU(s) {gpus}"),  # a kept Docker container's
+    "queue_timeout": (R.QUEUE_TIMEOUT, "No GPU became free within {minutes}, the queue's limit "
+                                       "(you were number {position} in the queue). "
+                                       "Try again later or ask for fewer GPUs."),
+}
+del R
+
+
+def words(key: str, **fields: object) -> str:
+    """The sentence (or fragment) ``key`` of :data:`SENTENCES`, filled in."""
+    return SENTENCES[key][1].format(**fields)
 
 
 class PlacementError(Exception):
@@ -31,11 +131,7 @@ class PlacementError(Exception):
 
     The structured fields exist for logs and metrics:
 
-    * ``code``: a stable keyword: ``"no_gpus"``, ``"no_matching_model"``,
-      ``"exceeds_host_size"``, ``"none_usable"``, ``"none_free"``,
-      ``"not_enough_on_one_host"``, ``"no_nvlink_set"`` (enough free, none
-      joined by NVLink, for a request that needs it) or ``"no_nvlink_host"``
-      (no machine has such GPUs at all);
+    * ``code``: a :class:`Refusal` (a ``str``; a plain string is turned into one);
     * ``requested``: the GPU count asked for; ``models``: the request patterns;
     * ``free`` / ``total``: free / in-service GPUs of the acceptable models,
       as :mod:`gpuspawner.availability` defines them (``total`` leaves out
@@ -50,8 +146,8 @@ class PlacementError(Exception):
         self,
         message: str,
         *,
-        code: str,
-        requested: int,
+        code: Refusal | str,
+        requested: int = 0,
         models: tuple[str, ...] = (),
         free: int = 0,
         total: int = 0,
@@ -62,7 +158,7 @@ class PlacementError(Exception):
     ) -> None:
         super().__init__(message)
         self.message = message
-        self.code = code
+        self.code = Refusal(code)
         self.requested = requested
         self.models = models
         self.free = free
@@ -71,6 +167,19 @@ class PlacementError(Exception):
         self.max_free_on_one_host = max_free_on_one_host
         self.max_on_one_host = max_on_one_host
         self.free_by_model = dict(free_by_model or {})
+
+
+E = TypeVar("E", bound=PlacementError)
+
+
+def refuse(key: str, fields: Mapping[str, object], error: type[E] = PlacementError, **details: object) -> E:
+    """The ``error`` (a :class:`PlacementError`) for sentence ``key`` of :data:`SENTENCES`, with its code.
+
+    ``fields`` fill the sentence in; ``details`` are the error's other keyword arguments.
+    """
+    code, template = SENTENCES[key]
+    assert code is not None, f"{key} is a fragment, not a refusal"
+    return error(template.format(**fields), code=code, **details)
 
 
 @dataclass
@@ -158,7 +267,7 @@ def _unavailable_sentence(survey: _Shortfall, prefix: str) -> str:
     n = survey.unavailable
     if not n:
         return ""
-    return f" {n} {prefix}{_plural(n, 'is', 'are')} unavailable: {_reasons(survey)}."
+    return words("unavailable", n=n, more=prefix, are=_plural(n, "is", "are"), reasons=_reasons(survey))
 
 
 def _reasons(survey: _Shortfall) -> str:
@@ -177,9 +286,8 @@ def _alternatives(survey: _Shortfall, count: int) -> str:
         return ""
     if len(room) == 1:
         slug, n = room[0]
-        return f" {survey.names[slug]} has {n} free."
-    listed = ", ".join(f"{survey.names[slug]} ({n} free)" for slug, n in room)
-    return f" Other models with room: {listed}."
+        return words("has_free", name=survey.names[slug], free=n)
+    return words("others_free", listed=", ".join(f"{survey.names[slug]} ({n} free)" for slug, n in room))
 
 
 def _patterns(models: tuple[str, ...]) -> str:
@@ -202,7 +310,7 @@ def explain_refusal(
     ``availability`` and ``unhealthy``: see :func:`_survey` (a shortcut, same sentences).
     """
     survey = _survey(inventory, held, request, availability, unhealthy)
-    return _error(survey, request, *_refusal_message(survey, request))
+    return _error(survey, request, *_refusal_fields(survey, request))
 
 
 def explain_interconnect(
@@ -218,22 +326,15 @@ def explain_interconnect(
     subject = _subject(request, survey)
     count = request.count  # only for 2 or more GPUs: one GPU needs no link
     if not anywhere:
-        return _error(survey, request, "no_nvlink_host", (
-            f"{_amount(count, subject)} joined by NVLink were requested, but no machine here has "
-            f"{count} {_many(subject)} joined by NVLink. Pick a profile without the NVLink requirement."
-        ))
-    message = (
-        f"{_amount(count, subject)} joined by NVLink were requested, but no {count} free on one "
-        f"machine are joined by NVLink ({survey.free} of {survey.total} free in all). "
-        f"Try again later, or pick a profile without the NVLink requirement."
-    )
-    return _error(survey, request, "no_nvlink_set", message)
+        return _error(survey, request, "no_nvlink_host",
+                      {"amount": _amount(count, subject), "count": count, "many": _many(subject)})
+    return _error(survey, request, "no_nvlink_set",
+                  {"amount": _amount(count, subject), "count": count, "free": survey.free, "total": survey.total})
 
 
-def _error(survey: _Shortfall, request: GPURequest, code: str, message: str) -> PlacementError:
-    return PlacementError(
-        message,
-        code=code,
+def _error(survey: _Shortfall, request: GPURequest, key: str, fields: Mapping[str, object]) -> PlacementError:
+    return refuse(
+        key, fields,
         requested=request.count,
         models=request.models,
         free=survey.free,
@@ -245,46 +346,33 @@ def _error(survey: _Shortfall, request: GPURequest, code: str, message: str) -> 
     )
 
 
-def _refusal_message(survey: _Shortfall, request: GPURequest) -> tuple[str, str]:
-    """(code, sentence) for a refused request."""
+def _refusal_fields(survey: _Shortfall, request: GPURequest) -> tuple[str, dict[str, object]]:
+    """(sentence key, its fields) for a refused request."""
     count = request.count
     subject = _subject(request, survey)
     if not survey.names:
-        return "no_gpus", "This hub has no GPUs to give out. Please contact your administrators."
+        return "no_gpus", {}
     if not survey.matching:
-        models = ", ".join(survey.names.values())
-        return "no_matching_model", (
-            f"This hub has no GPU matching {_patterns(request.models)}. Models here: {models}."
-        )
+        return "no_matching_model", {"patterns": _patterns(request.models), "models": ", ".join(survey.names.values())}
     host_max = survey.most_on_one_host(survey.matching)
     if count > host_max:
-        return "exceeds_host_size", (
-            f"{_amount(count, subject)} {_plural(count, 'was', 'were')} requested but no machine "
-            f"here has more than {host_max} {_plural(host_max, subject, _many(subject))}"
-            f"{_one_model(survey)}. "
-            f"Ask for {host_max} or fewer."
-        )
+        return "exceeds_host_size", {
+            "amount": _amount(count, subject), "was": _plural(count, "was", "were"), "most": host_max,
+            "subjects": _plural(host_max, subject, _many(subject)), "one_model": _one_model(survey)}
     alternatives = _alternatives(survey, count)
     if survey.total == 0:
         n = survey.unavailable
-        return "none_usable", (
-            f"No {subject} is usable right now: {n} of {n} {_plural(n, 'is', 'are')} "
-            f"unavailable ({_reasons(survey)}).{alternatives} "
-            f"{_next_step(alternatives)}"
-        )
+        return "none_usable", {"subject": subject, "n": n, "are": _plural(n, "is", "are"), "reasons": _reasons(survey),
+                               "alternatives": alternatives, "next_step": _next_step(alternatives)}
     broken = _unavailable_sentence(survey, "more ")
     if survey.free == 0:
-        return "none_free", (
-            f"No {subject} is free right now: 0 of {survey.total} free.{broken}{alternatives} "
-            f"{_next_step(alternatives)}"
-        )
+        return "none_free", {"subject": subject, "total": survey.total, "broken": broken,
+                             "alternatives": alternatives, "next_step": _next_step(alternatives)}
     best = survey.largest(survey.matching)
-    return "not_enough_on_one_host", (
-        f"{_amount(count, subject)} were requested but at most {best} "
-        f"{_plural(best, 'is', 'are')} free{_one_model(survey)} on one machine "
-        f"({survey.free} of {survey.total} free in all).{broken}{alternatives} "
-        f"{_next_step(alternatives, fewer=best)}"
-    )
+    return "not_enough_on_one_host", {
+        "amount": _amount(count, subject), "best": best, "are": _plural(best, "is", "are"),
+        "one_model": _one_model(survey), "free": survey.free, "total": survey.total, "broken": broken,
+        "alternatives": alternatives, "next_step": _next_step(alternatives, fewer=best)}
 
 
 def _one_model(survey: _Shortfall) -> str:

@@ -355,9 +355,10 @@ class _Replay:
             self.at(self.now + self.policy.queue_timeout, "queue-timeout", live, live.generation)
             self.serve()
             return
+        if self.queue.ahead(live.s.models, self.inventory):  # others queue for these GPUs: refused, as the hub does
+            self.refused(live)
+            return
         try:
-            if self.queue.ahead(live.s.models, self.inventory):
-                raise PlacementError("queued ahead", code="queued_ahead")
             self.place(live)
         except PlacementError:
             self.refused(live)

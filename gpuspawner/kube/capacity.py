@@ -38,6 +38,7 @@ from typing import Any
 from ..availability import ModelAvailability, Tally
 from ..compat import CudaVersion, cuda_version_text
 from ..gpu import GPU, model_slug, slug_matches
+from ..refusals import PlacementError, Refusal, refuse, words
 from .cuda import node_cuda
 
 PRODUCT_LABEL = "nvidia.com/gpu.product"
@@ -53,17 +54,17 @@ _MIG_PRODUCT = re.compile(r"(.+)-MIG-([0-9]+g\.[0-9]+gb)")
 SHARED_NOTE = "shared, no memory isolation"
 
 
-class CapacityError(Exception):
+class CapacityError(PlacementError):
     """A request the cluster cannot take: ``never`` when no node ever could.
 
-    ``code`` is the refusal's keyword for metrics, as for the hub's own placement:
-    ``no_matching_model``, ``driver_too_old``, ``exceeds_host_size`` or ``none_free``.
+    A :class:`~gpuspawner.refusals.PlacementError` like the hub's own refusals: its ``code``
+    (``no_matching_model``, ``driver_too_old``, ``exceeds_host_size``, ``none_usable`` or
+    ``none_free``) and sentence come from :data:`~gpuspawner.refusals.SENTENCES`.
     """
 
-    def __init__(self, message: str, never: bool, code: str = "none_free") -> None:
-        super().__init__(message)
+    def __init__(self, message: str, *, code: Refusal | str, never: bool, **details: Any) -> None:
+        super().__init__(message, code=code, **details)
         self.never = never
-        self.code = code
 
 
 @dataclass(frozen=True)
@@ -314,6 +315,7 @@ def place(
     the node products the pod may land on.
     """
     all_pools = pools(nodes)
+    asked = {"requested": count, "models": tuple(patterns)}
     if patterns:
         candidates = [p for p in all_pools if any(slug_matches(pat, p.slug) for pat in patterns)]
         names = sorted({_label(p) for p in candidates})
@@ -322,8 +324,8 @@ def place(
         candidates = [p for p in all_pools if p.kind == "gpu"]
         what = "GPU"
     if not candidates:
-        raise CapacityError(f"No node in this cluster has a {what}. {_inventory_sentence(all_pools)}",
-                            never=True, code="no_matching_model")
+        raise refuse("kube_no_matching_model", {"what": what, "inventory": _inventory_sentence(all_pools)},
+                     CapacityError, never=True, **asked)
     # One pod asks for one resource: keep whole GPUs when the choice allows them,
     # else the resource with the most free.
     by_resource: dict[str, list[Pool]] = defaultdict(list)
@@ -336,35 +338,31 @@ def place(
     if cuda is not None:
         usable = [p for p in pools(nodes, cuda) if p.slug in slugs]
         if not usable:
-            raise CapacityError(
-                f"No {what} node has a driver new enough for CUDA {cuda_version_text(cuda)}, which this image needs; "
-                f"the newest there supports CUDA {_cuda_ceiling(nodes, slugs)}. {_inventory_sentence(all_pools)}",
-                never=True, code="driver_too_old",
-            )
+            raise refuse("kube_driver_too_old", {
+                "what": what, "cuda": cuda_version_text(cuda), "newest": _cuda_ceiling(nodes, slugs),
+                "inventory": _inventory_sentence(all_pools)}, CapacityError, never=True, **asked)
         group = usable
     fits_ever = [p for p in group if p.max_per_node >= count]
     if not fits_ever:
         most = max(p.max_per_node for p in group)
-        raise CapacityError(
-            f"No node has {count} x {what}: at most {most} on one node. {_inventory_sentence(all_pools)}",
-            never=True, code="exceeds_host_size",
-        )
+        raise refuse("kube_exceeds_host_size", {"what": what, "count": count, "most": most,
+                                                "inventory": _inventory_sentence(all_pools)},
+                     CapacityError, never=True, **asked)
     if refuse_now and not any(p.largest >= count for p in fits_ever):
         free = sum(p.free for p in group)
         total = sum(p.total for p in group)
         largest = max(p.largest for p in group)
         down = sum(p.unavailable for p in group)
         are = "is" if down == 1 else "are"
-        if total == 0:  # the same words as gpuspawner.refusals
-            state = [f"No {what} is usable right now: {down} of {down} {are} unavailable (node not ready or cordoned)."]
-        else:
-            state = [(f"No {what} is free right now: {free} of {total} free, at most {largest} on one node, "
-                      f"and you asked for {count}.")]
-            if down:
-                state.append(f"{down} more {are} unavailable: node not ready or cordoned.")
-        others = [p for p in all_pools if p.slug not in slugs and p.largest >= count]
-        state += [f"{_label(p)} has {p.free} free." for p in others[:3]]
-        raise CapacityError(" ".join(state) + " Pick another model or try again later.", never=False)
+        others = "".join(words("has_free", name=_label(p), free=p.free)
+                         for p in [p for p in all_pools if p.slug not in slugs and p.largest >= count][:3])
+        if total == 0:
+            raise refuse("kube_none_usable", {"what": what, "down": down, "are": are, "others": others},
+                         CapacityError, never=False, **asked)
+        unavailable = words("kube_unavailable", down=down, are=are) if down else ""
+        raise refuse("kube_none_free", {"what": what, "free": free, "total": total, "largest": largest, "count": count,
+                                        "unavailable": unavailable, "others": others},
+                     CapacityError, never=False, **asked)
     products = tuple(sorted({prod for p in fits_ever for prod in p.products}))
     if "" in products:  # nodes without GPU Feature Discovery's product label: only the resource can select them
         products = ()

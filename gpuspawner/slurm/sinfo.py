@@ -23,6 +23,7 @@ from typing import Any
 from ..availability import ModelAvailability, Tally
 from ..compat import cuda_version_text
 from ..gpu import model_rank, model_slug
+from ..refusals import PlacementError, refuse
 from .cuda import CudaNeed, DriverCuda, feature_cuda
 
 __all__ = ["GresTypes", "NeverFits", "SlurmNode", "check_errors", "choose_type", "cuda_constraint", "gpu_availability",
@@ -175,12 +176,13 @@ def gpu_availability(
     return sorted(tally.models().values(), key=lambda a: (a.name, a.slug))
 
 
-class NeverFits(Exception):
-    """No node of the partition could ever run the request; ``str(e)`` is the user's sentence."""
+class NeverFits(PlacementError):
+    """No node of the partition could ever run the request; ``str(e)`` is the user's sentence.
 
-    def __init__(self, message: str, code: str) -> None:
-        super().__init__(message)
-        self.code = code
+    A :class:`~gpuspawner.refusals.PlacementError` like the hub's own refusals: its ``code``
+    (``no_gpus``, ``no_matching_model``, ``exceeds_host_size`` or ``cuda_too_old``) and sentence
+    come from :data:`~gpuspawner.refusals.SENTENCES`.
+    """
 
 
 def _where(partitions: tuple[str, ...]) -> str:
@@ -206,6 +208,7 @@ def choose_type(
     or the newest CUDA version of the fitting nodes' drivers.
     """
     partitions = tuple(partitions)
+    asked = {"requested": count, "models": tuple(models)}
     drivers = drivers or DriverCuda()
     most: dict[str, int] = {}  # the most GPUs of each type on one node
     usable: dict[str, int] = {}  # ... on one node whose driver is new enough (or not known)
@@ -226,27 +229,26 @@ def choose_type(
     sizes = ", ".join(f"{types.slug(t)} (up to {n} per node)" for t, n in sorted(most.items()) if n)
     where = _where(partitions)
     if not sizes:
-        raise NeverFits(f"No node {where} has GPUs.", "no_gpus")
+        raise refuse("slurm_no_gpus", {"where": where}, NeverFits, **asked)
     ranked = [(model_rank(models, types.slug(t)), t) for t in most if most[t]]
     matching = [(rank, t) for rank, t in ranked if rank is not None]
     if not matching:
         wanted = " or ".join(models)
-        raise NeverFits(f"No node {where} has {wanted} GPUs; the GPUs there: {sizes}.", "no_matching_model")
+        raise refuse("slurm_no_matching_model", {"where": where, "wanted": wanted, "sizes": sizes}, NeverFits, **asked)
     fitting = [(rank, t) for rank, t in matching if most[t] >= count]
     if not fitting:
         what = " or ".join(models) if models else "GPUs of one type"
-        raise NeverFits(f"No node {where} has {count} {what} GPUs; the most on one node: {sizes}. "
-                        "Ask for fewer GPUs.", "exceeds_host_size")
+        raise refuse("slurm_exceeds_host_size", {"where": where, "count": count, "what": what, "sizes": sizes},
+                     NeverFits, **asked)
     if cuda is not None:
         known = [newest[t] for _, t in fitting if t in newest]
         fitting = [(rank, t) for rank, t in fitting if usable.get(t, 0) >= count]
         if not fitting:
             ceiling = cuda_version_text(max(known)) if known else "unknown"
             what = " or ".join(models) + " " if models else ""
-            raise NeverFits(
-                f"{cuda.subject} needs CUDA {cuda_version_text(cuda.version)} but the drivers of the nodes {where} "
-                f"with {count} {what}GPUs support CUDA {ceiling} at most. Pick {cuda.instead} built for "
-                f"CUDA {ceiling} or older, or ask an admin to update the driver.", "cuda_too_old")
+            raise refuse("slurm_cuda_too_old", {
+                "subject": cuda.subject, "need": cuda_version_text(cuda.version), "where": where, "count": count,
+                "what": what, "newest": ceiling, "instead": cuda.instead}, NeverFits, **asked)
     fitting.sort(key=lambda rt: (free.get(rt[1], 0) < count, rt[0], -free.get(rt[1], 0), rt[1]))
     return fitting[0][1]
 

@@ -40,6 +40,7 @@ from ..cpus import Binding, cpu_binding, host_numa_nodes
 from ..placement import PlacementError
 from ..profiles import Choice, OfferedImages
 from ..reconcile import Workload
+from ..refusals import refuse
 from .base import GPUSpawnerMixin, user_error
 from .docker_objects import (
     HUB,
@@ -422,7 +423,7 @@ class GPUDockerSpawner(GPUSpawnerMixin, DockerSpawner):
         gone = [u for u in uuids if u not in known]
         try:
             if gone:
-                raise PlacementError(f"this hub no longer has its GPU(s) {', '.join(gone)}", code="no_gpus")
+                raise refuse("gpus_gone", {"gpus": ", ".join(gone)})
             self.gpu_allocation = self.hold_exactly(tuple(known[u] for u in uuids)) if uuids else ()
         except PlacementError as e:
             message = (f"Your kept container {name} cannot start again: {e}. It runs only on the GPUs it was made "

@@ -613,7 +613,7 @@ class GPUKubeSpawner(GPUSpawnerMixin, KubeSpawner):
             place(reading.nodes, choice.models, choice.gpus, None, refuse_now=False)
         except CapacityError as e:
             if e.never:
-                return PlacementError(str(e), code=e.code, requested=choice.gpus, models=choice.models)
+                return e
         return None
 
     def _claim_now(
@@ -623,8 +623,8 @@ class GPUKubeSpawner(GPUSpawnerMixin, KubeSpawner):
         refusal: PlacementError | None = None
         try:
             request, context = self._request_for(choice, reading)
-        except CapacityError as e:
-            refusal = PlacementError(str(e), code=e.code, requested=choice.gpus, models=choice.models)
+        except CapacityError as e:  # a PlacementError: counted as a refusal, the ledger unchanged
+            refusal = e
             request, context = PodGPURequest(choice.gpus, GPU_RESOURCE), EventContext("GPU", choice.gpus)
         if refusal is None and not self.kueue_queue(choice.profile):
             try:  # Kueue's own queue aside, requests of the hub's queue go first
@@ -650,10 +650,8 @@ class GPUKubeSpawner(GPUSpawnerMixin, KubeSpawner):
             return offered_models(latest[0].nodes)
 
         def place(_models: tuple[GPU, ...]) -> tuple[PodGPURequest, EventContext]:
-            try:
-                request, context = self._request_for(choice, latest[0])
-            except CapacityError as e:  # "none_free" waits; a request no node can ever take ends the wait
-                raise PlacementError(str(e), code=e.code, requested=choice.gpus, models=choice.models) from e
+            # a CapacityError is a PlacementError: "none_free" waits; a request no node can ever take ends the wait
+            request, context = self._request_for(choice, latest[0])
             state.ledger.claim(counted.owner, {request.resource: request.count},
                                admit=lambda held: check(quota, counted.count, held, counted.owner))
             return request, context

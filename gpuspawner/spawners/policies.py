@@ -26,6 +26,7 @@ from ..inventory import InventoryReading
 from ..placement import GPURequest, PlacementError, never_fits
 from ..profiles import Choice, Profile
 from ..quota import Quota, check
+from ..refusals import refuse
 
 T = TypeVar("T")
 
@@ -178,11 +179,8 @@ class GPUPolicyMixin(Configurable):
         waiting = self.hub_state.queue.ahead(request.models, gpus) if request.count else []
         if waiting:
             users = len({w.user for w in waiting})
-            raise PlacementError(
-                f"{len(waiting)} queued request(s) from {users} user(s) are waiting for these GPUs; "
-                "choose a profile that queues, or try again later.",
-                code="queued_ahead", requested=request.count, models=request.models,
-            )
+            raise refuse("queued_ahead", {"waiting": len(waiting), "users": users},
+                         requested=request.count, models=request.models)
 
     async def wait_in_queue(
         self,

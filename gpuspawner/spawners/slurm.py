@@ -405,7 +405,7 @@ class GPUSlurmSpawner(GPUSpawnerMixin, SystemAccounts, SlurmSpawner):
             choose_type(reading.value, self.gres_types, choice.models, choice.gpus, self.partitions(choice),
                         self.cuda_need(choice), DriverCuda(dict(self.slurm_driver_cuda)))
         except NeverFits as e:
-            return PlacementError(str(e), code=e.code, requested=choice.gpus, models=choice.models)
+            return e
         return None
 
     async def reserve_gpus(self) -> tuple[GPU, ...]:
@@ -438,8 +438,8 @@ class GPUSlurmSpawner(GPUSpawnerMixin, SystemAccounts, SlurmSpawner):
             need, drivers = self.cuda_need(choice), DriverCuda(dict(self.slurm_driver_cuda))
             try:
                 gres_type = choose_type(reading.value, types, choice.models, choice.gpus, partitions, need, drivers)
-            except NeverFits as e:
-                refusal = PlacementError(str(e), code=e.code, requested=choice.gpus, models=choice.models)
+            except NeverFits as e:  # a PlacementError: refused below, after the quotas are counted
+                refusal = e
                 gres_type = UNTYPED
             else:
                 if need is not None:
