@@ -2,8 +2,9 @@
 
 JupyterHub serves prometheus_client's default registry at ``/hub/metrics`` (a
 token with the ``read:metrics`` scope, or ``c.JupyterHub.authenticate_prometheus
-= False``); the hub state registers its :class:`HubMetrics` there when it is
-created (nothing is registered on import).
+= False``); each hub state owns one :class:`HubMetrics` and registers it there when
+it is created, in place of an older hub state's in the same process (nothing is
+registered on import).
 
 - ``gpuspawner_gpus{model,host,state}``: GPUs per model and host; ``state`` is
   ``total`` (in service: healthy, held or not), ``free`` (in service, not held),
@@ -122,29 +123,14 @@ class HubMetrics(Collector):
     def register(self, registry: CollectorRegistry = REGISTRY) -> None:
         """Serve these metrics from ``registry`` (JupyterHub's ``/hub/metrics`` serves the default one).
 
-        A registry serves one hub state's metrics, the newest: the one it served before
-        (a test's earlier hub in the same process) is unregistered. The registry itself
-        records which one it serves.
+        Which hub state's metrics are served is the hub states' registry's choice
+        (:mod:`gpuspawner.state`), never looked up in prometheus' registry.
         """
         if self._registry is None:
-            stop_serving(registry)
             registry.register(self)
             self._registry = registry
-            setattr(registry, _SERVED, self)
 
     def unregister(self) -> None:
         if self._registry is not None:
             self._registry.unregister(self)
-            if getattr(self._registry, _SERVED, None) is self:
-                delattr(self._registry, _SERVED)
             self._registry = None
-
-
-_SERVED = "_gpuspawner_hub_metrics"  # the attribute of a registry naming the HubMetrics it serves
-
-
-def stop_serving(registry: CollectorRegistry = REGISTRY) -> None:
-    """Unregister the hub state metrics ``registry`` serves, if any."""
-    served = getattr(registry, _SERVED, None)
-    if served is not None:
-        served.unregister()

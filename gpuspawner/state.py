@@ -11,15 +11,20 @@ found again by :func:`hub_state`:
   hub before anything is placed, what it learnt, and, where the cluster holds the truth, the
   timer that runs it again every ``gpu_reconcile_interval`` seconds and the record of which
   owners are in flight meanwhile (:class:`~gpuspawner.reconcile.Flights`);
-- the Prometheus metrics, registered in JupyterHub's registry;
+- the Prometheus metrics: its own collector, served at ``/hub/metrics`` (JupyterHub serves
+  prometheus' default registry there) while it is the process's newest hub state;
 - the notebook GPU jobs' manager (made by the job API's first use);
-- the admin overview's live readings and per-client caches (cluster capacity).
+- what a backend or hub page keeps for this hub beside the ledger, in named, typed fields of
+  :class:`HubCaches` (the overview's live readings, cluster capacity readers, gpu-local's fences).
 
-Spawners and hub handlers both reach it through :func:`hub_state` with the
-hub's traitlets ``Config`` (which keeps it: one hub, one ``Config`` object) and spawner class, so the hub's GPU settings
-(``c.GPUSpawnerMixin.gpu_inventory`` and friends, or the same traits set on the
-spawner class's own section) are read the way traitlets reads them for the
-spawners themselves. Nothing here imports a spawner backend or a hub handler.
+The hub application owns it: :func:`hub_state` keeps each hub's states in a registry keyed by
+the JupyterHub app (``settings["app"]`` of the hub's handlers, ``user.settings["app"]`` of its
+spawners), so spawners and handlers of one hub share one state and two hubs in one process
+(tests) never do. A spawner made outside a hub (no app: a test, a script) is owned by its
+traitlets ``Config`` object instead. The hub's GPU settings (``c.GPUSpawnerMixin.gpu_inventory``
+and friends, or the same traits set on the spawner class's own section) are read the way
+traitlets reads them for the spawners themselves. Nothing here imports a spawner backend or a
+hub handler (the types named under ``TYPE_CHECKING`` are for readers and type checkers only).
 """
 
 from __future__ import annotations
@@ -29,8 +34,10 @@ import json
 import logging
 import threading
 import warnings
+import weakref
 from collections.abc import Awaitable, Callable, Hashable
-from typing import Any
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from traitlets import Bool, Dict, Float, List, TraitError, Unicode, validate
 from traitlets.config import Config, Configurable
@@ -38,15 +45,24 @@ from traitlets.config import Config, Configurable
 from .gpu import GPU
 from .inventory import CachedInventory, NVMLInventory, StaticInventory, gpus_from_config
 from .ledger import Ledger, cluster_resource
-from .metrics import HubMetrics, stop_serving
+from .metrics import HubMetrics
 from .outofservice import OutOfService
 from .queue import GPUQueue
 from .reconcile import Flights
 from .usage import UsageRecorder
 
+if TYPE_CHECKING:  # types of the caches' contents, from layers above this one (no import at run time)
+    from .fence import Isolation
+    from .hub.live import LiveStats
+    from .jobs.manager import JobManager
+    from .kube.api import ClusterCapacity
+    from .slurm.commands import SlurmReader
+    from .spawners.processes import StartFence
+
 log = logging.getLogger("gpuspawner")
 
-__all__ = ["GPUHubSettings", "HubState", "hub_state", "stop_serving_hub_metrics"]
+__all__ = ["GPUHubSettings", "HubCaches", "HubState", "hub_state", "hub_state_of_app",
+           "stop_serving_hub_metrics"]
 
 
 class GPUHubSettings(Configurable):
@@ -190,8 +206,52 @@ def settings_for(config: Config, spawner_class: type | None) -> GPUHubSettings:
         return _AsSpawner(config=config)
 
 
+@dataclass
+class HubCaches:
+    """What a backend or hub page keeps for one hub beside the ledger: each made empty, filled on use."""
+
+    #: the admin overview's live readings (hub NVML and the servers' monitors), made on its first read
+    live: LiveStats | None = None
+    #: one reconciliation at a time, per spawner class name
+    reconcile_locks: dict[str, asyncio.Lock] = field(default_factory=dict)
+    #: backends (by name) whose inventory source was checked against their runtime, once per hub
+    inventory_checked: set[str] = field(default_factory=set)
+    #: gpu-docker, gpu-swarm: container conflicts already logged, per backend name (logged once, not per pass)
+    docker_conflicts: dict[str, set[str]] = field(default_factory=dict)
+    #: gpu-kube: the capacity reader of each Kubernetes API client (a client gone drops its reader)
+    kube_capacity: weakref.WeakKeyDictionary[Any, ClusterCapacity] = field(default_factory=weakref.WeakKeyDictionary)
+    #: gpu-slurm: the sinfo readers, per filled-in exec_prefix (or per reason it cannot be filled in)
+    slurm_readers: dict[tuple[str, ...], SlurmReader] = field(default_factory=dict)
+    #: gpu-local: how this host isolates servers' GPUs, detected once per hub
+    local_isolation: Isolation | None = None
+    #: gpu-local: the start fence per isolation mechanism
+    local_fences: dict[str, StartFence] = field(default_factory=dict)
+    #: gpu-local: owner -> the spawn id of the start this hub recorded for it
+    local_starts: dict[str, str] = field(default_factory=dict)
+    #: gpu-local: owner -> the pid of the server process found at reconciliation
+    local_pids: dict[str, int] = field(default_factory=dict)
+    #: gpu-local: orphan servers being stopped (their tasks, kept until done)
+    local_orphans: set[asyncio.Future] = field(default_factory=set)
+    #: gpu-local: one account change at a time, per account name
+    local_account_locks: dict[str, asyncio.Lock] = field(default_factory=dict)
+
+
 class HubState:
     """Everything one hub's spawners and handlers share (see the module docstring)."""
+
+    hub_id: str
+    inventory_source: str
+    inventory: CachedInventory
+    ledger: Ledger
+    queue: GPUQueue
+    out_of_service: OutOfService
+    jobs: JobManager | None
+    usage: UsageRecorder
+    metrics: HubMetrics
+    found: dict[str, tuple[GPU, ...]]
+    caches: HubCaches
+    flights: Flights
+    reconcile_interval: float
 
     def __init__(self, settings: GPUHubSettings) -> None:
         self.hub_id = settings.gpu_hub_id
@@ -205,17 +265,18 @@ class HubState:
         self.queue = GPUQueue()
         #: GPUs held because what last held them is not over (processes that would not die)
         self.out_of_service = OutOfService(self.ledger, self.queue.wake)
-        #: the notebook GPU jobs' manager (gpuspawner.jobs.manager), made by the hub's job API on first use
-        self.jobs: Any = None
+        #: the notebook GPU jobs' manager, made by the hub's job API on first use
+        self.jobs = None
         #: usage accounting: every hold and release of the ledger, in the hub's database
         self.usage = UsageRecorder(self.gpu_info)
         self.ledger.observe(self.usage.observe)
+        #: this hub's own metrics collector (served while this is the newest hub state)
         self.metrics = HubMetrics(self.inventory, self.ledger, self.queue.__len__, self.usage.gpu_seconds,
                                   lambda: self.jobs.counts() if self.jobs is not None else {})
         #: owner -> GPU records the runtime reported (container labels, process environments)
-        self.found: dict[str, tuple[GPU, ...]] = {}
-        #: per-purpose caches a backend or handler keeps for this hub (e.g. cluster capacity)
-        self.caches: dict[Hashable, Any] = {}
+        self.found = {}
+        #: what backends and hub pages keep for this hub, by name
+        self.caches = HubCaches()
         self._once: dict[Hashable, asyncio.Future] = {}
         #: owners whose start or stop (or notebook job) is in flight: reconciliation leaves them alone
         self.flights = Flights()
@@ -281,60 +342,97 @@ class HubState:
 
         self._timers[key] = loop.call_later(interval, fire)
 
-    def cache(self, key: Hashable, make: Callable[[], Any]) -> Any:
-        """The object kept under ``key`` for this hub, made on first use."""
-        if key not in self.caches:
-            self.caches[key] = make()
-        return self.caches[key]
-
     def close(self) -> None:
         """Stop serving this state's metrics, stop its timers and retrying out-of-service GPUs."""
-        self.metrics.unregister()
+        _SERVED.stop(self)
         self.out_of_service.close()
         timers, self._timers = self._timers, {}
         for timer in timers.values():
             timer.cancel()
 
 
-class _HubStates:
-    """The hub states of one hub's ``Config`` (one per GPU settings key; one in practice).
+class _Served:
+    """Which hub state's metrics ``/hub/metrics`` serves: the newest one's (one hub per process in production).
 
-    Kept on that ``Config`` object itself: every spawner and handler of a hub holds the
-    same one, and a new hub (a new ``Config``) starts with none.
+    JupyterHub serves prometheus' default registry; a second hub in the process (tests) takes
+    the place of the first there, so that the names and labels never appear twice.
     """
 
-    ATTRIBUTE = "_gpuspawner_hub_states"  # in the Config's __dict__, never one of its sections
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.state: HubState | None = None
+
+    def serve(self, state: HubState) -> None:
+        with self.lock:
+            if self.state is not None:
+                self.state.metrics.unregister()
+            state.metrics.register()
+            self.state = state
+
+    def stop(self, state: HubState | None = None) -> None:
+        """Stop serving ``state``'s metrics (any state's, without one)."""
+        with self.lock:
+            if self.state is not None and (state is None or self.state is state):
+                self.state.metrics.unregister()
+                self.state = None
+
+
+_SERVED = _Served()
+
+
+class _HubStates:
+    """The registry of hub states: per owner (a JupyterHub app, or a ``Config`` outside a hub), per settings key.
+
+    An owner is found by identity and held weakly: a hub gone takes its states with it.
+    """
 
     def __init__(self) -> None:
         self.lock = threading.Lock()  # spawners, handlers and threads may ask at once
-        self.states: dict[str, HubState] = {}
+        self.owners: list[tuple[weakref.ref, dict[str, HubState]]] = []
 
-    @classmethod
-    def of(cls, config: Config) -> _HubStates:
-        held = config.__dict__.get(cls.ATTRIBUTE)
-        return held if held is not None else config.__dict__.setdefault(cls.ATTRIBUTE, cls())
+    def of(self, owner: object) -> dict[str, HubState]:
+        """The states ``owner`` holds (call with ``lock`` held)."""
+        self.owners = [(ref, states) for ref, states in self.owners if ref() is not None]
+        for ref, states in self.owners:
+            if ref() is owner:
+                return states
+        states: dict[str, HubState] = {}
+        self.owners.append((weakref.ref(owner), states))
+        return states
+
+
+_STATES = _HubStates()
 
 
 def hub_state(config: Config, spawner_class: type | None = None,
-              settings: GPUHubSettings | None = None) -> HubState:
-    """The hub state for this hub's ``config`` (created on first use, then always the same).
+              settings: GPUHubSettings | None = None, *, app: object | None = None) -> HubState:
+    """The hub state of the hub ``app`` (created on first use, then always the same).
 
+    Without ``app`` (a spawner made outside a hub) the owner is ``config`` itself.
     ``settings`` are the caller's own resolved GPU settings (a spawner passes
     itself); otherwise they are read from ``config`` for ``spawner_class``. The
     newest state's metrics are the ones served at ``/hub/metrics``.
     """
     if settings is None:
         settings = settings_for(config, spawner_class)
-    held = _HubStates.of(config)
     key = settings.state_key()
-    with held.lock:
-        state = held.states.get(key)
+    with _STATES.lock:
+        states = _STATES.of(app if app is not None else config)
+        state = states.get(key)
         if state is None:
-            state = held.states[key] = HubState(settings)
-            state.metrics.register()
-        return state
+            state = states[key] = HubState(settings)
+        else:
+            return state
+    _SERVED.serve(state)
+    return state
+
+
+def hub_state_of_app(tornado_settings: dict) -> HubState:
+    """The hub state of the hub whose tornado ``settings`` these are (what a hub handler holds)."""
+    return hub_state(tornado_settings["config"], tornado_settings.get("spawner_class"),
+                     app=tornado_settings.get("app"))
 
 
 def stop_serving_hub_metrics() -> None:
     """Stop serving any hub state's metrics in this process (tests, between their hubs)."""
-    stop_serving()
+    _SERVED.stop()

@@ -17,7 +17,7 @@ from tornado import web
 
 from ..inputs import dumps
 from ..owner import Owner
-from ..state import HubState, hub_state
+from ..state import HubState, hub_state_of_app
 from .live import LiveStats
 from .overview import Holder, build
 
@@ -67,7 +67,7 @@ class _Overview:
     @property
     def hub_state(self) -> HubState:
         """The GPU state this hub's spawners share."""
-        return hub_state(self.settings["config"], self.settings.get("spawner_class"))
+        return hub_state_of_app(self.settings)
 
     async def overview(self) -> dict:
         state = self.hub_state
@@ -75,7 +75,9 @@ class _Overview:
         reading = await state.inventory.read()
         allocations = ledger.allocations()
         holders, targets = self._holders(allocations, ledger)
-        live_stats: LiveStats = state.cache("live", LiveStats)
+        if state.caches.live is None:
+            state.caches.live = LiveStats()
+        live_stats = state.caches.live
         live = {}
         if state.inventory_source == "nvml":
             live.update(await live_stats.from_hub_nvml([g.uuid for g in reading.gpus]))

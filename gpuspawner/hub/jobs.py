@@ -31,7 +31,7 @@ from ..jobs.store import JobRecord, JobStore
 from ..owner import Owner
 from ..placement import PlacementError
 from ..profiles import Choice
-from ..state import HubState, hub_state, settings_for
+from ..state import HubState, hub_state_of_app, settings_for
 
 JOB_SCOPE = "custom:gpu-jobs"
 
@@ -61,7 +61,7 @@ def job_json(record: JobRecord) -> dict:
 
 def job_manager(settings: dict) -> JobManager:
     """The hub's job manager (made on first use, on the hub's :class:`HubState`)."""
-    state: HubState = hub_state(settings["config"], settings.get("spawner_class"))
+    state: HubState = hub_state_of_app(settings)
     if state.jobs is None:
         gpu_settings = settings_for(settings["config"], settings.get("spawner_class"))
         engine = settings["db"].get_bind()

@@ -32,7 +32,7 @@ from tornado import web
 
 from ..inputs import OptionsError, check_json, dumps, field_name, read_json, shown
 from ..owner import Owner, OwnerError
-from ..state import hub_state
+from ..state import hub_state_of_app
 from ..usage import END_REASONS, Allocation
 from .handlers import _Overview
 
@@ -384,7 +384,7 @@ def attach_recorder(settings: dict) -> None:
     The recorder writes through the hub's own session (``settings["db"]``, the one
     JupyterHub's handlers use): one writer per process on SQLite.
     """
-    hub_state(settings["config"], settings.get("spawner_class")).usage.attach(settings["db"])
+    hub_state_of_app(settings).usage.attach(settings["db"])
 
 
 def handlers() -> list[tuple[str, type]]:

@@ -29,6 +29,7 @@ from jupyterhub.utils import maybe_future
 from sqlalchemy.orm import Session, object_session
 from tornado import web
 from traitlets import Bool, Dict, List, TraitError, default, observe, validate
+from traitlets.config import Application
 
 from ..compat import min_cuda
 from ..form import form_context, has_choices
@@ -175,9 +176,12 @@ class GPUSpawnerMixin(GPUPolicyMixin, GPUHubSettings):
 
     @property
     def hub_state(self) -> HubState:
-        """The hub's shared GPU state (ledger, queue, inventory, metrics); tests may set their own."""
+        """The hub's shared GPU state (ledger, queue, inventory, metrics), owned by the hub app.
+
+        Tests may set their own.
+        """
         if self._hub_state is None:
-            self._hub_state = hub_state(self.config, type(self), settings=self)
+            self._hub_state = hub_state(self.config, type(self), settings=self, app=self._hub_app())
             db = getattr(getattr(self, "user", None), "db", None)
             if isinstance(db, Session):  # the hub's session: usage records go there
                 self._hub_state.usage.attach(db)
@@ -186,6 +190,12 @@ class GPUSpawnerMixin(GPUPolicyMixin, GPUHubSettings):
     @hub_state.setter
     def hub_state(self, state: HubState) -> None:
         self._hub_state = state
+
+    def _hub_app(self) -> Application | None:
+        """The JupyterHub app that owns this spawner's hub state (None for a spawner made outside a hub)."""
+        settings = getattr(getattr(self, "user", None), "settings", None)  # the hub's tornado settings
+        app = settings.get("app") if isinstance(settings, dict) else None
+        return app if isinstance(app, Application) else None
 
     @property
     def ledger(self) -> Ledger:
@@ -590,7 +600,7 @@ class GPUSpawnerMixin(GPUPolicyMixin, GPUHubSettings):
         Passes of one hub never overlap.
         """
         state = self.hub_state
-        async with state.cache(("reconcile-lock", type(self).__name__), asyncio.Lock):
+        async with state.caches.reconcile_locks.setdefault(type(self).__name__, asyncio.Lock()):
             began = state.flights.mark()
             ledger = state.ledger
             held = ledger.allocations()

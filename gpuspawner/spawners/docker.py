@@ -285,14 +285,16 @@ class GPUDockerSpawner(GPUSpawnerMixin, DockerSpawner):
                 raise self._unreachable(e, "No GPU was reserved.") from e
             raise
         plan = reconcile(self.gpu_hub_id, containers, {})
-        said = self.hub_state.cache(("docker-conflicts", self.backend_name), set)
+        said = self.hub_state.caches.docker_conflicts.setdefault(self.backend_name, set())
         for sentence in plan.conflicts:
             if sentence not in said:  # once, not every pass
                 said.add(sentence)
                 self.log.error("%s: %s", self.backend_name, sentence)
         self.hub_state.found = await self._found_gpus(plan)
-        self.hub_state.cache(("inventory-source-checked", self.backend_name),  # once per hub
-                             lambda: self._check_inventory_source() or True)
+        checked = self.hub_state.caches.inventory_checked
+        if self.backend_name not in checked:  # once per hub
+            self._check_inventory_source()
+            checked.add(self.backend_name)
         return [Workload(plan.names[owner], owner, uuids, what=f"{self.workload_word} {plan.names[owner]}")
                 for owner, uuids in plan.holdings.items()]
 

@@ -419,13 +419,12 @@ class GPUKubeSpawner(GPUSpawnerMixin, KubeSpawner):
 
         KubeSpawner shares one API client per event loop, so the hub's spawners share one reader.
         """
-        caches = self.hub_state.caches
-        key = ("kube-capacity", id(self.api))
-        entry = caches.get(key)
-        if entry is None or entry[0] is not self.api:  # (an id can be reused once a client is gone)
-            reader = ClusterCapacity(self.api, ttl=self.gpu_inventory_ttl, timeout=self.k8s_api_request_timeout)
-            entry = caches[key] = (self.api, reader)
-        return entry[1]
+        readers = self.hub_state.caches.kube_capacity
+        reader = readers.get(self.api)
+        if reader is None:
+            reader = readers[self.api] = ClusterCapacity(self.api, ttl=self.gpu_inventory_ttl,
+                                                         timeout=self.k8s_api_request_timeout)
+        return reader
 
     async def offered_models(self) -> set[str]:
         reading = await self.cluster_capacity().read()

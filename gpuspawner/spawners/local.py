@@ -182,7 +182,14 @@ class _LocalGPUs(GPUSpawnerMixin):
     def _mechanism(self) -> str:
         if self.gpu_isolation == "off":
             return "advisory"
-        return self.hub_state.cache("local-isolation", detect).mechanism
+        return self._isolation().mechanism
+
+    def _isolation(self) -> Isolation:
+        """How this host isolates servers' GPUs, detected once per hub."""
+        caches = self.hub_state.caches
+        if caches.local_isolation is None:
+            caches.local_isolation = detect()
+        return caches.local_isolation
 
     def _fences(self) -> StartFence:
         """This hub's starts and their processes: cgroups or scopes where the kernel fences them, else marks."""
@@ -192,7 +199,10 @@ class _LocalGPUs(GPUSpawnerMixin):
             kernel = {"cgroup-v1": DeviceFence, "systemd": ScopeFence}.get(mechanism)
             return StartFence(kernel(self.gpu_hub_id) if kernel else None, MarkedStarts(self.gpu_hub_id))
 
-        return self.hub_state.cache(("local-fence", mechanism), make)
+        fences = self.hub_state.caches.local_fences
+        if mechanism not in fences:
+            fences[mechanism] = make()
+        return fences[mechanism]
 
     def get_env(self):
         env = super().get_env()
@@ -221,7 +231,7 @@ class _LocalGPUs(GPUSpawnerMixin):
         if state.get("gpu_spawn"):
             self.gpu_spawn_id = state["gpu_spawn"]
             self.port = int(state.get("port") or self.port)
-            self.hub_state.cache("local-starts", dict)[self.gpu_owner] = self.gpu_spawn_id
+            self.hub_state.caches.local_starts[self.gpu_owner] = self.gpu_spawn_id
 
     def clear_state(self) -> None:
         # Not the mixin's: processes of this start may outlive the server (kernels), so its
@@ -239,7 +249,7 @@ class _LocalGPUs(GPUSpawnerMixin):
         carrying its marks. Its owner and GPUs come from the marks of its processes, else
         from the record saved when its fence was made.
         """
-        isolation = self.hub_state.cache("local-isolation", detect)
+        isolation = self._isolation()
         if self.gpu_isolation == "off":
             self.log.warning("gpu-local: gpu_isolation is 'off': servers get CUDA_VISIBLE_DEVICES only")
         elif isolation.enforced:
@@ -248,8 +258,8 @@ class _LocalGPUs(GPUSpawnerMixin):
             self.log.warning("gpu-local: %s", isolation.note)
         starts = await asyncio.to_thread(live_starts, self._fences(), self.gpu_hub_id)
         state = self.hub_state
-        recorded: dict[str, str] = state.cache("local-starts", dict)
-        found_pids: dict[str, int] = state.cache("local-pids", dict)
+        recorded = state.caches.local_starts
+        found_pids = state.caches.local_pids
         ledger = self.ledger
         before = ledger.allocations()
         # Nothing is placed before this runs (spawns wait for it): what the ledger holds came
@@ -274,7 +284,7 @@ class _LocalGPUs(GPUSpawnerMixin):
                     "(the hub stopped while it was starting or stopping it); its GPUs %s stay held until they "
                     "are gone", _pids(start.pids), start.owner, ", ".join(start.uuids) or "none",
                 )
-                state.cache("local-orphans", set).add(asyncio.ensure_future(self._end_orphan(start)))
+                state.caches.local_orphans.add(asyncio.ensure_future(self._end_orphan(start)))
             if conflict:
                 self.log.error("gpu-local: GPUs %s are used by two live servers (%s among them)",
                                ", ".join(conflict), start.owner)
@@ -348,7 +358,7 @@ class _LocalGPUs(GPUSpawnerMixin):
         503 where isolation is required but impossible.
         """
         self._fence_path = self._scope_prefix = None
-        isolation = self.hub_state.cache("local-isolation", detect)
+        isolation = self._isolation()
         if self.gpu_isolation == "off" or not isolation.enforced:
             if self.gpu_isolation == "required":
                 message = f"This hub must enforce GPU isolation but cannot: {isolation.note}. Ask an admin."
@@ -492,7 +502,7 @@ class _LocalGPUs(GPUSpawnerMixin):
         spawn = self.gpu_spawn_id
         if not self.pid and spawn:
             # the old hub died between starting the process and saving its pid
-            pid = self.hub_state.cache("local-pids", dict).get(self.gpu_owner)
+            pid = self.hub_state.caches.local_pids.get(self.gpu_owner)
             if pid:
                 self.pid = pid
         status = await super().poll()
@@ -611,7 +621,7 @@ class GPULocalProcessSpawner(_LocalGPUs, SystemAccounts, _InFence, LocalProcessS
         return pwd.getpwnam(self.account())
 
     async def ensure_account(self) -> None:
-        lock = self.hub_state.cache(("local-account", self.account()), asyncio.Lock)
+        lock = self.hub_state.caches.local_account_locks.setdefault(self.account(), asyncio.Lock())
         async with lock:  # two servers of one user start at once: one useradd
             await SystemAccounts.ensure_account(self)
 

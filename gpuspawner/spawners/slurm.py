@@ -330,9 +330,13 @@ class GPUSlurmSpawner(GPUSpawnerMixin, SystemAccounts, SlurmSpawner):
             prefix = self.filled_exec_prefix(**as_user)
         except Exception as e:  # e.g. batchspawner's req_homedir of a user this host does not know
             why = f"exec_prefix cannot be filled in for {self.user.name}: {e!r}"
-            return self.hub_state.cache(("slurm-reader", None, why), lambda: SlurmReader(problem=why))
-        return self.hub_state.cache(("slurm-reader", prefix),
-                                    lambda: SlurmReader(prefix, ttl=self.gpu_inventory_ttl))
+            key, make = ("", why), lambda: SlurmReader(problem=why)
+        else:
+            key, make = ("prefix", prefix), lambda: SlurmReader(prefix, ttl=self.gpu_inventory_ttl)
+        readers = self.hub_state.caches.slurm_readers
+        if key not in readers:
+            readers[key] = make()
+        return readers[key]
 
     @property
     def gres_types(self) -> GresTypes:

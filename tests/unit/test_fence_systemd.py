@@ -18,6 +18,7 @@ from gpuspawner.fence_systemd import ScopeFence, device_allow, mig_nodes, scope_
 from gpuspawner.gpu import GPU
 from gpuspawner.spawners.local import _InFence, _LocalGPUs
 from gpuspawner.spawners.processes import MarkedStarts, StartFence
+from gpuspawner.state import HubCaches
 
 
 def allowed(cmd: list[str]) -> list[str]:
@@ -145,7 +146,7 @@ class _Start:
     """The parts of a gpu-local spawner that ``_create_fence`` reads, on a host whose isolation is given."""
 
     def __init__(self, isolation: Isolation, gpu_isolation="auto", minors=(1,), switches_user=True, records=None):
-        self.hub_state = SimpleNamespace(cache=lambda key, make: isolation)
+        self.hub_state = SimpleNamespace(caches=HubCaches(local_isolation=isolation))
         self.gpu_isolation = gpu_isolation
         self.gpu_allocation = [SimpleNamespace(uuid=f"GPU-{m}", minor_number=m) for m in minors]
         self.user = SimpleNamespace(name="root")
@@ -154,6 +155,8 @@ class _Start:
         self._switches_user = switches_user
         self.log = logging.getLogger("test")
         self.scopes = ScopeFence("hub9", records=records) if records else None
+
+    _isolation = _LocalGPUs._isolation
 
     def _fences(self):
         return StartFence(self.scopes, MarkedStarts("hub9"))

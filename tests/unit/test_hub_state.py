@@ -5,23 +5,20 @@ from __future__ import annotations
 import subprocess
 import sys
 import threading
+from types import SimpleNamespace
 
 import pytest
 from prometheus_client import REGISTRY
-from traitlets.config import Config
+from traitlets.config import Application, Config
 
 from gpuspawner.spawners.local import GPUSimpleLocalProcessSpawner
-from gpuspawner.state import HubState, hub_state, stop_serving_hub_metrics
+from gpuspawner.state import HubState, hub_state, hub_state_of_app
 
 STATIC = [{"uuid": "GPU-a", "name": "Tesla T4", "host": "gpu-host-1"},
           {"uuid": "GPU-b", "name": "Tesla T4", "host": "gpu-host-1"}]
 
 
-@pytest.fixture(autouse=True)
-def fresh_states():
-    stop_serving_hub_metrics()
-    yield
-    stop_serving_hub_metrics()
+pytestmark = pytest.mark.usefixtures("fresh_metrics")
 
 
 def static_config(section: str = "GPUSimpleLocalProcessSpawner") -> Config:
@@ -49,6 +46,23 @@ async def test_settings_on_any_parent_section_reach_the_handler(section):
     state = hub_state(config, GPUSimpleLocalProcessSpawner)
     assert state is GPUSimpleLocalProcessSpawner(config=config).hub_state
     assert [g.uuid for g in (await state.inventory.read()).gpus] == ["GPU-a", "GPU-b"]
+
+
+def test_the_hub_app_owns_the_state_and_two_hubs_on_one_config_share_nothing():
+    config = static_config()
+    apps = [Application(config=config), Application(config=config)]  # two hubs in one process
+    handler_settings = [{"config": config, "spawner_class": GPUSimpleLocalProcessSpawner, "app": app} for app in apps]
+
+    def spawner_of(settings: dict) -> GPUSimpleLocalProcessSpawner:  # JupyterHub's User carries the app's settings
+        return GPUSimpleLocalProcessSpawner(config=config, user=SimpleNamespace(name="ada", settings=settings))
+
+    first, second = (hub_state_of_app(settings) for settings in handler_settings)
+    assert first is not second and first.ledger is not second.ledger
+    assert spawner_of(handler_settings[0]).hub_state is first is hub_state_of_app(handler_settings[0])
+    assert spawner_of(handler_settings[1]).hub_state is second
+    assert hub_state(config, GPUSimpleLocalProcessSpawner) not in (first, second)  # outside a hub: the config's own
+    first.caches.local_starts["ada/"] = "s1"
+    assert second.caches.local_starts == {}
 
 
 def test_another_hub_config_gets_another_state():
