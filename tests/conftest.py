@@ -102,6 +102,16 @@ def tmp_path(tmp_path):
     return passable(tmp_path)
 
 
+@pytest.fixture
+def fresh_metrics():
+    """No hub state's metrics served before or after the test (tests make several hubs in one process)."""
+    from gpuspawner.state import stop_serving_hub_metrics
+
+    stop_serving_hub_metrics()
+    yield
+    stop_serving_hub_metrics()
+
+
 @pytest.fixture(scope="session")
 def fakenvml_libdir(tmp_path_factory) -> Path:
     """Directory holding the stand-in libnvidia-ml.so.1, compiled from tests/fakenvml."""

@@ -13,10 +13,8 @@ import re
 import secrets
 from pathlib import Path
 
-import requests
-
 from engine import IMAGE_TAG, Engine
-from hub import BASE_HUB_CONFIG, Hub, free_port
+from hub import BASE_HUB_CONFIG, Hub, free_port, login
 
 DOCKER_HUB_CONFIG = BASE_HUB_CONFIG + """
 c.JupyterHub.tornado_settings = {"slow_spawn_timeout": settings["slow_spawn_timeout"]}
@@ -103,17 +101,6 @@ class DockerHub(Hub):
                 c.remove(force=True, v=True)
             except Exception:
                 pass
-
-
-def login(hub: Hub, name: str) -> requests.Session:
-    """A browser-like session logged in through the hub's login form."""
-    web = requests.Session()
-    page = web.get(hub.url + "/hub/login", timeout=60)
-    xsrf = re.search(r'name="_xsrf" value="([^"]+)"', page.text).group(1)
-    r = web.post(hub.url + "/hub/login", timeout=60,
-                 data={"_xsrf": xsrf, "username": name, "password": "test-password"})
-    assert r.ok and "/hub/login" not in r.url, r.text
-    return web
 
 
 def free_in_form(hub: Hub, viewer: str = "form-viewer") -> tuple[int, int]:

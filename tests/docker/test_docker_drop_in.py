@@ -23,10 +23,10 @@ import docker
 import pytest
 import requests
 
-from dockerhub import free_in_form, login
+from dockerhub import free_in_form
 from engine import IMAGE_TAG, device_requests, process_environ
 from gpuspawner.gpu import model_slug
-from hub import BASE_HUB_CONFIG
+from hub import BASE_HUB_CONFIG, login
 from registry import Registry
 from test_docker_spawner import no_container
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import pwd
+import re
 import secrets
 import signal
 import socket
@@ -20,6 +21,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from urllib.parse import unquote
 
 import requests
 
@@ -345,3 +347,19 @@ class Hub:
         pid = server["state"]["pid"]
         self.server_pids.add(pid)
         return process_env(pid)
+
+
+def xsrf_token(html: str) -> str:
+    """The XSRF token a page carries (a hidden field, or in the form's action URL)."""
+    found = re.search(r'name="_xsrf" value="([^"]+)"', html) or re.search(r'[?&]_xsrf=([^"&]+)', html)
+    return unquote(found.group(1))
+
+
+def login(hub: Hub, name: str, password: str = "test-password") -> requests.Session:
+    """A browser-like session logged in as ``name`` through the hub's login form (any backend's hub)."""
+    web = requests.Session()
+    page = web.get(hub.url + "/hub/login", timeout=60)
+    r = web.post(hub.url + "/hub/login", timeout=60,
+                 data={"_xsrf": xsrf_token(page.text), "username": name, "password": password})
+    assert r.ok and "/hub/login" not in r.url, r.text
+    return web

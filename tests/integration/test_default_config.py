@@ -23,10 +23,9 @@ from pathlib import Path
 import pytest
 import requests
 
-from hub import Hub, uid_pids
+from hub import Hub, login, uid_pids, xsrf_token
 from jobnotebooks import outputs_text, write
 from kernels import execute, start_kernel
-from test_local_hub import login, xsrf_token
 from test_ops_overview import user_token
 
 pytestmark = pytest.mark.integration

@@ -34,11 +34,10 @@ import devcgroup
 import fakenvml
 from gpuspawner.fence import DEVICES_MOUNT, detect
 from gpuspawner.simulation import simulated_config
-from hub import Hub, pid_alive
+from hub import Hub, login, pid_alive
 from kernels import execute, start_kernel
 from needs import missing
 from ops_hub import OpsHub
-from test_local_hub import login
 
 pytestmark = pytest.mark.integration
 

@@ -10,14 +10,12 @@ import json
 import re
 import time
 from pathlib import Path
-from urllib.parse import unquote
 
 import pytest
-import requests
 
 import fakenvml
 from gpuspawner.simulation import simulated_config
-from hub import Hub
+from hub import Hub, login, xsrf_token
 
 pytestmark = pytest.mark.integration
 
@@ -201,23 +199,6 @@ def test_refusal_names_the_field(hub):
     assert r.status_code == 400
     assert r.json()["message"].startswith("gpus:")
     assert "0, 1, 2, 4" in r.json()["message"]
-
-
-def xsrf_token(html: str) -> str:
-    """The XSRF token a page carries (a hidden field, or in the form's action URL)."""
-    found = re.search(r'name="_xsrf" value="([^"]+)"', html) or re.search(r'[?&]_xsrf=([^"&]+)', html)
-    return unquote(found.group(1))
-
-
-def login(hub: Hub, name: str) -> requests.Session:
-    """A browser-like session logged in through the hub's login form."""
-    web = requests.Session()
-    page = web.get(hub.url + "/hub/login")
-    r = web.post(hub.url + "/hub/login", data={
-        "_xsrf": xsrf_token(page.text), "username": name, "password": "test-password",
-    })
-    assert r.ok and "/hub/login" not in r.url, r.text
-    return web
 
 
 def test_spawn_form_shows_simulated_gpus_and_starts_the_choice(hub, gpus_config):

@@ -13,8 +13,8 @@ import pytest
 
 import fakenvml
 from gpuspawner.simulation import simulated_config
-from hub import Hub
-from test_local_hub import gpu_set, login
+from hub import Hub, login
+from test_local_hub import gpu_set
 
 pytestmark = pytest.mark.integration
 

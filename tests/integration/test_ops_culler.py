@@ -10,8 +10,9 @@ import time
 import pytest
 import requests
 
+from hub import login
 from ops_hub import OpsHub
-from test_local_hub import TWO_GPUS, login, start
+from test_local_hub import TWO_GPUS, start
 from test_ops_culler_lifetime import cullers
 from test_ops_overview import user_token, wait_for
 

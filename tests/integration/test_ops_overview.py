@@ -9,8 +9,9 @@ import pytest
 import requests
 
 from gpuspawner.fence import detect
+from hub import login
 from ops_hub import OpsHub
-from test_local_hub import TWO_GPUS, login, start
+from test_local_hub import TWO_GPUS, start
 
 pytestmark = pytest.mark.integration
 

@@ -10,8 +10,8 @@ from datetime import datetime
 import pytest
 import requests
 
+from hub import login
 from ops_hub import OpsHub
-from test_local_hub import login
 
 pytestmark = pytest.mark.integration
 

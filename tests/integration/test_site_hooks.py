@@ -14,8 +14,8 @@ import pytest
 
 import fakenvml
 from gpuspawner.simulation import simulated_config
-from hub import Hub
-from test_local_hub import gpu_set, login, xsrf_token
+from hub import Hub, login, xsrf_token
+from test_local_hub import gpu_set
 
 pytestmark = pytest.mark.integration
 

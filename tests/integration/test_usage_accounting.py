@@ -18,9 +18,9 @@ from datetime import datetime
 import pytest
 import requests
 
-from hub import pid_alive
+from hub import login, pid_alive
 from ops_hub import OpsHub
-from test_local_hub import login, start
+from test_local_hub import start
 from test_ops_overview import user_token, wait_for
 
 pytestmark = pytest.mark.integration

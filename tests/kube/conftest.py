@@ -121,17 +121,14 @@ def offline_hub(tmp_path, monkeypatch) -> str:
 
 
 @pytest.fixture
-def make_spawner(cluster):
+def make_spawner(cluster, fresh_metrics):
     """GPUKubeSpawner instances configured like a hub would, in ``cluster``'s namespace as its ServiceAccount.
 
     ``make_spawner(**settings)`` (KubeSpawner's own mock user and hub, ``_mock=True``)
     or ``make_spawner(user="zoe", server="big", groups=[...], **settings)``; all
     spawners of one test share one hub state until ``make_spawner.restart()``.
     """
-    from gpuspawner.state import stop_serving_hub_metrics
-
-    yield SpawnerMaker(cluster.url, cluster.namespace)
-    stop_serving_hub_metrics()
+    return SpawnerMaker(cluster.url, cluster.namespace)
 
 
 @pytest.fixture(scope="session")

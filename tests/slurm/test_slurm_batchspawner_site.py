@@ -30,9 +30,9 @@ import pytest
 import requests
 
 from gpuspawner.accounts import ensure_account
-from hub import BASE_HUB_CONFIG, VENV_BIN, Hub, passable, process_env
+from hub import BASE_HUB_CONFIG, VENV_BIN, Hub, login, passable, process_env
 from slurmhub import job_gpus
-from test_slurm_hub import login, progress_until, server_process
+from test_slurm_hub import progress_until, server_process
 
 pytestmark = [pytest.mark.integration, pytest.mark.slurm]
 

@@ -22,10 +22,9 @@ from pathlib import Path
 import pytest
 
 from gpuspawner.slurm.devcluster import SlurmCluster, cannot_start
-from hub import Hub, pid_alive, process_env, uid_pids
+from hub import Hub, login, pid_alive, process_env, uid_pids, xsrf_token
 from needs import missing
 from slurmhub import job_gpus
-from test_local_hub import login, xsrf_token
 
 pytestmark = [pytest.mark.integration, pytest.mark.slurm]
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from hub import Hub, pid_alive, process_env
+from hub import Hub, login, pid_alive, process_env
 from kernels import execute, start_kernel
 from slurmhub import (
     ONE_A100,
@@ -53,17 +53,6 @@ def cluster(slurm_cluster, hub):
     while slurm_cluster.jobs() and time.monotonic() < deadline:
         time.sleep(0.5)
     slurm_cluster.cancel_all()
-
-
-def login(hub: Hub, name: str) -> requests.Session:
-    """A browser-like session logged in as ``name``."""
-    session = requests.Session()
-    login = session.get(hub.url + "/hub/login", timeout=30).text
-    xsrf = re.search(r'name="_xsrf" value="([^"]+)"', login).group(1)
-    r = session.post(hub.url + "/hub/login", timeout=30,
-                     data={"_xsrf": xsrf, "username": name, "password": "test-password"})
-    assert r.ok and "/hub/login" not in r.url, r.text
-    return session
 
 
 def server_process(job: str, timeout: float = 30) -> int:

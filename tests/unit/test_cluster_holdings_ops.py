@@ -16,7 +16,7 @@ from gpuspawner.hub.setup import TEMPLATES
 from gpuspawner.inventory import InventoryReading
 from gpuspawner.ledger import cluster_tokens
 from gpuspawner.placement import GPURequest
-from gpuspawner.state import hub_state, stop_serving_hub_metrics
+from gpuspawner.state import hub_state
 
 T4 = "Tesla T4"
 INVENTORY = (GPU("gpu-host-1", 0, "GPU-a", T4), GPU("gpu-host-1", 1, "GPU-b", T4))
@@ -27,11 +27,7 @@ ALLOCATIONS = {
 }
 
 
-@pytest.fixture(autouse=True)
-def fresh_states():
-    stop_serving_hub_metrics()
-    yield
-    stop_serving_hub_metrics()
+pytestmark = pytest.mark.usefixtures("fresh_metrics")
 
 
 def test_overview_lists_cluster_holdings_apart_from_the_hubs_gpus():

@@ -18,7 +18,6 @@ from gpuspawner.fence import DeviceFence
 from gpuspawner.fence_starts import StartRecord
 from gpuspawner.spawners.local import GPUSimpleLocalProcessSpawner
 from gpuspawner.spawners.processes import alive, end_processes, find_servers
-from gpuspawner.state import stop_serving_hub_metrics
 
 STATIC = [{"uuid": f"GPU-{i}", "name": "Tesla T4", "index": i} for i in range(4)]
 # a "server" that starts a "kernel" child, both sleeping; the child ignores SIGTERM like a stuck kernel
@@ -31,10 +30,8 @@ SERVER = (
 
 
 @pytest.fixture
-def hub_id():
-    stop_serving_hub_metrics()
-    yield "unit-" + secrets.token_hex(4)
-    stop_serving_hub_metrics()
+def hub_id(fresh_metrics):
+    return "unit-" + secrets.token_hex(4)
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ from traitlets.config import Config
 
 from gpuspawner.ledger import cluster_tokens
 from gpuspawner.reconcile import Flights, Workload, plan
-from gpuspawner.state import GPUHubSettings, HubState, stop_serving_hub_metrics
+from gpuspawner.state import GPUHubSettings, HubState
 
 
 def tokens(owner: str, n: int) -> tuple[str, ...]:
@@ -146,8 +146,7 @@ def test_flights_name_owners_in_flight_since_a_mark():
 # ------------------------------------------------------------ the hub state's timer
 
 
-async def test_the_timer_runs_rounds_one_after_another_newest_callable_failures_logged():
-    stop_serving_hub_metrics()
+async def test_the_timer_runs_rounds_one_after_another_newest_callable_failures_logged(fresh_metrics):
     state = HubState(GPUHubSettings(config=Config({"GPUHubSettings": {"gpu_inventory": "static"}})))
     rounds: list[str] = []
     running, most = [0], [0]
@@ -177,7 +176,6 @@ async def test_the_timer_runs_rounds_one_after_another_newest_callable_failures_
     assert len(rounds) <= count + 1  # (a round already under way may finish)
     state.every("off", 0, second)  # 0: no timer
     assert "off" not in state._timers
-    stop_serving_hub_metrics()
 
 
 @pytest.mark.parametrize("value", [0.5, -1.0, float("nan")])
@@ -235,10 +233,10 @@ def static_hub() -> Config:
     return Config({"GPUHubSettings": {"gpu_inventory": "static"}})
 
 
-async def test_a_pass_frees_a_gone_charge_counts_a_live_one_and_the_usage_row_ends_failed(usage_db, caplog):
+async def test_a_pass_frees_a_gone_charge_counts_a_live_one_and_the_usage_row_ends_failed(
+        usage_db, caplog, fresh_metrics):
     from gpuspawner.usage import Allocation
 
-    stop_serving_hub_metrics()
     double = ClusterDouble()
     spawner = cluster_spawner(double, static_hub())
     state = spawner.hub_state
@@ -255,11 +253,9 @@ async def test_a_pass_frees_a_gone_charge_counts_a_live_one_and_the_usage_row_en
     usage_db.expire_all()
     ended = {row.owner: row.end_reason for row in usage_db.query(Allocation)}
     assert ended == {"ada/": "failed", "bob/": None}
-    stop_serving_hub_metrics()
 
 
-async def test_charges_that_change_while_a_pass_reads_are_left_as_they_are():
-    stop_serving_hub_metrics()
+async def test_charges_that_change_while_a_pass_reads_are_left_as_they_are(fresh_metrics):
     double = ClusterDouble()
     spawner = cluster_spawner(double, static_hub())
     ledger = spawner.hub_state.ledger
@@ -277,4 +273,3 @@ async def test_charges_that_change_while_a_pass_reads_are_left_as_they_are():
     assert ledger.allocations() == {"cy/": tokens("cy/", 1)}  # neither undone by the stale listing
     await spawner.reconcile_with_cluster(first=False)  # the next pass, on what the cluster says now
     assert ledger.allocations() == {"ada/": tokens("ada/", 1)}
-    stop_serving_hub_metrics()
