@@ -11,11 +11,8 @@ from __future__ import annotations
 import os
 import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from gpuspawner.replay import main  # noqa: E402
+from gpuspawner.replay import main
 
 if __name__ == "__main__":
     started = time.perf_counter()

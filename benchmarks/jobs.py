@@ -32,13 +32,11 @@ import time
 from datetime import datetime
 from pathlib import Path
 
+from storm import StormHub, percentile, start_engine
+
+from jobnotebooks import outputs_text, write
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT / "benchmarks"), str(ROOT / "tests" / "jobs")]
-
-from storm import StormHub, percentile, start_engine  # noqa: E402
-
-from jobnotebooks import outputs_text, write  # noqa: E402  (tests/jobs)
-
 FIRST = "import time\nprint('START=%.6f' % time.time())"
 LAST = "import time\nprint('END=%.6f' % time.time())"
 USER = "bench"

@@ -24,10 +24,9 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT)]
+from gpuspawner.kube import devcluster
 
-from gpuspawner.kube import devcluster  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def rss_mib(pid: int) -> float:

@@ -28,22 +28,19 @@ import json
 import platform
 import random
 import statistics
-import sys
 import time
 from pathlib import Path
 
+from jinja2 import Environment, PackageLoader, select_autoescape
+
+from gpuspawner.form import form_context
+from gpuspawner.gpu import GPU
+from gpuspawner.inventory import InventoryReading
+from gpuspawner.kube.capacity import cluster_inventory, pools
+from gpuspawner.kube.kueue import quota_lines
+from gpuspawner.profiles import load_profiles
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from jinja2 import Environment, PackageLoader, select_autoescape  # noqa: E402
-
-from gpuspawner.form import form_context  # noqa: E402
-from gpuspawner.gpu import GPU  # noqa: E402
-from gpuspawner.inventory import InventoryReading  # noqa: E402
-from gpuspawner.kube.capacity import cluster_inventory, pools  # noqa: E402
-from gpuspawner.kube.kueue import quota_lines  # noqa: E402
-from gpuspawner.profiles import load_profiles  # noqa: E402
-
 NODES = 1000
 CLUSTER_QUEUES = 100
 RUNS = 60

@@ -36,18 +36,16 @@ from collections.abc import Awaitable, Callable
 from importlib import metadata
 from pathlib import Path
 
+import requests
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+from tornado.httpclient import HTTPRequest
+from tornado.websocket import websocket_connect
+
+import fakenvml
+from jupyter_server_proc import JupyterServer
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "tests" / "integration")]
-
-import requests  # noqa: E402
-from packaging.requirements import Requirement  # noqa: E402
-from packaging.utils import canonicalize_name  # noqa: E402
-from tornado.httpclient import HTTPRequest  # noqa: E402
-from tornado.websocket import websocket_connect  # noqa: E402
-
-import fakenvml  # noqa: E402
-from jupyter_server_proc import JupyterServer  # noqa: E402
-
 TICKS = os.sysconf("SC_CLK_TCK")
 CLIENT_COUNTS = (1, 10, 100)
 NVDASHBOARD = "jupyterlab-nvdashboard"

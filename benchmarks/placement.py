@@ -26,17 +26,13 @@ import os
 import platform
 import random
 import statistics
-import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from gpuspawner.gpu import GPU, model_rank  # noqa: E402
-from gpuspawner.ledger import Ledger  # noqa: E402
-from gpuspawner.placement import GPURequest, PlacementError, PlacementIndex, place, set_class_of  # noqa: E402
-from gpuspawner.topology import CLASS_NAMES, NVLINK_CLASSES  # noqa: E402
-from tests.fakenvml.layouts import links as layout_links  # noqa: E402
+from fakenvml.layouts import links as layout_links
+from gpuspawner.gpu import GPU, model_rank
+from gpuspawner.ledger import Ledger
+from gpuspawner.placement import GPURequest, PlacementError, PlacementIndex, place, set_class_of
+from gpuspawner.topology import CLASS_NAMES, NVLINK_CLASSES
 
 GPUS_PER_HOST = 8
 MODELS = [  # (name, share of hosts, layout)

@@ -13,7 +13,10 @@ It needs gpuspawner's own dependencies for NVML (nvidia-ml-py), PyTorch for the 
 GPU, and jupyter_server, ipykernel and prometheus-client for the ``server`` section; on a GPU
 machine that lacks some, install their wheels with ``pip install --no-deps --target DIR`` and put
 DIR on PYTHONPATH (the H100 recording was made so: Python 3.12, the wheels of the project's
-versions). A section whose needs are missing records its ImportError; the others still run.
+versions). In the project's .venv, gpuspawner and the tests' helpers (fakenvml, jupyter_server_proc)
+are importable already (scripts/setup); with another Python, run it from the repository root with
+``PYTHONPATH=.:tests:tests/integration:DIR``. A section whose needs are missing records its
+ImportError; the others still run.
 
 Sections (a section that fails records its error and the others still run; the file is
 rewritten after each one, so a run cut short keeps what it had):
@@ -62,7 +65,6 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "tests" / "integration")]
 
 SECTIONS = ("meta", "nvml", "cuda_visible_devices", "gpuspawner", "load", "server")
 STANDIN_NAME = "NVIDIA H100 80GB HBM3"

@@ -33,15 +33,14 @@ import time
 from collections import Counter
 from pathlib import Path
 
+# the test helpers by their plain names, as under pytest (scripts/setup puts pytest's pythonpath on .venv's path)
+from spawn_timing import interleaved, no_engine_here, print_medians, timed_spawn
+
+import fakenvml
+from dockerhub import DockerHub
+from engine import Engine, gpu_config, visible_devices
+
 ROOT = Path(__file__).resolve().parent.parent
-# the test helpers (as pytest's pythonpath in pyproject.toml has them) and this checkout's gpuspawner
-sys.path[:0] = [str(ROOT / "tests" / d) for d in ("", "integration", "docker")] + [str(ROOT)]
-
-from spawn_timing import interleaved, no_engine_here, print_medians, timed_spawn  # noqa: E402  (beside this script)
-
-import fakenvml  # noqa: E402
-from dockerhub import DockerHub  # noqa: E402
-from engine import Engine, gpu_config, visible_devices  # noqa: E402  (tests/docker/engine.py)
 
 GPU_PROFILE = [{"slug": "gpu", "display_name": "GPU", "gpu_models": ["any"], "gpu_counts": [1],
                 "default_gpus": 1, "default": True}]

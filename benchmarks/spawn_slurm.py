@@ -33,12 +33,10 @@ import tempfile
 import time
 from pathlib import Path
 
+# the test helpers by their plain names, as under pytest (scripts/setup puts pytest's pythonpath on .venv's path)
+from gpuspawner.slurm.sinfo import GresTypes, gpu_availability, read_nodes
+
 ROOT = Path(__file__).resolve().parent.parent
-# the test helpers (as pytest's pythonpath in pyproject.toml has them) and this checkout's gpuspawner
-sys.path[:0] = [str(ROOT / "tests" / d) for d in ("", "integration", "slurm")] + [str(ROOT)]
-
-from gpuspawner.slurm.sinfo import GresTypes, gpu_availability, read_nodes  # noqa: E402
-
 FIXTURE = ROOT / "tests" / "slurm" / "fixtures" / "sinfo-mixed.json"
 NVML_NAMES = {"a100": "NVIDIA A100-SXM4-80GB", "t4": "Tesla T4"}  # the stand-in NVML's name of each type
 GPU_PROFILE = [{"slug": "gpu", "display_name": "GPU", "gpu_models": ["any"], "gpu_counts": [1],

@@ -38,19 +38,17 @@ import tempfile
 import time
 from pathlib import Path
 
+# the test helpers by their plain names, as under pytest (scripts/setup puts pytest's pythonpath on .venv's path)
+from spawn_timing import interleaved, no_engine_here, print_medians, timed_spawn
+
+import fakenvml
+from dockerhub import DockerHub
+from engine import Engine, gpu_config
+from gpuspawner.simulation import simulated_devices
+from gpuspawner.spawners.swarm_objects import MODEL_LABEL, RESOURCE_KIND
+from hub import free_port
+
 ROOT = Path(__file__).resolve().parent.parent
-# the test helpers (as pytest's pythonpath in pyproject.toml has them) and this checkout's gpuspawner
-sys.path[:0] = [str(ROOT / "tests" / d) for d in ("", "integration", "docker")] + [str(ROOT)]
-
-from spawn_timing import interleaved, no_engine_here, print_medians, timed_spawn  # noqa: E402  (beside this script)
-
-import fakenvml  # noqa: E402
-from dockerhub import DockerHub  # noqa: E402
-from engine import Engine, gpu_config  # noqa: E402  (tests/docker/engine.py)
-from gpuspawner.simulation import simulated_devices  # noqa: E402
-from gpuspawner.spawners.swarm_objects import MODEL_LABEL, RESOURCE_KIND  # noqa: E402
-from hub import free_port  # noqa: E402
-
 PROFILES = [{"slug": "gpu", "display_name": "GPU notebook", "gpu_models": ["a100"], "gpu_counts": [1],
              "default_gpus": 1, "default": True}]
 GPU_BODY = {"profile": "gpu", "gpus": 1, "gpu_model": "a100-sxm4-80gb"}

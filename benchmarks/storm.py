@@ -65,14 +65,12 @@ from pathlib import Path
 
 import requests
 
+import fakenvml
+from gpuspawner.simulation import simulated_config
+from gpuspawner.spawners.docker_objects import allocation_from_labels
+from hub import Hub, free_port, pid_alive, process_env
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT / "tests" / "docker"), str(ROOT / "tests"), str(ROOT)]
-
-import fakenvml  # noqa: E402  (tests/fakenvml)
-from gpuspawner.simulation import simulated_config  # noqa: E402
-from gpuspawner.spawners.docker_objects import allocation_from_labels  # noqa: E402
-from integration.hub import Hub, free_port, pid_alive, process_env  # noqa: E402
-
 SLOW_SPAWN_TIMEOUT = 10.0  # JupyterHub's default, which the runnable default keeps
 
 # The runnable default, plus a service whose token creates users and spawns on their behalf.
