@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 import threading
 import warnings
 import weakref
@@ -111,12 +112,26 @@ class GPUHubSettings(Configurable):
     gpu_hub_id = Unicode(
         "jupyterhub",
         help="""
-        This hub's name on what its servers run in: the label ``org.gpuspawner.hub`` on
-        gpu-docker containers, the variable ``GPUSPAWNER_HUB`` in gpu-local server
-        processes. After a restart the hub adopts (or stops) only what carries its own
-        id, so two hubs may share one Docker engine or host if their ids differ.
+        This hub's name on what its servers and notebook GPU jobs run in: the label
+        ``org.gpuspawner.hub`` on gpu-docker containers and gpu-swarm services; the
+        variable ``GPUSPAWNER_HUB`` in gpu-local server processes and in the notebook
+        jobs of gpu-local, gpu-docker and gpu-kube, and the names of gpu-local's device
+        cgroups, systemd scopes and start records; gpu-slurm jobs' name
+        (``jupyterhub-ID-user-server``) and ``--comment`` (``jupyterhub:ID ...``). After
+        a restart the hub adopts (or stops, or cancels) only what carries its own id, so
+        two hubs may share one Docker engine, host or Slurm cluster if their ids differ.
+        gpu-kube's servers do not carry it: their pods are KubeSpawner's, found by name
+        in the hub's namespace. Letters, digits, ``.``, ``_`` and ``-``.
         """,
     ).tag(config=True)
+
+    @validate("gpu_hub_id")
+    def _check_hub_id(self, proposal):
+        value = proposal["value"]
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", value):
+            raise TraitError(f"gpu_hub_id must be letters, digits, '.', '_' or '-' (it names labels, cgroup "
+                             f"folders and Slurm job comments), not {value!r}")
+        return value
 
     gpu_job_time_limit = Float(
         24 * 3600.0,

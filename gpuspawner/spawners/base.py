@@ -127,14 +127,18 @@ class GPUSpawnerMixin(GPUPolicyMixin, GPUHubSettings):
     pin_cpus = Bool(
         True,
         help="""
-        gpu-local and gpu-docker: run each GPU server on the CPUs next to its GPUs (their
-        NUMA node, from NVML or the ``cpus`` of ``static_gpus``): gpu-docker sets the
-        container's ``cpuset_cpus`` and ``cpuset_mems``, gpu-local starts the server under
-        ``taskset -c``. The CPUs are intersected with those that exist where the server runs
-        and widened with other CPUs when fewer than ``cpu_limit``; when the GPUs' CPUs are
-        not known or none of them exists there, nothing is pinned and the log says why
+        gpu-local, gpu-local-simple and gpu-docker: run each GPU server on the CPUs next
+        to its GPUs (their NUMA node, from NVML or the ``cpus`` of ``static_gpus``):
+        gpu-docker sets the container's ``cpuset_cpus``, and ``cpuset_mems`` to the GPUs'
+        NUMA nodes where the engine is this machine (a ``unix://`` engine); gpu-local
+        starts the server under ``taskset -c`` (not pinned, and logged, where ``taskset``
+        is not installed). The CPUs are intersected with those that exist where the server
+        runs (the engine's CPUs; the hub's own CPU affinity for gpu-local) and widened with
+        other CPUs when fewer than ``cpu_limit``; when the GPUs' CPUs are not known or none
+        of them exists there, nothing is pinned and the log says why
         (``gpuspawner/cpus.py``). A ``cpuset_cpus`` in gpu-docker's ``extra_host_config``
-        wins. gpu-kube and gpu-slurm leave this to the kubelet's Topology Manager and
+        wins. Notebook GPU jobs are not pinned. gpu-swarm ignores it (Swarm picks the
+        node), and gpu-kube and gpu-slurm leave it to the kubelet's Topology Manager and
         Slurm's ``gres.conf`` ``Cores=`` (README, topology section).
         """,
     ).tag(config=True)

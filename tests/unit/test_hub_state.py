@@ -95,6 +95,14 @@ def test_bad_static_inventory_is_refused_at_configuration():
         GPUSimpleLocalProcessSpawner(config=config)
 
 
+@pytest.mark.parametrize("bad", ["", "two words", "a/b", "-x"])
+def test_a_hub_id_that_cannot_name_labels_and_folders_is_refused_at_configuration(bad):
+    config = static_config()
+    config.GPUSpawnerMixin.gpu_hub_id = bad
+    with pytest.raises(Exception, match="gpu_hub_id must be letters, digits, '.', '_' or '-'"):
+        GPUSimpleLocalProcessSpawner(config=config)
+
+
 def test_metrics_are_served_for_the_newest_state_only():
     def gpus_total() -> float:
         return sum(s.value for m in REGISTRY.collect() if m.name == "gpuspawner_gpus"
