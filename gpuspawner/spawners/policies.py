@@ -42,14 +42,16 @@ class GPUPolicyMixin(Configurable):
 
     gpu_quota_per_user = Int(
         None, allow_none=True,
-        help="""At most this many GPUs held by all servers of one user together (None: no limit).
+        help="""At most this many GPUs held by all servers and notebook GPU jobs of one user together
+        (None: no limit).
         On gpu-kube a server's GPUs are the GPU resources its pod asks for (a MIG slice or a
         time-sliced replica counts as one).""",
     ).tag(config=True)
 
     gpu_quota_per_group = Dict(
         Int(),
-        help="""At most this many GPUs held by all servers of all members of a JupyterHub group together,
+        help="""At most this many GPUs held by all servers and notebook GPU jobs of all members of a
+        JupyterHub group together,
         e.g. ``{"students": 8}``. A user in several limited groups must fit in each.""",
     ).tag(config=True)
 
