@@ -101,7 +101,9 @@ class GPUHubSettings(Configurable):
     ).tag(config=True)
 
     gpu_inventory_ttl = Float(
-        5.0, help="Seconds an inventory reading is reused before the GPUs are read again."
+        5.0, help="""Seconds a reading of the GPUs is reused before they are read again: the hub's
+        inventory (NVML, the static list, gpu-swarm's nodes) and the cluster's own terms where the
+        cluster places (gpu-kube's nodes and pods, gpu-slurm's ``sinfo``/``squeue``)."""
     ).tag(config=True)
 
     simulated_gpus = Bool(
