@@ -14,9 +14,9 @@ It prints, per process the hub started (proxy, culler, servers), how long it
 lived after the signal, and when the last one was gone. Leftovers are killed
 by pid after ``--wait`` seconds and reported. ::
 
-    .venv/bin/python benchmarks/hub_stop.py --servers 1
-    .venv/bin/python benchmarks/hub_stop.py --how ctrl-c --servers 1
-    .venv/bin/python benchmarks/hub_stop.py --direct    # skip scripts/setup (see below)
+    scripts/bench hub_stop --servers 1
+    scripts/bench hub_stop --how ctrl-c --servers 1
+    scripts/bench hub_stop --direct    # skip scripts/setup (see below)
 
 ``--direct`` runs what ``scripts/hub`` execs after ``scripts/setup``
 (``.venv/bin/jupyterhub -f jupyterhub_config.py``, same process, same signals),

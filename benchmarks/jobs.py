@@ -1,4 +1,4 @@
-"""Notebook GPU job latency: ``.venv/bin/python benchmarks/jobs.py [--backend local|docker] [--runs N]``.
+"""Notebook GPU job latency: ``scripts/bench jobs [--backend local|docker] [--runs N]``.
 
 Starts the runnable default (``jupyterhub_config.py``, through ``benchmarks/storm.py``'s
 ``StormHub``: free loopback ports, private state, 2 x A100 + 2 x T4 simulated through

@@ -1,4 +1,4 @@
-"""What the private Kubernetes control plane costs: ``.venv/bin/python benchmarks/kube_control_plane.py``.
+"""What the private Kubernetes control plane costs: ``scripts/bench kube_control_plane``.
 
 Prints figures only (asserts nothing about timing):
 

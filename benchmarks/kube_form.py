@@ -1,4 +1,4 @@
-"""How long the gpu-kube spawn form takes with 1,000 GPU nodes: ``python benchmarks/kube_form.py``.
+"""How long the gpu-kube spawn form takes with 1,000 GPU nodes: ``scripts/bench kube_form``.
 
 Prints figures only; it asserts nothing about timing. The cluster is made of
 node and pod objects shaped like the recorded ones in tests/kube/fixtures:

@@ -6,7 +6,7 @@ FAKENVML_COUNTS. Server CPU comes from /proc/PID/stat of the server process.
 Goal: NVML calls per second do not grow with clients; under 3% of one core at
 100 clients.
 
-    .venv/bin/python benchmarks/monitor.py [--window 20] [--nvdashboard [PATH]]
+    scripts/bench monitor [--window 20] [--nvdashboard [PATH]]
 
 ``--nvdashboard`` measures jupyterlab-nvdashboard the same way, in the same
 run: a second ``jupyter server`` with only nvdashboard's server extension (the

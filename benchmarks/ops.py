@@ -7,7 +7,7 @@ Prints figures, with ratios against a baseline measured in the same run:
 - queue: ordering work per wake-up (``GPUQueue.ahead``) with 10, 100 and 1,000 waiters;
 - overview: ``overview.build`` for 1,000 GPUs.
 
-    .venv/bin/python benchmarks/ops.py
+    scripts/bench ops
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""How long GPU placement takes, and how well it connects: ``python benchmarks/placement.py``.
+"""How long GPU placement takes, and how well it connects: ``scripts/bench placement``.
 
 Prints figures only; it asserts nothing about timing. Inventories look like
 real clusters: hosts of 8 GPUs with the topology of the stand-in's example

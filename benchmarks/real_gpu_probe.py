@@ -4,17 +4,17 @@ Run it on a GPU host to record how the real driver answers; run it with ``--stan
 same record from the stand-in ``libnvidia-ml.so.1`` (tests/fakenvml). tests/fakenvml/recorded/
 keeps real recordings and tests/unit/test_fakenvml_fidelity.py holds the stand-in to them::
 
-    python3 benchmarks/real_gpu_probe.py --out h100.json                # the real driver (GPU 0 under load)
-    python3 benchmarks/real_gpu_probe.py --standin --like tests/fakenvml/recorded/h100.json \
+    scripts/bench real_gpu_probe --out h100.json                # the real driver (GPU 0 under load)
+    scripts/bench real_gpu_probe --standin --like tests/fakenvml/recorded/h100.json \
         --out standin.json                                              # the stand-in as that host, same code
-    python3 benchmarks/real_gpu_probe.py --sections nvml,gpuspawner     # only some sections
+    scripts/bench real_gpu_probe --sections nvml,gpuspawner     # only some sections
 
 It needs gpuspawner's own dependencies for NVML (nvidia-ml-py), PyTorch for the load on a real
 GPU, and jupyter_server, ipykernel and prometheus-client for the ``server`` section; on a GPU
 machine that lacks some, install their wheels with ``pip install --no-deps --target DIR`` and put
 DIR on PYTHONPATH (the H100 recording was made so: Python 3.12, the wheels of the project's
-versions). In the project's .venv, gpuspawner and the tests' helpers (fakenvml, jupyter_server_proc)
-are importable already (scripts/setup); with another Python, run it from the repository root with
+versions). With `scripts/bench real_gpu_probe`, gpuspawner and the tests' helpers (fakenvml,
+jupyter_server_proc) are importable (the project's .venv, the helpers on its path); with another Python, run it from the repository root with
 ``PYTHONPATH=.:tests:tests/integration:DIR``. A section whose needs are missing records its
 ImportError; the others still run.
 

@@ -1,4 +1,4 @@
-"""What gpu-docker costs on a real Docker engine: ``.venv/bin/python benchmarks/spawn_docker.py``.
+"""What gpu-docker costs on a real Docker engine: ``scripts/bench spawn_docker``.
 
 Starts a private dockerd with the stand-in NVIDIA hook (tests/docker/engine.py),
 builds or loads the single-user image, and prints figures only (asserts
@@ -33,7 +33,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-# the test helpers by their plain names, as under pytest (scripts/setup puts pytest's pythonpath on .venv's path)
+# the test helpers by their plain names, as under pytest (scripts/bench puts pytest's pythonpath on this process's path)
 from spawn_timing import interleaved, no_engine_here, print_medians, timed_spawn
 
 import fakenvml

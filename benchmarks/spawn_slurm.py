@@ -1,4 +1,4 @@
-"""What gpu-slurm costs on a real Slurm cluster: ``.venv/bin/python benchmarks/spawn_slurm.py``.
+"""What gpu-slurm costs on a real Slurm cluster: ``scripts/bench spawn_slurm``.
 
 Starts the private one-node cluster (gpuspawner/slurm/devcluster.py: slurmctld, slurmd
 and munged under a temporary directory, ``gpu:a100:2,gpu:t4:2``) and prints figures only
@@ -33,7 +33,7 @@ import tempfile
 import time
 from pathlib import Path
 
-# the test helpers by their plain names, as under pytest (scripts/setup puts pytest's pythonpath on .venv's path)
+# the test helpers by their plain names, as under pytest (scripts/bench puts pytest's pythonpath on this process's path)
 from gpuspawner.slurm.sinfo import GresTypes, gpu_availability, read_nodes
 
 ROOT = Path(__file__).resolve().parent.parent

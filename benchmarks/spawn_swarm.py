@@ -1,4 +1,4 @@
-"""What gpu-swarm costs on a real one-node Docker swarm: ``.venv/bin/python benchmarks/spawn_swarm.py``.
+"""What gpu-swarm costs on a real one-node Docker swarm: ``scripts/bench spawn_swarm``.
 
 Starts a private dockerd whose node advertises 4 stand-in A100s as generic
 resources ``NVIDIA-GPU=GPU-<uuid>`` and names their model in its node label, as
@@ -38,7 +38,7 @@ import tempfile
 import time
 from pathlib import Path
 
-# the test helpers by their plain names, as under pytest (scripts/setup puts pytest's pythonpath on .venv's path)
+# the test helpers by their plain names, as under pytest (scripts/bench puts pytest's pythonpath on this process's path)
 from spawn_timing import interleaved, no_engine_here, print_medians, timed_spawn
 
 import fakenvml

@@ -1,4 +1,4 @@
-"""Answers under a spawn storm: ``.venv/bin/python benchmarks/storm.py [--backend local|docker]``.
+"""Answers under a spawn storm: ``scripts/bench storm [--backend local|docker]``.
 
 Starts the runnable default (``jupyterhub_config.py``, loaded as a subconfig) on
 free loopback ports with a private state folder and database, simulated GPUs
