@@ -13,10 +13,10 @@ It needs gpuspawner's own dependencies for NVML (nvidia-ml-py), PyTorch for the 
 GPU, and jupyter_server, ipykernel and prometheus-client for the ``server`` section; on a GPU
 machine that lacks some, install their wheels with ``pip install --no-deps --target DIR`` and put
 DIR on PYTHONPATH (the H100 recording was made so: Python 3.12, the wheels of the project's
-versions). With `scripts/bench real_gpu_probe`, gpuspawner and the tests' helpers (fakenvml,
-jupyter_server_proc) are importable (the project's .venv, the helpers on its path); with another Python, run it from the repository root with
-``PYTHONPATH=.:tests:tests/integration:DIR``. A section whose needs are missing records its
-ImportError; the others still run.
+versions). With ``scripts/bench real_gpu_probe``, gpuspawner and the tests' helpers (fakenvml,
+jupyter_server_proc) are importable (the project's .venv, the helpers on its path); with another
+Python, run it from the repository root with ``PYTHONPATH=.:tests:tests/integration:DIR``. A
+section whose needs are missing records its ImportError; the others still run.
 
 Sections (a section that fails records its error and the others still run; the file is
 rewritten after each one, so a run cut short keeps what it had):
