@@ -64,7 +64,7 @@ def server_holdings(pods: Iterable[Mapping[str, Any]], component: str = "singleu
         if not user:
             unnamed.append(f"{meta.get('namespace', '')}/{meta.get('name', '')}")
             continue
-        owner = str(Owner.of_server(user, annotations.get(SERVERNAME_ANNOTATION, "")))
+        owner = str(Owner.from_parts(user, annotations.get(SERVERNAME_ANNOTATION, "")))  # a job pod: "job/<id>"
         held = holdings.setdefault(owner, {})
         for resource, n in gpus.items():
             held[resource] = held.get(resource, 0) + n

@@ -39,7 +39,7 @@ from ..form import form_context
 from ..gpu import GPU
 from ..inventory import InventoryReading
 from ..ledger import cluster_tokens
-from ..owner import Owner, user_of
+from ..owner import Owner, OwnerError, user_of
 from ..placement import GPURequest, PlacementError
 from ..profiles import Choice, load_profiles
 from ..reconcile import Workload
@@ -607,7 +607,12 @@ class GPUSlurmSpawner(GPUSpawnerMixin, SystemAccounts, SlurmSpawner):
             tag = parse_comment(job.comment)
             if tag is None or tag[0] != self.gpu_hub_id or job.state in ENDED or job.state == "COMPLETING":
                 continue
-            owner = str(Owner.from_parts(tag[1], tag[2]))
+            try:
+                owner = str(Owner.from_parts(tag[1], tag[2]))
+            except OwnerError as e:  # a comment this hub never writes (another user's sbatch can say anything)
+                self.log.warning("Slurm job %s: its comment names no server or job of this hub (%s); not counted",
+                                 job.id, e)
+                continue
             gpus = parse_gres(job.gpus.replace("gres:", ""))
             holds = cluster_tokens(owner, {_ledger_resource(t): n for t, n in gpus.items()})
             live.append(Workload(job.id, owner, holds, comment_start(job.comment), f"Slurm job {job.id}"))

@@ -266,6 +266,9 @@ def test_jobs_of_this_hub_no_server_or_notebook_job_names_are_cancelled_without_
                            "--gres=gpu:t4:1", f"--comment=jupyterhub:jupyterhub user:ghost server:{server}",
                            "-o", "/dev/null", "--wrap", "sleep 300").stdout.strip()
                for server in ("", "job/5e1f0c")]
+    # and one whose comment no hub writes (anyone's sbatch can say anything): it does not stop the pass
+    forged = cluster.run("sbatch", "--parsable", "--comment=jupyterhub:jupyterhub user:ghost server:a/b/c",
+                         "-o", "/dev/null", "--wrap", "sleep 300").stdout.strip()
     deadline = time.monotonic() + 30
     while {j.split()[0] for j in cluster.jobs()} & set(orphans):
         assert time.monotonic() < deadline, f"not cancelled: {cluster.jobs()}\n{hub.log()}"
@@ -274,6 +277,9 @@ def test_jobs_of_this_hub_no_server_or_notebook_job_names_are_cancelled_without_
     assert f"cancelling Slurm job {orphans[0]} of ghost/: no server or notebook job" in log, log
     assert f"cancelling Slurm job {orphans[1]} of ghost/job/5e1f0c: no server or notebook job" in log, log
     assert "ghost/" not in charged(hub) and "ghost/job/5e1f0c" not in charged(hub)
+    assert f"Slurm job {forged}: its comment names no server or job of this hub" in log, log
+    assert forged in {j.split()[0] for j in cluster.jobs()}  # not this hub's: left alone
+    cluster.run("scancel", forged)
 
 
 def test_a_job_cancelled_behind_the_hubs_back_stops_counting_without_a_restart(hub, cluster):
