@@ -1,0 +1,265 @@
+"""The fake kubelet of the development cluster (gpuspawner.kube.devcluster): fake GPU nodes kept
+Ready, the pods the real scheduler binds to them marked Running, and a :class:`PodRunner` hook for
+what must really serve."""
+
+from __future__ import annotations
+
+import copy
+import threading
+import time
+import urllib.parse
+from pathlib import Path
+
+from .devapi import Client, _now, _now_micro
+from .devbuild import kube_version
+
+#: how often the fake kubelet renews its nodes' Leases (the kubelet: a quarter of the lease duration)
+LEASE_RENEW_SECONDS = 3
+LEASE_DURATION_SECONDS = 40
+LABEL_FAKE = "gpuspawner.dev/fake-node"
+
+# --- fake GPU nodes ---------------------------------------------------------------------------------
+
+def gpu_node(name: str, product: str = "NVIDIA-A100-SXM4-80GB", gpus: int = 2, memory_mib: int = 81920,
+             *, resources: dict[str, int] | None = None, labels: dict[str, str] | None = None,
+             cuda: tuple[int, int] = (12, 4), taints: list[dict] | None = None, cpu: str = "32",
+             mem: str = "256Gi") -> dict:
+    """A node as NVIDIA's GPU Feature Discovery and device plugin leave it: GFD labels, ``nvidia.com/gpu``
+    capacity and allocatable (``resources`` adds or replaces device-plugin resources, e.g.
+    ``{"nvidia.com/gpu": 0, "nvidia.com/mig-1g.10gb": 7}``), Ready conditions set by :class:`FakeKubelet`."""
+    extended = {"nvidia.com/gpu": gpus, **(resources or {})}
+    node_labels = {
+        "kubernetes.io/hostname": name, "kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64",
+        "nvidia.com/gpu.present": "true", "nvidia.com/gpu.product": product, "nvidia.com/gpu.count": str(gpus),
+        "nvidia.com/gpu.memory": str(memory_mib), "nvidia.com/gpu.replicas": "1",
+        "nvidia.com/mig.strategy": "mixed" if any("mig-" in r for r in extended) else "none",
+        "nvidia.com/cuda.driver.major": str(cuda[0]), "nvidia.com/cuda.driver.minor": str(cuda[1]),
+        **(labels or {}),
+    }
+    capacity = {"cpu": cpu, "memory": mem, "pods": "110", "ephemeral-storage": "500Gi",
+                **{resource: str(n) for resource, n in extended.items()}}
+    return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": node_labels},
+            "spec": {"taints": list(taints or [])},
+            "status": {"capacity": capacity, "allocatable": dict(capacity)}}
+
+
+class PodRunner:
+    """The hook for pods that must really serve (a single-user server the hub connects to).
+
+    :class:`FakeKubelet` calls :meth:`start` once for each pod the scheduler bound to one of its nodes,
+    before it marks the pod Running, and :meth:`stop` when the pod is being deleted (before the
+    deletion is finished). ``start`` returns the pod's IP (where its process listens, e.g. a
+    loopback address), or None for an address of the node's pod range that nothing listens on.
+    The base class runs nothing: every pod gets such an address."""
+
+    def start(self, pod: dict) -> str | None:
+        return None
+
+    def stop(self, pod: dict) -> None:
+        return None
+
+
+class FakeKubelet:
+    """Keeps fake nodes Ready and runs (on paper) the pods bound to them, in a thread.
+
+    Each node: created with its status (Ready, the pressure conditions False, an InternalIP), a
+    Lease in ``kube-node-lease`` renewed every :data:`LEASE_RENEW_SECONDS` and the Ready condition's
+    heartbeat refreshed, as a kubelet does, so the real node controller keeps it Ready. Each pod the
+    scheduler binds to one of them: marked Running, Ready, with a pod IP (from the :class:`PodRunner`,
+    else the node's pod range) and running containers. Each such pod being deleted (the API server
+    set ``deletionTimestamp``): the runner stops it, and the deletion is finished (grace 0).
+    """
+
+    def __init__(self, server: str, pki: Path, runner: PodRunner | None = None, poll: float = 0.2) -> None:
+        self.server = server
+        self.pki = pki
+        self.runner = runner or PodRunner()
+        self.poll = poll
+        self._nodes: dict[str, dict] = {}  # name -> {"index": n, "heartbeat": bool, "next_ip": n}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._started: set[str] = set()  # uids of pods marked Running
+        self.errors: list[str] = []
+
+    # nodes
+    def add_node(self, node: dict, heartbeat: bool = True) -> dict:
+        """Create ``node`` (a Node object: :func:`gpu_node`, or a recorded one) Ready; it is kept
+        Ready while ``heartbeat``. Returns the node as the API server holds it."""
+        node = copy.deepcopy(node)
+        meta = node.setdefault("metadata", {})
+        for field in ("uid", "resourceVersion", "creationTimestamp", "managedFields", "selfLink"):
+            meta.pop(field, None)
+        meta.setdefault("labels", {})[LABEL_FAKE] = "true"
+        name = meta["name"]
+        with self._lock:
+            index = len(self._nodes) + 1
+            self._nodes[name] = {"index": index, "heartbeat": heartbeat, "next_ip": 2}
+        status = node.setdefault("status", {})
+        status["conditions"] = self._conditions()
+        status["addresses"] = [{"type": "InternalIP", "address": self._node_ip(index)},
+                               {"type": "Hostname", "address": name}]
+        status["nodeInfo"] = {**status.get("nodeInfo", {}), "kubeletVersion": kube_version(),
+                              "kubeProxyVersion": "", "operatingSystem": "linux", "architecture": "amd64",
+                              "containerRuntimeVersion": "fake://0", "osImage": "gpuspawner fake node",
+                              "kernelVersion": "", "machineID": "", "systemUUID": "", "bootID": ""}
+        status.setdefault("allocatable", dict(status.get("capacity", {})))
+        node.setdefault("spec", {}).pop("providerID", None)
+        client = Client(self.server, self.pki, "fake-kubelet")
+        try:
+            client.request("POST", "/api/v1/nodes", node)
+            # the API server keeps a new node's status, but say it again through the status subresource
+            held = client.request("PATCH", f"/api/v1/nodes/{name}/status", {"status": status},
+                                  "application/merge-patch+json")
+            self._renew_lease(client, name, held["metadata"]["uid"])
+        finally:
+            client.close()
+        return held
+
+    def stop_heartbeat(self, name: str) -> None:
+        """Leave node ``name`` without heartbeats, as when its kubelet dies: the node controller marks it
+        NotReady (Unknown) after the grace period."""
+        with self._lock:
+            self._nodes[name]["heartbeat"] = False
+
+    def remove_node(self, name: str) -> None:
+        with self._lock:
+            self._nodes.pop(name, None)
+        client = Client(self.server, self.pki, "fake-kubelet")
+        try:
+            client.request("DELETE", f"/api/v1/nodes/{name}", ok=(404,))
+        finally:
+            client.close()
+
+    def node_names(self) -> list[str]:
+        with self._lock:
+            return list(self._nodes)
+
+    @staticmethod
+    def _node_ip(index: int) -> str:
+        return f"172.30.{index // 250}.{index % 250 + 1}"
+
+    @staticmethod
+    def _conditions() -> list[dict]:
+        now = _now()
+        conditions = [{"type": kind, "status": "False", "reason": f"KubeletHasNo{kind}" if kind != "PIDPressure"
+                       else "KubeletHasSufficientPID", "message": "fake node", "lastHeartbeatTime": now,
+                       "lastTransitionTime": now} for kind in ("MemoryPressure", "DiskPressure", "PIDPressure")]
+        conditions.append({"type": "Ready", "status": "True", "reason": "KubeletReady",
+                           "message": "kubelet is posting ready status (gpuspawner fake node)",
+                           "lastHeartbeatTime": now, "lastTransitionTime": now})
+        return conditions
+
+    def _renew_lease(self, client: Client, name: str, uid: str | None = None) -> None:
+        path = f"/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/{name}"
+        spec = {"holderIdentity": name, "leaseDurationSeconds": LEASE_DURATION_SECONDS, "renewTime": _now_micro()}
+        if client.request("PATCH", path, {"spec": spec}, "application/merge-patch+json", ok=(404,)) is None:
+            lease = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+                     "metadata": {"name": name, "namespace": "kube-node-lease"}, "spec": spec}
+            if uid:
+                lease["metadata"]["ownerReferences"] = [{"apiVersion": "v1", "kind": "Node", "name": name,
+                                                         "uid": uid}]
+            client.request("POST", "/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases", lease)
+
+    # the loop
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="gpuspawner-fake-kubelet", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+            self._thread = None
+
+    def _run(self) -> None:
+        client = Client(self.server, self.pki, "fake-kubelet")
+        last_lease = last_status = 0.0
+        while not self._stop.is_set():
+            try:
+                now = time.monotonic()
+                if now - last_lease >= LEASE_RENEW_SECONDS:
+                    last_lease = now
+                    beating = [name for name, n in list(self._nodes.items()) if n["heartbeat"]]
+                    for name in beating:
+                        self._renew_lease(client, name)
+                    if now - last_status >= 10:
+                        last_status = now
+                        for name in beating:
+                            self._post_status(client, name)
+                self._sync_pods(client)
+            except Exception as error:  # keep beating: an API hiccup must not end the nodes' heartbeat
+                self.errors.append(f"{type(error).__name__}: {error}")
+                del self.errors[:-20]
+                client.close()
+            self._stop.wait(self.poll)
+        client.close()
+
+    def _post_status(self, client: Client, name: str) -> None:
+        node = client.request("GET", f"/api/v1/nodes/{name}", ok=(404,))
+        if node is None:
+            return
+        now = _now()
+        conditions = node["status"].get("conditions", [])
+        for condition in conditions:
+            condition["lastHeartbeatTime"] = now
+            ready = condition["type"] == "Ready"
+            wanted = "True" if ready else "False"
+            if condition["status"] != wanted:
+                condition.update(status=wanted, lastTransitionTime=now,
+                                 reason="KubeletReady" if ready else condition.get("reason"))
+        client.request("PATCH", f"/api/v1/nodes/{name}/status", {"status": {"conditions": conditions}},
+                       "application/merge-patch+json", ok=(404,))
+
+    def _sync_pods(self, client: Client) -> None:
+        with self._lock:
+            nodes = dict(self._nodes)
+        if not nodes:
+            return
+        pods = client.request("GET", "/api/v1/pods?fieldSelector=" + urllib.parse.quote("spec.nodeName!="))
+        live = set()
+        for pod in pods["items"]:
+            node = pod["spec"].get("nodeName")
+            if node not in nodes:
+                continue
+            meta = pod["metadata"]
+            uid = meta["uid"]
+            live.add(uid)
+            base = f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}"
+            if meta.get("deletionTimestamp"):
+                self.runner.stop(pod)
+                self._started.discard(uid)
+                client.request("DELETE", base, {"apiVersion": "v1", "kind": "DeleteOptions", "gracePeriodSeconds": 0,
+                                                "preconditions": {"uid": uid}}, ok=(404, 409))
+            elif uid not in self._started and pod.get("status", {}).get("phase", "Pending") == "Pending":
+                ip = self.runner.start(pod)
+                if ip is None:
+                    with self._lock:
+                        entry = self._nodes.get(node)
+                        if entry is None:
+                            continue
+                        ip = f"10.244.{entry['index']}.{entry['next_ip'] % 250 + 2}"
+                        entry["next_ip"] += 1
+                client.request("PATCH", f"{base}/status", {"status": self._running(pod, ip, nodes[node]["index"])},
+                               "application/merge-patch+json", ok=(404,))
+                self._started.add(uid)
+        self._started &= live
+
+    def _running(self, pod: dict, ip: str, node_index: int) -> dict:
+        now = _now()
+        host = self._node_ip(node_index)
+
+        def status(container: dict, ready: bool, done: bool) -> dict:
+            state = ({"terminated": {"exitCode": 0, "reason": "Completed", "startedAt": now, "finishedAt": now}}
+                     if done else {"running": {"startedAt": now}})
+            return {"name": container["name"], "image": container.get("image", ""),
+                    "imageID": container.get("image", ""), "containerID": f"fake://{pod['metadata']['uid']}",
+                    "ready": ready, "started": not done, "restartCount": 0, "state": state}
+
+        conditions = [{"type": kind, "status": "True", "lastProbeTime": None, "lastTransitionTime": now}
+                      for kind in ("PodReadyToStartContainers", "Initialized", "Ready", "ContainersReady",
+                                   "PodScheduled")]
+        return {"phase": "Running", "hostIP": host, "hostIPs": [{"ip": host}], "podIP": ip, "podIPs": [{"ip": ip}],
+                "startTime": now, "conditions": conditions,
+                "initContainerStatuses": [status(c, True, True) for c in pod["spec"].get("initContainers", [])],
+                "containerStatuses": [status(c, True, False) for c in pod["spec"]["containers"]]}
