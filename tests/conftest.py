@@ -165,7 +165,9 @@ def kube_cluster(tmp_path_factory):
     kube-controller-manager of gpuspawner.kube.devcluster.KUBE_VERSION on loopback (client
     certificates, ``Node,RBAC``), with the recorded nodes (tests/kube/fixtures/nodes.json: two A100
     nodes, a MIG node, a time-sliced T4 node, a CPU node) as fake nodes kept Ready by its
-    ``kubelet`` (a :class:`~gpuspawner.kube.devcluster.FakeKubelet`).
+    ``kubelet`` (a :class:`~gpuspawner.kube.devkubelet.FakeKubelet`), whose runner (a
+    :class:`~gpuspawner.kube.devpods.ProcessRunner`) really runs the pods of the namespaces in its
+    ``namespaces`` (``kube_namespace_running``), and whose nodes serve ``exec`` into them.
 
     The binaries are built on first use into ``~/.cache/gpuspawner/kube/<version>/bin``
     (``GPUSPAWNER_KUBE_CACHE``; minutes cold, nothing warm); the cluster starts in seconds. A
@@ -186,7 +188,10 @@ def kube_cluster(tmp_path_factory):
         build()
     except RuntimeError as error:
         missing(f"the Kubernetes control plane could not be built: {error}")
-    cluster = KubeCluster(tmp_path_factory.mktemp("kube"))
+    from gpuspawner.kube.devpods import ProcessRunner
+
+    # pods really run (as local processes) only in the namespaces a test adds to ``kubelet.runner.namespaces``
+    cluster = KubeCluster(tmp_path_factory.mktemp("kube"), runner=lambda kubelet: ProcessRunner(kubelet, set()))
     watcher = start_watcher(cluster.dir)  # stops it should this test process die without teardown
     try:
         cluster.start(nodes=load("nodes.json"))

@@ -163,6 +163,8 @@ CLIENTS = {
     "controller-manager": ("system:kube-controller-manager", ()),
     # the fake kubelet manages every fake node and the pods on them: admin rights, not a node's
     "fake-kubelet": ("gpuspawner:fake-kubelet", ("system:masters",)),
+    # the API server as a client of the kubelets (exec), as kubeadm makes it
+    "apiserver-kubelet-client": ("kube-apiserver-kubelet-client", ("system:masters",)),
 }
 
 

@@ -24,6 +24,7 @@ COMPONENTS = {
     "kube-controller-manager": "k8s.io/kubernetes/cmd/kube-controller-manager",
     "kubectl": "k8s.io/kubernetes/cmd/kubectl",
 }
+
 def kube_version() -> str:
     return os.environ.get("GPUSPAWNER_KUBE_VERSION") or KUBE_VERSION
 

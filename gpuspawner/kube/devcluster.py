@@ -13,8 +13,9 @@ What runs (one folder per cluster; every process stopped by its pid):
 - :class:`FakeKubelet`: the only stand-in, for the kubelets of GPU nodes. It keeps its nodes Ready
   (Ready condition and a Lease in ``kube-node-lease`` renewed, as a kubelet does), marks the pods
   the real scheduler binds to them Running with a pod IP, and finishes their deletion
-  (gpuspawner.kube.devkubelet). A
-  :class:`PodRunner` given to it starts what must really serve (see there).
+  (gpuspawner.kube.devkubelet). A :class:`PodRunner` given to it starts what must really serve:
+  gpuspawner.kube.devpods runs pods as local processes on loopback pod IPs, and each node's
+  kubelet API (gpuspawner.kube.devexec) serves ``exec`` into them, so ``kubectl exec`` works.
 
 ``admin.kubeconfig`` in the folder is the cluster's admin (group ``system:masters``);
 :meth:`KubeCluster.service_account` makes a ServiceAccount's token files and kubeconfig for a hub
@@ -108,7 +109,8 @@ class KubeCluster:
     and tests), ``etcd/`` (data), ``logs/``, ``pids/``. :meth:`stop` stops every process by the pid
     in its pid file, whichever process started them."""
 
-    def __init__(self, directory: Path, version: str | None = None, runner: PodRunner | None = None) -> None:
+    def __init__(self, directory: Path, version: str | None = None,
+                 runner: Callable[[FakeKubelet], PodRunner] | None = None) -> None:
         self.dir = Path(directory)
         self.version = version or kube_version()
         self.bin = bin_dir(self.version)
@@ -222,6 +224,12 @@ class KubeCluster:
             "--requestheader-group-headers=X-Remote-Group", "--requestheader-extra-headers-prefix=X-Remote-Extra-",
             f"--proxy-client-cert-file={p / 'front-proxy-client.crt'}",
             f"--proxy-client-key-file={p / 'front-proxy-client.key'}",
+            # the fake nodes' kubelet API (exec): at their InternalIP, TLS both ways with the cluster's CA, and
+            # WebSockets passed through (the kubelet speaks no SPDY, which the API server would translate them to)
+            "--kubelet-preferred-address-types=InternalIP", f"--kubelet-certificate-authority={p / 'ca.crt'}",
+            f"--kubelet-client-certificate={p / 'apiserver-kubelet-client.crt'}",
+            f"--kubelet-client-key={p / 'apiserver-kubelet-client.key'}",
+            "--feature-gates=TranslateStreamCloseWebsocketRequests=false",
             "--allow-privileged=true", "--profiling=false", "--v=1",
         ])
         self._wait("kube-apiserver", lambda: self._ready("/readyz"), "kube-apiserver", timeout)
@@ -254,7 +262,9 @@ class KubeCluster:
                    lambda: self.api("GET", "/api/v1/namespaces/default/serviceaccounts/default") is not None,
                    "kube-controller-manager", timeout)
         self.timings["control plane ready"] = round(time.monotonic() - started, 2)
-        self.kubelet = FakeKubelet(self.server, self.pki, self.runner)
+        self.kubelet = FakeKubelet(self.server, self.pki, version=self.version)
+        if self.runner is not None:
+            self.kubelet.runner = self.runner(self.kubelet)
         for node in nodes:
             self.kubelet.add_node(node)
         self.kubelet.start()
@@ -389,7 +399,9 @@ def develop(directory: Path, addons: Iterable[Callable[[KubeCluster], Callable[[
     build()
     built_at = time.monotonic()
     directory.mkdir(parents=True, exist_ok=True)
-    cluster = KubeCluster(directory)
+    from .devpods import ProcessRunner
+
+    cluster = KubeCluster(directory, runner=ProcessRunner)  # pods of single-user and python images really run
     cluster.stop()  # one a previous run left here
     start_watcher(directory)
     stopping = threading.Event()

@@ -1,6 +1,6 @@
 """The fake kubelet of the development cluster (gpuspawner.kube.devcluster): fake GPU nodes kept
 Ready, the pods the real scheduler binds to them marked Running, and a :class:`PodRunner` hook for
-what must really serve."""
+what must really serve (gpuspawner.kube.devpods runs pods as local processes)."""
 
 from __future__ import annotations
 
@@ -11,12 +11,13 @@ import urllib.parse
 from pathlib import Path
 
 from .devapi import Client, _now, _now_micro
-from .devbuild import kube_version
 
 #: how often the fake kubelet renews its nodes' Leases (the kubelet: a quarter of the lease duration)
 LEASE_RENEW_SECONDS = 3
 LEASE_DURATION_SECONDS = 40
 LABEL_FAKE = "gpuspawner.dev/fake-node"
+#: the port of each node's kubelet API (the node status' ``daemonEndpoints``)
+KUBELET_PORT = 10250
 
 # --- fake GPU nodes ---------------------------------------------------------------------------------
 
@@ -50,12 +51,27 @@ class PodRunner:
     before it marks the pod Running, and :meth:`stop` when the pod is being deleted (before the
     deletion is finished). ``start`` returns the pod's IP (where its process listens, e.g. a
     loopback address), or None for an address of the node's pod range that nothing listens on.
-    The base class runs nothing: every pod gets such an address."""
+    The base class runs nothing: every pod gets such an address.
+
+    A runner that runs processes also answers :meth:`status` (the pod's phase and container states
+    now, polled while the pod lives) and :meth:`exec_context` (where an ``exec`` into a container runs:
+    gpuspawner.kube.devexec); :class:`~gpuspawner.kube.devpods.ProcessRunner` is one."""
 
     def start(self, pod: dict) -> str | None:
         return None
 
     def stop(self, pod: dict) -> None:
+        return None
+
+    def status(self, pod: dict) -> dict | None:
+        """``{"phase": ..., "containerStatuses": [...]}`` of a pod this runner runs; None: on paper (Running)."""
+        return None
+
+    def exec_context(self, namespace: str, name: str, container: str):
+        """What an exec into ``container`` of pod ``namespace/name`` runs as (None: nothing runs there)."""
+        return None
+
+    def close(self) -> None:
         return None
 
 
@@ -68,13 +84,25 @@ class FakeKubelet:
     scheduler binds to one of them: marked Running, Ready, with a pod IP (from the :class:`PodRunner`,
     else the node's pod range) and running containers. Each such pod being deleted (the API server
     set ``deletionTimestamp``): the runner stops it, and the deletion is finished (grace 0).
+
+    Addresses are on loopback: node ``n`` is ``127.X.0.n`` and the pods the runner runs there get
+    ``127.X.n.m`` (X: a second octet free on this machine, one per cluster); the node's kubelet API
+    (exec: gpuspawner.kube.devexec) listens on ``127.X.0.n:10250`` with a certificate of the cluster's
+    CA and asks the API server for one of that CA (``--kubelet-client-certificate``).
     """
 
-    def __init__(self, server: str, pki: Path, runner: PodRunner | None = None, poll: float = 0.2) -> None:
+    def __init__(self, server: str, pki: Path, runner: PodRunner | None = None, poll: float = 0.2,
+                 version: str = "", octet: int | None = None) -> None:
+        from .devexec import KubeletServer, free_octet
+
         self.server = server
         self.pki = pki
         self.runner = runner or PodRunner()
         self.poll = poll
+        self.version = version
+        self.octet = octet if octet is not None else free_octet()
+        self.api_server = KubeletServer(self)
+        self._reported: dict[str, dict] = {}  # uid -> the runner's status last patched
         self._nodes: dict[str, dict] = {}  # name -> {"index": n, "heartbeat": bool, "next_ip": n}
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -94,17 +122,20 @@ class FakeKubelet:
         name = meta["name"]
         with self._lock:
             index = len(self._nodes) + 1
-            self._nodes[name] = {"index": index, "heartbeat": heartbeat, "next_ip": 2}
+            self._nodes[name] = {"index": index, "heartbeat": heartbeat, "next_ip": 2,
+                                 "gpus": int(node.get("status", {}).get("capacity", {}).get("nvidia.com/gpu", 0))}
         status = node.setdefault("status", {})
         status["conditions"] = self._conditions()
         status["addresses"] = [{"type": "InternalIP", "address": self._node_ip(index)},
                                {"type": "Hostname", "address": name}]
-        status["nodeInfo"] = {**status.get("nodeInfo", {}), "kubeletVersion": kube_version(),
+        status["daemonEndpoints"] = {"kubeletEndpoint": {"Port": KUBELET_PORT}}
+        status["nodeInfo"] = {**status.get("nodeInfo", {}), "kubeletVersion": self.version,
                               "kubeProxyVersion": "", "operatingSystem": "linux", "architecture": "amd64",
                               "containerRuntimeVersion": "fake://0", "osImage": "gpuspawner fake node",
                               "kernelVersion": "", "machineID": "", "systemUUID": "", "bootID": ""}
         status.setdefault("allocatable", dict(status.get("capacity", {})))
         node.setdefault("spec", {}).pop("providerID", None)
+        self.api_server.serve(name, self._node_ip(index))
         client = Client(self.server, self.pki, "fake-kubelet")
         try:
             client.request("POST", "/api/v1/nodes", node)
@@ -135,9 +166,26 @@ class FakeKubelet:
         with self._lock:
             return list(self._nodes)
 
-    @staticmethod
-    def _node_ip(index: int) -> str:
-        return f"172.30.{index // 250}.{index % 250 + 1}"
+    def _node_ip(self, index: int) -> str:
+        return f"127.{self.octet}.0.{index}"
+
+    def node_address(self, name: str) -> str:
+        with self._lock:
+            entry = self._nodes.get(name)
+        return self._node_ip(entry["index"]) if entry else ""
+
+    def pod_address(self, name: str) -> str:
+        """A new loopback pod IP on node ``name``, for a pod that really runs (:class:`PodRunner`)."""
+        with self._lock:
+            entry = self._nodes[name]
+            entry["next_loopback"] = entry.get("next_loopback", 1) % 254 + 1
+            return f"127.{self.octet}.{entry['index']}.{entry['next_loopback']}"
+
+    def gpu_count(self, name: str) -> int:
+        """The node's ``nvidia.com/gpu`` capacity, as created."""
+        with self._lock:
+            entry = self._nodes.get(name)
+        return entry.get("gpus", 0) if entry else 0
 
     @staticmethod
     def _conditions() -> list[dict]:
@@ -163,6 +211,7 @@ class FakeKubelet:
 
     # the loop
     def start(self) -> None:
+        self.api_server.start()
         self._thread = threading.Thread(target=self._run, name="gpuspawner-fake-kubelet", daemon=True)
         self._thread.start()
 
@@ -171,6 +220,8 @@ class FakeKubelet:
         if self._thread is not None:
             self._thread.join(timeout=10)
             self._thread = None
+        self.runner.close()
+        self.api_server.stop()
 
     def _run(self) -> None:
         client = Client(self.server, self.pki, "fake-kubelet")
@@ -229,6 +280,7 @@ class FakeKubelet:
             if meta.get("deletionTimestamp"):
                 self.runner.stop(pod)
                 self._started.discard(uid)
+                self._reported.pop(uid, None)
                 client.request("DELETE", base, {"apiVersion": "v1", "kind": "DeleteOptions", "gracePeriodSeconds": 0,
                                                 "preconditions": {"uid": uid}}, ok=(404, 409))
             elif uid not in self._started and pod.get("status", {}).get("phase", "Pending") == "Pending":
@@ -240,10 +292,34 @@ class FakeKubelet:
                             continue
                         ip = f"10.244.{entry['index']}.{entry['next_ip'] % 250 + 2}"
                         entry["next_ip"] += 1
-                client.request("PATCH", f"{base}/status", {"status": self._running(pod, ip, nodes[node]["index"])},
-                               "application/merge-patch+json", ok=(404,))
+                status = self._running(pod, ip, nodes[node]["index"])
+                self._report(client, base, uid, pod, status)
                 self._started.add(uid)
+            elif uid in self._started:
+                self._report(client, base, uid, pod, {})
         self._started &= live
+        for uid in set(self._reported) - live:
+            del self._reported[uid]
+
+    def _report(self, client: Client, base: str, uid: str, pod: dict, status: dict) -> None:
+        """PATCH ``status`` with the runner's own word on the pod (its containers' states), when that changed."""
+        own = self.runner.status(pod)
+        if own is not None:
+            if own == self._reported.get(uid) and not status:
+                return
+            self._reported[uid] = own
+            images = {c["name"]: c.get("image", "") for c in pod["spec"]["containers"]}
+            containers = [{"image": images.get(c["name"], ""), "imageID": images.get(c["name"], ""),
+                           "containerID": f"fake://{uid}/{c['name']}", **c} for c in own["containerStatuses"]]
+            ready = "True" if own["phase"] == "Running" and all(c["ready"] for c in containers) else "False"
+            now = _now()
+            conditions = [{"type": kind, "status": ready if kind in ("Ready", "ContainersReady") else "True",
+                           "lastProbeTime": None, "lastTransitionTime": now}
+                          for kind in ("PodReadyToStartContainers", "Initialized", "Ready", "ContainersReady",
+                                       "PodScheduled")]
+            status = {**status, "phase": own["phase"], "containerStatuses": containers, "conditions": conditions}
+        if status:
+            client.request("PATCH", f"{base}/status", {"status": status}, "application/merge-patch+json", ok=(404,))
 
     def _running(self, pod: dict, ip: str, node_index: int) -> dict:
         now = _now()

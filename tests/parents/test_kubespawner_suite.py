@@ -36,6 +36,7 @@ import datetime
 
 import pytest
 
+from gpuspawner.kube.devkubelet import PodRunner
 from needs import module
 from parentsuite import MODES, allowed_in, finish_suite, parent_tests, start_suite, unexpected
 
@@ -54,15 +55,20 @@ def namespaces(mode: str) -> tuple[str, str]:
     return f"ksp-{mode}", f"ksp-{mode}-another"
 
 
-class KubeletEvents:
+class KubeletEvents(PodRunner):
     """The fake kubelet's pod runner while the suites run: for each pod of theirs it posts the events a
     kubelet posts as it starts the pod's containers (the image already on the node), then leaves the
-    pod to the runner it replaced (which runs nothing: the pod gets an address of its node's range)."""
+    pod to the runner it replaced, a :class:`~gpuspawner.kube.devpods.ProcessRunner` told to run their
+    namespaces' pods: their single-user servers and their ``python`` exec pod run as local processes
+    on loopback pod IPs, and their ``exec`` reaches them; their hub pod (the jupyterhub image) stays on
+    paper."""
 
     def __init__(self, cluster, namespaces: set[str], inner) -> None:
         self.cluster = cluster
         self.namespaces = namespaces
         self.inner = inner
+        self.added = namespaces - inner.namespaces
+        inner.namespaces |= self.added
         self.client = None  # made in the kubelet's thread, which alone calls start and stop
         self.posted: list[str] = []
 
@@ -98,7 +104,18 @@ class KubeletEvents:
     def stop(self, pod: dict) -> None:
         self.inner.stop(pod)
 
+    def status(self, pod: dict) -> dict | None:
+        return self.inner.status(pod)
+
+    def exec_context(self, namespace: str, name: str, container: str):
+        return self.inner.exec_context(namespace, name, container)
+
+    def __getattr__(self, name: str):  # the rest of the inner runner's (exec_argv)
+        return getattr(self.inner, name)
+
     def close(self) -> None:
+        """Leave the runner as it was (its namespaces); not the kubelet's own close (the inner runner lives on)."""
+        self.inner.namespaces -= self.added
         if self.client is not None:
             self.client.close()
 
