@@ -15,14 +15,17 @@ cluster needs beside the control plane is given here, never by editing their fil
 
 - a kubelet's events on each of their pods (``Pulled``, ``Created``, ``Started``:
   their test_spawn_progress looks for "Started container" in the progress), posted
-  by :class:`KubeletEvents`, the fake kubelet's pod runner while the suites run;
+  by :class:`KubeletEvents`, the fake kubelet's pod runner while the suites run, which
+  has the cluster's :class:`~gpuspawner.kube.devpods.ProcessRunner` really run their
+  pods (their single-user servers, their hub pod, their ``python`` exec pod) and so
+  serve their ``exec`` (206/207 in every mode);
 - pre-provisioned PersistentVolumes (no StorageClass), which the real
   PersistentVolume controller binds to the claims KubeSpawner makes
   (``storage_pvc_ensure``), as on a cluster without a dynamic provisioner.
 
 What their JupyterHub 6 needs is adapted by :mod:`kubeparent`. A failure that is
-only a test artefact (their cluster tests that need what the fake kubelet does not
-do: run an image, ``exec`` into a container) is listed in docs/compatibility.md;
+only a test artefact (test_spawn_internal_ssl: a hub pod running as root, cluster
+DNS) is listed in docs/compatibility.md;
 the GPU modes must pass every test the parent passes.
 
 The CPU-only profile of the ``cpu`` mode is named ``gpuspawner-cpu``: their
