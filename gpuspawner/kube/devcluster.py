@@ -47,7 +47,18 @@ from pathlib import Path
 from typing import Any
 
 # the fake kubelet and the API client live in modules of their own; their names stay importable from here
-from .devapi import CLIENTS, SERVICE_CIDR, APIError, Client, kubeconfig, make_pki
+from .devapi import (
+    CLIENTS,
+    SERVICE_CIDR,
+    APIError,
+    Client,
+    _certificate,
+    _new_key,
+    _pem_cert,
+    _pem_key,
+    kubeconfig,
+    make_pki,
+)
 from .devbuild import (
     COMPONENTS,
     KUBE_VERSION,
@@ -66,6 +77,8 @@ __all__ = [
     "NODE_MONITOR_GRACE_SECONDS", "APIError", "Client", "FakeKubelet", "KubeCluster", "PodRunner", "build",
     "built", "cannot_start", "consumer_go_mod", "develop", "gpu_node", "kube_version", "kubeconfig", "make_pki",
     "start_watcher", "watch",
+    # the certificate helpers gpuspawner.kube.devkueue takes from here
+    "_certificate", "_new_key", "_pem_cert", "_pem_key",
 ]
 
 ETCD = "etcd"
