@@ -111,6 +111,12 @@ class KubeletServer:
         asyncio.run_coroutine_threadsafe(site.start(), self.loop).result(30)
         self._sites[name] = site
 
+    def unserve(self, name: str) -> None:
+        """Stop listening for node ``name`` (removed), so its address and port are free again."""
+        site = self._sites.pop(name, None)
+        if site is not None and self.loop is not None:
+            asyncio.run_coroutine_threadsafe(site.stop(), self.loop).result(15)
+
     def _certificate(self, name: str, address: str) -> tuple[Path, Path]:
         from cryptography import x509
         from cryptography.hazmat.primitives.serialization import load_pem_private_key

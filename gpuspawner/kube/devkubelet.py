@@ -108,6 +108,7 @@ class FakeKubelet:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._started: set[str] = set()  # uids of pods marked Running
+        self._last_index = 0  # of the nodes added so far (their addresses 127.X.0.<index>)
         self.errors: list[str] = []
 
     # nodes
@@ -120,8 +121,8 @@ class FakeKubelet:
             meta.pop(field, None)
         meta.setdefault("labels", {})[LABEL_FAKE] = "true"
         name = meta["name"]
-        with self._lock:
-            index = len(self._nodes) + 1
+        with self._lock:  # never an index (an address) a node had before: a removed node's may still be in use
+            self._last_index = index = self._last_index + 1
             self._nodes[name] = {"index": index, "heartbeat": heartbeat, "next_ip": 2,
                                  "gpus": int(node.get("status", {}).get("capacity", {}).get("nvidia.com/gpu", 0))}
         status = node.setdefault("status", {})
@@ -156,6 +157,7 @@ class FakeKubelet:
     def remove_node(self, name: str) -> None:
         with self._lock:
             self._nodes.pop(name, None)
+        self.api_server.unserve(name)
         client = Client(self.server, self.pki, "fake-kubelet")
         try:
             client.request("DELETE", f"/api/v1/nodes/{name}", ok=(404,))
