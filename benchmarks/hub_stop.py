@@ -31,7 +31,6 @@ import os
 import pwd
 import secrets
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -42,13 +41,9 @@ from pathlib import Path
 
 import requests
 
+from gpuspawner.ports import free_port
+
 REPO = Path(__file__).resolve().parents[1]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def alive(pid: int) -> bool:

@@ -34,7 +34,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import ssl
 import subprocess
 import sys
@@ -45,6 +44,8 @@ import urllib.parse
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
+
+from ..ports import free_port
 
 # the fake kubelet and the API client live in modules of their own; their names stay importable from here
 from .devapi import (
@@ -103,11 +104,6 @@ def cannot_start(version: str | None = None) -> str | None:
 
 
 # --- the control plane ------------------------------------------------------------------------------
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 #: the processes, in start order (stopped in reverse)
@@ -200,7 +196,7 @@ class KubeCluster:
         shutil.rmtree(self.dir / "etcd", ignore_errors=True)  # a fresh cluster each start
         make_pki(self.pki)
         p = self.pki
-        etcd_port, peer_port, api_port = _free_port(), _free_port(), _free_port()
+        etcd_port, peer_port, api_port = free_port(), free_port(), free_port()
         self.server = f"https://127.0.0.1:{api_port}"
         (self.dir / "cluster.json").write_text(json.dumps({"server": self.server, "version": self.version}))
         ca = (p / "ca.crt").read_bytes()
@@ -247,7 +243,7 @@ class KubeCluster:
         ])
         self._wait("kube-apiserver", lambda: self._ready("/readyz"), "kube-apiserver", timeout)
 
-        scheduler_port, manager_port = _free_port(), _free_port()
+        scheduler_port, manager_port = free_port(), free_port()
         kc = str(self.dir / "scheduler.kubeconfig")
         self._spawn("kube-scheduler", [
             str(self.bin / "kube-scheduler"), f"--kubeconfig={kc}", f"--authentication-kubeconfig={kc}",

@@ -62,6 +62,7 @@ from typing import Any
 
 import yaml
 
+from ..ports import free_port
 from .devcluster import APIError, KubeCluster, _certificate, _new_key, _pem_cert, _pem_key, find_go
 
 #: the Kueue release built and run (``GPUSPAWNER_KUEUE_VERSION`` overrides): 0.15 is built with the
@@ -313,11 +314,6 @@ def object_path(obj: dict) -> str:
 
 # --- running it --------------------------------------------------------------------------------------
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 def _http_status(port: int, path: str) -> int | None:
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
@@ -449,7 +445,7 @@ class Kueue:
     def _start(self, exe: Path, timeout: float) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
         ca_pem = self._certificates()
-        self.webhook_port, self.health_port = _free_port(), _free_port()
+        self.webhook_port, self.health_port = free_port(), free_port()
         config = manifests(self.version)
         objects = install_objects(config, ca_pem, self.webhook_port)
         for obj in objects:

@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 
 from ..fence import DEVICES_MOUNT
+from ..ports import free_port
 
 #: The programs the cluster needs (Debian packages slurm-wlm and munge; scripts/setup installs them).
 PROGRAMS = ("munged", "slurmctld", "slurmd", "sbatch", "squeue", "sinfo", "scontrol", "scancel")
@@ -63,12 +64,6 @@ def cluster_answers(env: dict[str, str] | None = None, timeout: float = 20) -> b
     except (OSError, subprocess.TimeoutExpired):
         return False
     return out.returncode == 0
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _program(name: str) -> str:
@@ -186,7 +181,7 @@ class SlurmCluster:
         else:
             (d / "cgroup.conf").unlink(missing_ok=True)
         self.conf.write_text(SLURM_CONF.format(
-            host=self.host, dir=d, spool=self.spool, ctld_port=_free_port(), slurmd_port=_free_port(),
+            host=self.host, dir=d, spool=self.spool, ctld_port=free_port(), slurmd_port=free_port(),
             cpus=self.cpus, gres=self.gres, partition=self.partition,
             proctrack="proctrack/cgroup" if self.constrain_devices else "proctrack/linuxproc",
             task="task/cgroup" if self.constrain_devices else "task/none",
@@ -232,7 +227,7 @@ class SlurmCluster:
     def unreachable_conf(self, directory: Path) -> Path:
         """A copy of this cluster's slurm.conf whose slurmctld port nobody listens on (a controller that
         is down; clients give up after about a second), for the Slurm commands of "Slurm does not answer"."""
-        text = re.sub(r"(?m)^SlurmctldPort=.*$", f"SlurmctldPort={_free_port()}", self.conf.read_text())
+        text = re.sub(r"(?m)^SlurmctldPort=.*$", f"SlurmctldPort={free_port()}", self.conf.read_text())
         path = Path(directory) / "slurm.conf"
         path.write_text(text + "MessageTimeout=2\n")
         shutil.copy(self.dir / "gres.conf", Path(directory) / "gres.conf")

@@ -25,7 +25,6 @@ import os
 import random
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -34,6 +33,7 @@ from pathlib import Path
 
 import docker
 
+from gpuspawner.ports import free_port
 from gpuspawner.simulation import simulated_devices
 
 TESTS = Path(__file__).resolve().parent.parent
@@ -55,14 +55,6 @@ def unavailable_reason() -> str | None:
     if not shutil.which("mmdebstrap"):
         return "mmdebstrap is not installed (scripts/setup installs it)"
     return None
-
-
-
-
-def free_port(address: str) -> int:
-    with socket.socket() as s:
-        s.bind((address, 0))
-        return s.getsockname()[1]
 
 
 def _free_subnet() -> ipaddress.IPv4Network:

@@ -16,7 +16,6 @@ import pwd
 import re
 import secrets
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -25,13 +24,9 @@ from urllib.parse import unquote
 
 import requests
 
+from gpuspawner.ports import free_port
+
 VENV_BIN = Path(sys.executable).parent
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def pid_alive(pid: int) -> bool:

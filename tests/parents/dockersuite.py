@@ -20,15 +20,13 @@ The rest comes from the environment ``test_dockerspawner_suite.py`` gives the ru
 
 from __future__ import annotations
 
-import socket
-
 from jupyterhub.tests.mocking import MockHub
 from jupyterhub.user import User
 
+from gpuspawner.ports import free_port
+
 #: the port a swarm service's server is published on in host mode (one swarm test at a time)
-with socket.socket() as _s:
-    _s.bind(("127.0.0.1", 0))
-    SWARM_PORT = _s.getsockname()[1]
+SWARM_PORT = free_port()
 
 _new_spawner = User._new_spawner
 

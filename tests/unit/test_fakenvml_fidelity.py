@@ -13,7 +13,6 @@ from __future__ import annotations
 import copy
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -22,7 +21,7 @@ import fakenvml
 from fakenvml import fidelity
 from gpuspawner.monitor.reading import FIELDS
 
-PROBE = Path(__file__).resolve().parents[2] / "benchmarks" / "real_gpu_probe.py"
+BENCH = Path(__file__).resolve().parents[2] / "scripts" / "bench"  # people run: scripts/bench real_gpu_probe
 RECORDINGS = sorted(fakenvml.RECORDED.glob("*.json"))
 SECTIONS = ("meta", "nvml", "nvml_errors", "gpuspawner", "load", "server")
 
@@ -33,7 +32,7 @@ def records(request, fakenvml_libdir, tmp_path_factory) -> tuple[dict, dict]:
     recording = request.param
     out = tmp_path_factory.mktemp("fidelity") / "standin.json"
     proc = subprocess.run(
-        [sys.executable, str(PROBE), "--standin", "--standin-lib", str(fakenvml_libdir), "--like", str(recording),
+        [str(BENCH), "real_gpu_probe", "--standin", "--standin-lib", str(fakenvml_libdir), "--like", str(recording),
          "--sections", "meta,nvml,gpuspawner,load,server", "--rounds", "3", "--load-seconds", "1.5",
          "--out", str(out)],
         capture_output=True, text=True, timeout=300,
