@@ -25,6 +25,7 @@ import os
 import sys
 from pathlib import Path
 
+from gpuspawner.backends.docker.spawner import reachable_engine
 from gpuspawner.hub.setup import (
     RECOMMENDED_CULLER,
     RECOMMENDED_QUEUE_TIMEOUT,
@@ -39,7 +40,6 @@ from gpuspawner.simulation import (
     real_or_simulated,
     simulated_devices_in,
 )
-from gpuspawner.spawners.docker import reachable_engine
 
 c = get_config()  # noqa: F821 (provided by JupyterHub)
 
@@ -111,7 +111,7 @@ if engine:
         c.GPUDockerSpawner.use_device_requests = os.environ.get("GPUSPAWNER_DEVICE_REQUESTS") == "1"
 elif backend == "slurm":
     # Servers: Slurm jobs, one node each, with --gres=gpu:TYPE:N; Slurm places and queues them.
-    from gpuspawner.slurm.devcluster import cluster_answers, start_for_this_process
+    from gpuspawner.backends.slurm.dev import cluster_answers, start_for_this_process
 
     private = None
     if cluster_answers():  # the site's cluster (SLURM_CONF, or Slurm's default configuration)
@@ -129,7 +129,7 @@ elif backend == "slurm":
         if not private.constrain_devices:
             print("[gpuspawner] Slurm: no cgroup v1 devices controller here: jobs are not confined "
                   "to their GPUs (ConstrainDevices)", file=sys.stderr)
-    c.JupyterHub.spawner_class = "gpuspawner.spawners.slurm.GPUSlurmSpawner"  # (entry point gpu-slurm)
+    c.JupyterHub.spawner_class = "gpuspawner.backends.slurm.spawner.GPUSlurmSpawner"  # (entry point gpu-slurm)
     if private and os.geteuid() == 0:
         # the private cluster runs on this host: each user's jobs run as a system account of their own
         # (jupyter-<name>, made by the hub on first use, home under the state folder), never as root
@@ -156,7 +156,7 @@ else:
     # allows it; the hub says at start when it cannot), each user's running as a system account
     # of their own, never as root: jupyter-<name>, made by the hub on the user's first start, home
     # under the state folder. A hub that is not root runs every server as its own user instead.
-    from gpuspawner.fence import detect
+    from gpuspawner.backends.local.fence import detect
 
     isolation = detect()
     if not isolation.enforced:

@@ -2,7 +2,7 @@
 
 Prints figures only (asserts nothing about timing):
 
-1. the build (gpuspawner/kube/devcluster.py ``build``): with ``--cold``, into an empty cache folder
+1. the build (gpuspawner/backends/kube/dev/cluster.py ``build``): with ``--cold``, into an empty cache folder
    of its own (Go's own build cache is kept unless ``--cold-go``, which uses an empty GOCACHE too:
    the cost on a fresh machine); else the cached case, which only checks the binaries are there;
 2. start-to-ready, over ``--rounds`` starts in fresh folders: certificates, etcd, kube-apiserver
@@ -24,7 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from gpuspawner.kube import devcluster
+from gpuspawner.backends.kube.dev import cluster as devcluster
 
 ROOT = Path(__file__).resolve().parent.parent
 

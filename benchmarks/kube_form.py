@@ -33,11 +33,11 @@ from pathlib import Path
 
 from jinja2 import Environment, PackageLoader, select_autoescape
 
+from gpuspawner.backends.kube.capacity import cluster_inventory, pools
+from gpuspawner.backends.kube.kueue import quota_lines
 from gpuspawner.form import form_context
 from gpuspawner.gpu import GPU
 from gpuspawner.inventory import InventoryReading
-from gpuspawner.kube.capacity import cluster_inventory, pools
-from gpuspawner.kube.kueue import quota_lines
 from gpuspawner.profiles import load_profiles
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -451,7 +451,7 @@ def _devices_json(listing) -> dict:
 
 
 def server_env(uuid: str) -> dict[str, str]:
-    """What gpu-local gives a server with this one GPU (gpuspawner.spawners.local)."""
+    """What gpu-local gives a server with this one GPU (gpuspawner.backends.local.spawner)."""
     from gpuspawner.gpu import nvidia_visible_devices
 
     return {"CUDA_VISIBLE_DEVICES": uuid, "NVIDIA_VISIBLE_DEVICES": nvidia_visible_devices([uuid])}

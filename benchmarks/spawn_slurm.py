@@ -1,6 +1,6 @@
 """What gpu-slurm costs on a real Slurm cluster: ``scripts/bench spawn_slurm``.
 
-Starts the private one-node cluster (gpuspawner/slurm/devcluster.py: slurmctld, slurmd
+Starts the private one-node cluster (gpuspawner/backends/slurm/dev.py: slurmctld, slurmd
 and munged under a temporary directory, ``gpu:a100:2,gpu:t4:2``) and prints figures only
 (asserts nothing about timing):
 
@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 
 # the test helpers by their plain names, as under pytest (scripts/bench puts pytest's pythonpath on this process's path)
-from gpuspawner.slurm.sinfo import GresTypes, gpu_availability, read_nodes
+from gpuspawner.backends.slurm.capacity import GresTypes, gpu_availability, read_nodes
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURE = ROOT / "tests" / "slurm" / "fixtures" / "sinfo-mixed.json"
@@ -117,7 +117,7 @@ def submit_to_ready(hubs: dict, cluster, rounds: int) -> dict[str, list[float]]:
 
 def spawn_benchmark(rounds: int) -> None:
     import fakenvml
-    from gpuspawner.slurm.devcluster import SlurmCluster, absent_programs
+    from gpuspawner.backends.slurm.dev import SlurmCluster, absent_programs
     from hub import BASE_HUB_CONFIG, Hub
     from slurmhub import SLURM_HUB_CONFIG
 

@@ -44,8 +44,8 @@ from spawn_timing import interleaved, no_engine_here, print_medians, timed_spawn
 import fakenvml
 from dockerhub import DockerHub
 from engine import Engine, gpu_config
+from gpuspawner.backends.swarm.objects import MODEL_LABEL, RESOURCE_KIND
 from gpuspawner.simulation import simulated_devices
-from gpuspawner.spawners.swarm_objects import MODEL_LABEL, RESOURCE_KIND
 from hub import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -178,7 +178,7 @@ def main() -> int:
 
         spawners = {
             "plain": hub("plain", "docker", PLAIN_CONFIG, plain_port=free_port(), gpu_model=model),
-            "gpu": hub("gpu", "gpuspawner.spawners.swarm.GPUSwarmSpawner"),
+            "gpu": hub("gpu", "gpuspawner.backends.swarm.spawner.GPUSwarmSpawner"),
         }
         t, made = spawn_to_ready(spawners, args.rounds)
         labels = {"plain": f"SwarmSpawner, {RESOURCE_KIND}=1 reserved", "gpu": "gpu-swarm, 1 GPU"}

@@ -66,8 +66,8 @@ from pathlib import Path
 import requests
 
 import fakenvml
+from gpuspawner.backends.docker.objects import allocation_from_labels
 from gpuspawner.simulation import simulated_config
-from gpuspawner.spawners.docker_objects import allocation_from_labels
 from hub import Hub, free_port, pid_alive, process_env
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -14,7 +14,7 @@ GPUs are released (:meth:`GPUQueue.wake`) and re-checks every few seconds in
 case GPUs came back some other way (health, inventory).
 
 Nothing here knows about JupyterHub: the spawner passes functions that read the
-inventory and place a request (see ``spawners/policies.py``).
+inventory and place a request (see ``backends/policies.py``).
 """
 
 from __future__ import annotations

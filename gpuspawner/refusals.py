@@ -1,8 +1,9 @@
 """Why a GPU request gets nothing: the refusal codes, the ONE table of sentences a user reads, :class:`PlacementError`.
 
 Every refusal of a spawn, whoever decides it, is a :class:`PlacementError` (or a subclass:
-:class:`~gpuspawner.quota.QuotaError`, :class:`~gpuspawner.queue.QueueTimeout`, Kubernetes'
-:class:`~gpuspawner.kube.capacity.CapacityError`, Slurm's :class:`~gpuspawner.slurm.sinfo.NeverFits`)
+:class:`~gpuspawner.quota.QuotaError`, :class:`~gpuspawner.queue.QueueTimeout`,
+Kubernetes' :class:`~gpuspawner.backends.kube.capacity.CapacityError`, Slurm's
+:class:`~gpuspawner.backends.slurm.capacity.NeverFits`)
 with a :class:`Refusal` code, worded from :data:`SENTENCES`, so the hub handles them one way:
 HTTP 409 with the sentence, the code in metrics, a wait only for the codes in :data:`WAITABLE`.
 
@@ -84,7 +85,7 @@ SENTENCES: dict[str, tuple[Refusal | None, str]] = {
     "unavailable": (None, " {n} {more}{are} unavailable: {reasons}."),
     "has_free": (None, " {name} has {free} free."),
     "others_free": (None, " Other models with room: {listed}."),
-    # Kubernetes places (gpu-kube): gpuspawner.kube.capacity.place
+    # Kubernetes places (gpu-kube): gpuspawner.backends.kube.capacity.place
     "kube_no_matching_model": (R.NO_MATCHING_MODEL, "No node in this cluster has a {what}. {inventory}"),
     "kube_driver_too_old": (R.DRIVER_TOO_OLD, "No {what} node has a driver new enough for CUDA {cuda}, which this "
                                               "image needs; the newest there supports CUDA {newest}. {inventory}"),
@@ -96,7 +97,7 @@ SENTENCES: dict[str, tuple[Refusal | None, str]] = {
                                     "node, and you asked for {count}.{unavailable}{others} "
                                     "Pick another model or try again later."),
     "kube_unavailable": (None, " {down} more {are} unavailable: node not ready or cordoned."),
-    # Slurm places (gpu-slurm): gpuspawner.slurm.sinfo.choose_type
+    # Slurm places (gpu-slurm): gpuspawner.backends.slurm.capacity.choose_type
     "slurm_no_gpus": (R.NO_GPUS, "No node {where} has GPUs."),
     "slurm_no_matching_model": (R.NO_MATCHING_MODEL, "No node {where} has {wanted} GPUs; the GPUs there: {sizes}."),
     "slurm_exceeds_host_size": (R.EXCEEDS_HOST_SIZE, "No node {where} has {count} {what} GPUs; the most on one node: "

@@ -53,12 +53,12 @@ from .reconcile import Flights
 from .usage import UsageRecorder
 
 if TYPE_CHECKING:  # types of the caches' contents, from layers above this one (no import at run time)
-    from .fence import Isolation
+    from .backends.kube.api import ClusterCapacity
+    from .backends.local.fence import Isolation
+    from .backends.local.processes import StartFence
+    from .backends.slurm.commands import SlurmReader
     from .hub.live import LiveStats
     from .jobs.manager import JobManager
-    from .kube.api import ClusterCapacity
-    from .slurm.commands import SlurmReader
-    from .spawners.processes import StartFence
 
 log = logging.getLogger("gpuspawner")
 

@@ -162,23 +162,23 @@ def browser(chromium_installed):
 @pytest.fixture(scope="session")
 def kube_cluster(tmp_path_factory):
     """A real control plane for this test run: etcd (Debian), kube-apiserver, kube-scheduler and
-    kube-controller-manager of gpuspawner.kube.devcluster.KUBE_VERSION on loopback (client
+    kube-controller-manager of gpuspawner.backends.kube.dev.cluster.KUBE_VERSION on loopback (client
     certificates, ``Node,RBAC``), with the recorded nodes (tests/kube/fixtures/nodes.json: two A100
     nodes, a MIG node, a time-sliced T4 node, a CPU node) as fake nodes kept Ready by its
-    ``kubelet`` (a :class:`~gpuspawner.kube.devkubelet.FakeKubelet`), whose runner (a
-    :class:`~gpuspawner.kube.devpods.ProcessRunner`) really runs the pods of the namespaces in its
+    ``kubelet`` (a :class:`~gpuspawner.backends.kube.dev.kubelet.FakeKubelet`), whose runner (a
+    :class:`~gpuspawner.backends.kube.dev.pods.ProcessRunner`) really runs the pods of the namespaces in its
     ``namespaces`` (``kube_namespace_running``), and whose nodes serve ``exec`` into them.
 
     The binaries are built on first use into ``~/.cache/gpuspawner/kube/<version>/bin``
     (``GPUSPAWNER_KUBE_CACHE``; minutes cold, nothing warm); the cluster starts in seconds. A
-    :class:`~gpuspawner.kube.devcluster.KubeCluster`: ``api(method, path, body)`` as its admin,
+    :class:`~gpuspawner.backends.kube.dev.cluster.KubeCluster`: ``api(method, path, body)`` as its admin,
     ``admin_kubeconfig``, ``service_account(ns, name)``, ``kubelet.add_node(...)``. Tests share it:
     each works in a namespace of its own (``kube_namespace``) and leaves the standing nodes as they
     are. Here, not in tests/kube, so the tests there and kubespawner's own suite (tests/parents) share
     the one cluster. Where it cannot be built or started, the tests that use it skip, saying why (fail in CI).
     Every process is stopped by its pid at the end of the run.
     """
-    from gpuspawner.kube.devcluster import KubeCluster, build, cannot_start, start_watcher
+    from gpuspawner.backends.kube.dev.cluster import KubeCluster, build, cannot_start, start_watcher
     from kubefixtures import load
 
     why = cannot_start()
@@ -188,7 +188,7 @@ def kube_cluster(tmp_path_factory):
         build()
     except RuntimeError as error:
         missing(f"the Kubernetes control plane could not be built: {error}")
-    from gpuspawner.kube.devpods import ProcessRunner
+    from gpuspawner.backends.kube.dev.pods import ProcessRunner
 
     # pods really run (as local processes) only in the namespaces a test adds to ``kubelet.runner.namespaces``
     cluster = KubeCluster(tmp_path_factory.mktemp("kube"), runner=lambda kubelet: ProcessRunner(kubelet, set()))

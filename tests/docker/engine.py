@@ -183,7 +183,7 @@ class Engine:
 
     def label_node(self, model: str) -> None:
         """Name this node's GPU model in its label (set through a manager) and wait until it is ready."""
-        from gpuspawner.spawners.swarm_objects import MODEL_LABEL
+        from gpuspawner.backends.swarm.objects import MODEL_LABEL
 
         manager = getattr(self, "manager", self)
         deadline = time.monotonic() + 60

@@ -22,8 +22,8 @@ import requests
 
 from dockerhub import free_in_form
 from engine import IMAGE_TAG, device_requests, visible_devices
+from gpuspawner.backends.docker.objects import allocation_labels
 from gpuspawner.gpu import GPU as Gpu
-from gpuspawner.spawners.docker_objects import allocation_labels
 
 pytestmark = pytest.mark.docker
 

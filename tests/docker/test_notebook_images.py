@@ -81,7 +81,7 @@ import pycurl, jupyterhub_idle_culler, oauthenticator, nativeauthenticator, firs
 from tornado.httpclient import AsyncHTTPClient
 AsyncHTTPClient.configure("tornado.curl_httpclient.CurlAsyncHTTPClient")  # as z2jh's hub config does
 from traitlets.config import Config
-from gpuspawner.kube.profiles import check_entries, combined_entries
+from gpuspawner.backends.kube.profiles import check_entries, combined_entries
 import yaml
 values = yaml.safe_load(sys.stdin)
 spawner = entry_points(group="jupyterhub.spawners")[values["hub"]["config"]["JupyterHub"]["spawner_class"]].load()

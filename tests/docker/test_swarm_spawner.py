@@ -23,7 +23,7 @@ import requests
 import fakenvml
 from dockerhub import free_in_form
 from engine import IMAGE_TAG, process_environ
-from gpuspawner.spawners.docker_objects import HUB, OWNER
+from gpuspawner.backends.docker.objects import HUB, OWNER
 
 pytestmark = pytest.mark.docker
 
@@ -47,7 +47,7 @@ def swarm_hub(swarm_engine, tmp_path, fakenvml_libdir):
     shutil.copy(fakenvml_libdir / fakenvml.LIBRARY_NAME, libdir / fakenvml.LIBRARY_NAME)
     hub = DockerHub(
         tmp_path / "hub", swarm_engine, fakenvml.env(fakenvml_libdir, swarm_engine.gpus_path), libdir,
-        PROFILES, spawner_class="gpuspawner.spawners.swarm.GPUSwarmSpawner", check_cuda=False,
+        PROFILES, spawner_class="gpuspawner.backends.swarm.spawner.GPUSwarmSpawner", check_cuda=False,
     )
     hub.settings["network"] = "host"  # tasks share the node's network; each server gets its own port
     hub.settings["volumes"] = {}  # each node's runtime mounts its own driver and devices into GPU tasks

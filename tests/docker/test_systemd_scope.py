@@ -2,7 +2,7 @@
 
 The container boots Debian's systemd 252; the test makes GPU device nodes in it
 and runs, with ``docker exec``, exactly the ``systemd-run`` words gpuspawner puts
-before a server's command (:func:`gpuspawner.fence_systemd.scope_command`),
+before a server's command (:func:`gpuspawner.backends.local.fence_systemd.scope_command`),
 followed by a small opener. The opener runs as the user, in the start's own
 scope, with the pid ``systemd-run`` had; its own GPU's node opens as far as a
 node without a driver does (ENXIO), another GPU's is refused (EPERM), and the
@@ -22,7 +22,7 @@ import time
 import pytest
 
 from engine import ROOT
-from gpuspawner.fence_systemd import scope_command
+from gpuspawner.backends.local.fence_systemd import scope_command
 
 SYSTEMD_PACKAGES = ("systemd", "systemd-sysv", "python3", "passwd")
 

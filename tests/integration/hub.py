@@ -269,7 +269,7 @@ class Hub:
     def _remove_fences(self) -> None:
         """The (empty) cgroups and records of this hub's server starts: a hub stopped right after its
         servers' stops were asked for has not removed them (a later hub of the same id would)."""
-        from gpuspawner.fence import DeviceFence
+        from gpuspawner.backends.local.fence import DeviceFence
 
         fence = DeviceFence(self.settings["hub_id"])
         for spawn in fence.starts():

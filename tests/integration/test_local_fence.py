@@ -32,7 +32,7 @@ import requests
 
 import devcgroup
 import fakenvml
-from gpuspawner.fence import DEVICES_MOUNT, detect
+from gpuspawner.backends.local.fence import DEVICES_MOUNT, detect
 from gpuspawner.simulation import simulated_config
 from hub import Hub, login, pid_alive
 from kernels import execute, start_kernel
@@ -255,7 +255,7 @@ def test_advisory_host_is_said_plainly(tmp_path):
 
 
 def test_fence_denies_every_gpu_but_its_own():
-    from gpuspawner.fence import deny_rules
+    from gpuspawner.backends.local.fence import deny_rules
 
     rules = deny_rules([3, 7])
     assert "c 195:3 rwm" not in rules and "c 195:7 rwm" not in rules

@@ -8,7 +8,7 @@ import time
 import pytest
 import requests
 
-from gpuspawner.fence import detect
+from gpuspawner.backends.local.fence import detect
 from hub import login
 from ops_hub import OpsHub
 from test_local_hub import TWO_GPUS, start

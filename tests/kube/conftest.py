@@ -1,6 +1,6 @@
 """Fixtures for gpu-kube, on the real Kubernetes control plane (``kube_cluster``, a session fixture of
 tests/conftest.py, shared with the parents' suites: etcd, kube-apiserver, kube-scheduler and
-kube-controller-manager built from the Go module proxy by gpuspawner.kube.devcluster, with the
+kube-controller-manager built from the Go module proxy by gpuspawner.backends.kube.dev.cluster, with the
 recorded nodes as fake GPU nodes kept Ready by a fake kubelet).
 
 Each test works in a namespace of its own (``kube_namespace``); ``cluster`` makes the recorded pods
@@ -134,14 +134,14 @@ def make_spawner(cluster, fresh_metrics):
 @pytest.fixture(scope="session")
 def kueue(kube_cluster):
     """Real Kueue on ``kube_cluster`` for this test run: the controller of
-    gpuspawner.kube.devkueue.KUEUE_VERSION, built on first use into ``~/.cache/gpuspawner/kueue/<version>``
+    gpuspawner.backends.kube.dev.kueue.KUEUE_VERSION, built on first use into ``~/.cache/gpuspawner/kueue/<version>``
     (``GPUSPAWNER_KUEUE_CACHE``; minutes cold, nothing warm), with its CRDs, RBAC, webhooks (called
     by URL on loopback) and visibility API (an APIService through the API server's aggregator), its
     pod integration on for namespaces labelled ``gpuspawner.dev/kueue=true``. A
-    :class:`~gpuspawner.kube.devkueue.Kueue`; stopped by its pid at the end of the run, its webhooks
+    :class:`~gpuspawner.backends.kube.dev.kueue.Kueue`; stopped by its pid at the end of the run, its webhooks
     removed. Where it cannot be built or run (or another Kueue holds its fixed port 8082), the tests
     that use it skip, saying why (fail in CI)."""
-    from gpuspawner.kube import devkueue
+    from gpuspawner.backends.kube.dev import kueue as devkueue
 
     why = devkueue.cannot_start()
     if why:

@@ -54,7 +54,7 @@ def namespace_of_its_own(kube_cluster):
 
 def apply(cluster, obj: dict) -> dict:
     """Create or update ``obj`` in the real ``cluster`` as its admin (server-side apply)."""
-    from gpuspawner.kube.devkueue import object_path
+    from gpuspawner.backends.kube.dev.kueue import object_path
 
     return cluster.api("PATCH", f"{object_path(obj)}?fieldManager=test&force=true", obj,
                        content_type="application/apply-patch+yaml")
@@ -256,7 +256,7 @@ class SpawnerMaker:
 
     def __call__(self, user: str | None = None, server: str = "", groups: tuple = (), **settings):
         """A spawner for ``user``'s server ``server`` (default: KubeSpawner's mock user)."""
-        from gpuspawner.spawners.kube import GPUKubeSpawner
+        from gpuspawner.backends.kube.spawner import GPUKubeSpawner
 
         for key, value in settings.items():
             setattr(self.config.GPUKubeSpawner, key, value)

@@ -19,8 +19,8 @@ import pytest
 from kubernetes_asyncio import client
 from tornado.web import HTTPError
 
-from gpuspawner.kube.api import ClusterCapacity
-from gpuspawner.kube.capacity import CapacityError, cluster_inventory, place, pod_requests, pools
+from gpuspawner.backends.kube.api import ClusterCapacity
+from gpuspawner.backends.kube.capacity import CapacityError, cluster_inventory, place, pod_requests, pools
 from kubefixtures import HUB_CLUSTER_RULES, HUB_RULES, nodes_added, without
 from profiles import A100, MIG_1G, PROFILES, SHARED_T4, TORCH
 
@@ -240,7 +240,7 @@ async def test_form_still_works_when_the_api_fails(cluster, monkeypatch, make_sp
 def h100_nodes(cluster):
     """Two H100 nodes added for this test: one cordoned by an admin, one whose kubelet reports NotReady;
     removed afterwards (the standing nodes are left as they are)."""
-    from gpuspawner.kube.devcluster import gpu_node
+    from gpuspawner.backends.kube.dev.cluster import gpu_node
 
     names = ("gpu-h100-cordoned", "gpu-h100-down")
     with (nodes_added(cluster.kube, gpu_node(names[0], H100, 8, cuda=(12, 4))),

@@ -9,8 +9,8 @@ import re
 
 import pytest
 
-from gpuspawner.kube.devcluster import NODE_MONITOR_GRACE_SECONDS, APIError, gpu_node
-from gpuspawner.kube.events import EventContext, explain_scheduling
+from gpuspawner.backends.kube.dev.cluster import NODE_MONITOR_GRACE_SECONDS, APIError, gpu_node
+from gpuspawner.backends.kube.events import EventContext, explain_scheduling
 from kubefixtures import until
 
 A100 = "NVIDIA-A100-SXM4-80GB"
@@ -156,7 +156,7 @@ def test_a_service_account_gets_only_what_its_rbac_grants(kube_cluster, kube_nam
 def test_a_pod_runner_starts_what_must_serve_and_stops_it_on_deletion(kube_cluster, kube_namespace):
     """The hook for pods that really serve: the runner is asked to start each bound pod once, its address
     becomes the pod's IP, and it is asked to stop the pod before the deletion is finished."""
-    from gpuspawner.kube.devcluster import PodRunner
+    from gpuspawner.backends.kube.dev.cluster import PodRunner
 
     class Runner(PodRunner):
         def __init__(self) -> None:

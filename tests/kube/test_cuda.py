@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gpuspawner.kube.cuda import cuda_affinity_terms, node_supports
+from gpuspawner.backends.kube.cuda import cuda_affinity_terms, node_supports
 
 
 def test_affinity_terms_match_the_same_nodes_as_the_comparison():

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from gpuspawner.kube.events import EventContext, explain_event, explain_scheduling
+from gpuspawner.backends.kube.events import EventContext, explain_event, explain_scheduling
 from kubefixtures import FIXTURES, progress_until, start_task
 from profiles import A100, PROFILES, TORCH
 

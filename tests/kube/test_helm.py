@@ -338,7 +338,7 @@ async def test_the_hubs_account_may_do_what_the_hub_does_and_nothing_more(releas
     from kubespawner import KubeSpawner
     from kubespawner.clients import load_config
 
-    from gpuspawner.spawners.kube import GPUKubeSpawner
+    from gpuspawner.backends.kube.spawner import GPUKubeSpawner
     from profiles import A100
 
     # as a site that keeps each user's PersistentVolumeClaim and gives each server a Service

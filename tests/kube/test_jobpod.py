@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from gpuspawner.kube.holdings import server_holdings
-from gpuspawner.kube.jobpod import PodEnd, job_pod, pod_end
+from gpuspawner.backends.kube.holdings import server_holdings
+from gpuspawner.backends.kube.jobpod import PodEnd, job_pod, pod_end
 
 SERVER_POD = {
     "metadata": {"name": "jupyter-zoe", "labels": {"component": "singleuser-server"},

@@ -24,8 +24,8 @@ from traitlets import TraitError
 from traitlets.config import Config
 
 from forms import Checked, Fields, form_of
-from gpuspawner.kube.devcluster import gpu_node
-from gpuspawner.spawners.kube import GPUKubeSpawner
+from gpuspawner.backends.kube.dev.cluster import gpu_node
+from gpuspawner.backends.kube.spawner import GPUKubeSpawner
 from kubefixtures import nodes_added
 from profiles import env, gpu_limits, validate_pod
 

@@ -8,7 +8,7 @@ rights the Helm chart gives it (tests/kube/test_helm.py checks the chart grants 
 GPUKubeSpawners create the pods; Kueue's own webhook gates them, Kueue admits, preempts and
 rejects them, the real scheduler binds them to the fake GPU nodes, and the fake kubelet runs them.
 
-The pure functions of gpuspawner.kube.kueue are tested on recorded objects (tests/kube/fixtures/kueue).
+The pure functions of gpuspawner.backends.kube.kueue are tested on recorded objects (tests/kube/fixtures/kueue).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import pytest_asyncio
 from tornado.web import HTTPError
 from traitlets import TraitError
 
-from gpuspawner.kube.kueue import (
+from gpuspawner.backends.kube.kueue import (
     QUEUE_LABEL,
     cluster_queue_quota,
     events_problem,
@@ -95,7 +95,7 @@ class Team(SimpleNamespace):
 
     def apply(self, obj: dict) -> dict:
         """Create or update a cluster object (server-side apply), deleted after the test if cluster-scoped."""
-        from gpuspawner.kube.devkueue import object_path
+        from gpuspawner.backends.kube.dev.kueue import object_path
 
         meta = obj["metadata"]
         if obj["kind"] in ("ResourceFlavor", "ClusterQueue", "WorkloadPriorityClass"):
@@ -141,7 +141,7 @@ def condition(obj: dict | None, kind: str) -> bool:
 def team(kueue, kube_namespace):
     """This test's namespace labelled for Kueue's pod integration, with LocalQueue ``team-a`` pointing at
     a ClusterQueue of its own (``team.cluster_queue``, named after the namespace) with 1 GPU of quota."""
-    from gpuspawner.kube.devkueue import MANAGED_LABEL
+    from gpuspawner.backends.kube.dev.kueue import MANAGED_LABEL
 
     team = Team(kueue=kueue, namespace=kube_namespace, cluster_queue=f"{kube_namespace}-gpus", cluster_scoped=[])
     team.api("PATCH", f"/api/v1/namespaces/{kube_namespace}", {"metadata": {"labels": {MANAGED_LABEL: "true"}}},
@@ -298,7 +298,7 @@ def test_a_bad_queue_name_is_refused(offline_hub):
 
 
 def test_other_backends_refuse_a_profiles_kueue():
-    from gpuspawner.spawners.local import GPULocalProcessSpawner
+    from gpuspawner.backends.local.spawner import GPULocalProcessSpawner
 
     with pytest.raises(TraitError, match="profile 'gpu': 'kueue' queues are only used by gpu-kube"):
         GPULocalProcessSpawner(gpu_profiles=[{"display_name": "GPU", "gpu_counts": [1], "kueue": "team-a"}])

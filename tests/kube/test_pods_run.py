@@ -1,6 +1,6 @@
 """Pods that really run on the test run's real control plane (``kube_cluster``): the fake kubelet's
-:class:`~gpuspawner.kube.devpods.ProcessRunner` starts their containers as local processes on loopback
-pod IPs, and each fake node's kubelet API serves ``exec`` (gpuspawner.kube.devexec), reached through
+:class:`~gpuspawner.backends.kube.dev.pods.ProcessRunner` starts their containers as local processes on loopback
+pod IPs, and each fake node's kubelet API serves ``exec`` (gpuspawner.backends.kube.dev.exec), reached through
 the real API server by the real ``kubectl`` and the Python client. Then a real JupyterHub with
 gpu-kube spawns a GPU server there and reaches it through its proxy."""
 
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from gpuspawner.kube.devpods import gpu_uuid
+from gpuspawner.backends.kube.dev.pods import gpu_uuid
 from hub import BASE_HUB_CONFIG, Hub, process_env
 from kubefixtures import until
 

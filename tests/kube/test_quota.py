@@ -15,7 +15,7 @@ import copy
 import pytest
 from tornado.web import HTTPError
 
-from gpuspawner.kube.holdings import server_holdings
+from gpuspawner.backends.kube.holdings import server_holdings
 from gpuspawner.ledger import cluster_holdings
 from kubefixtures import HUB_CLUSTER_RULES, HUB_RULES, load_pods, without
 from profiles import A100, PROFILES

@@ -23,8 +23,8 @@ async def check_capacity_form_and_dry_run_pods(namespace: str) -> list[dict]:
     """The checks, against the cluster KUBECONFIG names; the choices whose pods were accepted."""
     from traitlets.config import Config
 
-    from gpuspawner.kube.capacity import pools
-    from gpuspawner.spawners.kube import GPUKubeSpawner
+    from gpuspawner.backends.kube.capacity import pools
+    from gpuspawner.backends.kube.spawner import GPUKubeSpawner
 
     config = Config()
     config.KubeSpawner.namespace = namespace
@@ -69,7 +69,7 @@ async def test_start_begins_when_called_as_kubespawners(kube_admin, kube_namespa
 
     from traitlets.config import Config
 
-    from gpuspawner.spawners.kube import GPUKubeSpawner
+    from gpuspawner.backends.kube.spawner import GPUKubeSpawner
 
     config = Config()
     config.KubeSpawner.namespace = kube_namespace

@@ -31,8 +31,8 @@ import pytest_asyncio
 import yaml
 from traitlets.config import Config
 
+from gpuspawner.backends.kube.profiles import check_entries, combined_entries
 from gpuspawner.compat import min_cuda
-from gpuspawner.kube.profiles import check_entries, combined_entries
 from kubefixtures import HUB_CLUSTER_RULES, until
 from profiles import K8S_VERSION, env, gpu_limits, validate_pod
 from test_helm import ROOT, Release, by_kind, helm, refusal, run  # noqa: F401  (helm: the session fixture)
@@ -60,7 +60,7 @@ def z2jh_config(v: dict) -> Config:
 
 @pytest_asyncio.fixture
 async def z2jh_spawner(cluster):
-    from gpuspawner.spawners.kube import GPUKubeSpawner
+    from gpuspawner.backends.kube.spawner import GPUKubeSpawner
 
     config = z2jh_config(values())
     config.KubeSpawner.namespace = cluster.namespace

@@ -153,7 +153,7 @@ def z2jh(cluster, gke_nodes):
     config.KubeSpawner.k8s_api_host = cluster.url
 
     async def spawn(user: str, options: dict) -> dict:
-        from gpuspawner.spawners.kube import GPUKubeSpawner
+        from gpuspawner.backends.kube.spawner import GPUKubeSpawner
 
         spawner = GPUKubeSpawner(_mock=True, config=config,
                                  user=SimpleNamespace(name=user, id=len(user), url=f"/user/{user}/", groups=[]))
@@ -200,7 +200,7 @@ async def test_z2jh_docs_config_spawns_each_profile_as_kubespawner_would(z2jh):
 
 async def test_z2jh_docs_config_form_lists_the_profiles_with_the_default_chosen(z2jh):
     from forms import Checked, Fields, form_of
-    from gpuspawner.spawners.kube import GPUKubeSpawner
+    from gpuspawner.backends.kube.spawner import GPUKubeSpawner
 
     spawner = GPUKubeSpawner(_mock=True, config=z2jh.config)
     html = await form_of(spawner)

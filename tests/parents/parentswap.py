@@ -10,7 +10,7 @@ from the environment variable ``GPUSPAWNER_SWAP`` (JSON):
   the parent class by (``[["kubespawner", "KubeSpawner"]]``); a third item
   ``"module:Class"`` puts that gpuspawner class there instead of ``gpu_class``
   (a parent package with several classes: ``["dockerspawner", "SwarmSpawner",
-  "gpuspawner.spawners.swarm:GPUSwarmSpawner"]``);
+  "gpuspawner.backends.swarm.spawner:GPUSwarmSpawner"]``);
 - ``gpu_class``: ``"module:Class"``, the gpuspawner class put there;
 - ``mode``: ``"parent"`` (swap nothing: the baseline), ``"cpu"`` (the GPU class with
   only a CPU profile) or ``"default"`` (the GPU class with gpuspawner's default profiles);

@@ -33,7 +33,7 @@ def runs(tmp_path_factory):
     started = {mode: start_suite(
         TITLE, suite, mode,
         targets=[("batchspawner", "SlurmSpawner")],
-        gpu_class="gpuspawner.spawners.slurm:GPUSlurmSpawner",
+        gpu_class="gpuspawner.backends.slurm.spawner:GPUSlurmSpawner",
         extra_plugins=("batchparent",),
         # their tests are the installed batchspawner's subpackage (batchparent); found as such by importlib
         args=("--import-mode=importlib", "-o", "consider_namespace_packages=true"),

@@ -38,7 +38,7 @@ TARGET = 39
 TARGETS = [
     ("dockerspawner", "DockerSpawner"),
     ("dockerspawner.dockerspawner", "DockerSpawner"),  # volumes_test.py imports it from there
-    ("dockerspawner", "SwarmSpawner", "gpuspawner.spawners.swarm:GPUSwarmSpawner"),
+    ("dockerspawner", "SwarmSpawner", "gpuspawner.backends.swarm.spawner:GPUSwarmSpawner"),
 ]
 #: their default image for JupyterHub 6.1, and the two test_allowed_image picks
 THEIR_IMAGES = ("quay.io/jupyterhub/singleuser:6.1", "quay.io/jupyterhub/singleuser:4.0",
@@ -86,7 +86,7 @@ def test_dockerspawner_suite(mode, their_tests, suite_engine, fakenvml_libdir, t
         **fakenvml.env(fakenvml_libdir, suite_engine.gpus_path),  # the hub's NVML: 4 stand-in GPUs
     }
     result = run_suite(
-        TITLE, their_tests, mode, targets=TARGETS, gpu_class="gpuspawner.spawners.docker:GPUDockerSpawner",
+        TITLE, their_tests, mode, targets=TARGETS, gpu_class="gpuspawner.backends.docker.spawner:GPUDockerSpawner",
         defaults={"simulated_gpus": True}, extra_plugins=("dockersuite",), env=env, workdir=tmp_path,
     )
     failures = unexpected(result, SECTION)

@@ -16,7 +16,7 @@ cluster needs beside the control plane is given here, never by editing their fil
 - a kubelet's events on each of their pods (``Pulled``, ``Created``, ``Started``:
   their test_spawn_progress looks for "Started container" in the progress), posted
   by :class:`KubeletEvents`, the fake kubelet's pod runner while the suites run, which
-  has the cluster's :class:`~gpuspawner.kube.devpods.ProcessRunner` really run their
+  has the cluster's :class:`~gpuspawner.backends.kube.dev.pods.ProcessRunner` really run their
   pods (their single-user servers, their hub pod, their ``python`` exec pod) and so
   serve their ``exec`` (206/207 in every mode);
 - pre-provisioned PersistentVolumes (no StorageClass), which the real
@@ -39,7 +39,7 @@ import datetime
 
 import pytest
 
-from gpuspawner.kube.devkubelet import PodRunner
+from gpuspawner.backends.kube.dev.kubelet import PodRunner
 from needs import module
 from parentsuite import MODES, allowed_in, finish_suite, parent_tests, start_suite, unexpected
 
@@ -61,7 +61,7 @@ def namespaces(mode: str) -> tuple[str, str]:
 class KubeletEvents(PodRunner):
     """The fake kubelet's pod runner while the suites run: for each pod of theirs it posts the events a
     kubelet posts as it starts the pod's containers (the image already on the node), then leaves the
-    pod to the runner it replaced, a :class:`~gpuspawner.kube.devpods.ProcessRunner` told to run their
+    pod to the runner it replaced, a :class:`~gpuspawner.backends.kube.dev.pods.ProcessRunner` told to run their
     namespaces' pods: their single-user servers and their ``python`` exec pod run as local processes
     on loopback pod IPs, and their ``exec`` reaches them; their hub pod (the jupyterhub image) stays on
     paper."""
@@ -76,7 +76,7 @@ class KubeletEvents(PodRunner):
         self.posted: list[str] = []
 
     def start(self, pod: dict) -> str | None:
-        from gpuspawner.kube.devcluster import Client
+        from gpuspawner.backends.kube.dev.cluster import Client
 
         meta = pod["metadata"]
         if meta["namespace"] in self.namespaces:
@@ -153,7 +153,7 @@ def results(suite, kube_cluster, tmp_path_factory):
             running.append(start_suite(
                 TITLE, suite, mode,
                 targets=[("kubespawner", "KubeSpawner")],
-                gpu_class="gpuspawner.spawners.kube:GPUKubeSpawner",
+                gpu_class="gpuspawner.backends.kube.spawner:GPUKubeSpawner",
                 defaults={"gpu_profiles": CPU_ONLY} if mode == "cpu" else None,
                 extra_plugins=("kubeparent",),
                 env={"KUBECONFIG": str(kube_cluster.admin_kubeconfig),

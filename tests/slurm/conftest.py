@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 import fakenvml
-from gpuspawner.fence import DEVICES_MOUNT
-from gpuspawner.slurm.devcluster import SlurmCluster, cannot_start, devices_constrainable
+from gpuspawner.backends.local.fence import DEVICES_MOUNT
+from gpuspawner.backends.slurm.dev import SlurmCluster, cannot_start, devices_constrainable
 from hub import passable
 from needs import missing
 

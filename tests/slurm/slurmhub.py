@@ -20,7 +20,7 @@ PROFILES = [
 ONE_A100 = {"profile": "gpu", "gpus": 1, "gpu_model": "a100"}
 
 SLURM_HUB_CONFIG = BASE_HUB_CONFIG + """
-c.JupyterHub.spawner_class = "gpuspawner.spawners.slurm.GPUSlurmSpawner"
+c.JupyterHub.spawner_class = "gpuspawner.backends.slurm.spawner.GPUSlurmSpawner"
 c.GPUSlurmSpawner.exec_prefix = ""  # the hub runs as root here; jobs run as root too
 c.GPUSlurmSpawner.home_dir_template = settings["dir"] + "/users/{username}"
 c.GPUSlurmSpawner.startup_poll_interval = 0.5

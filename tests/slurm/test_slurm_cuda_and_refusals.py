@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 from traitlets import TraitError
 
-from gpuspawner.slurm.cuda import CudaNeed, DriverCuda, feature_cuda
-from gpuspawner.slurm.jobs import submit_refusal
-from gpuspawner.slurm.sinfo import GresTypes, NeverFits, SlurmNode, choose_type, cuda_constraint, read_nodes
-from gpuspawner.spawners.slurm import GPUSlurmSpawner
+from gpuspawner.backends.slurm.capacity import GresTypes, NeverFits, SlurmNode, choose_type, cuda_constraint, read_nodes
+from gpuspawner.backends.slurm.cuda import CudaNeed, DriverCuda, feature_cuda
+from gpuspawner.backends.slurm.queue import submit_refusal
+from gpuspawner.backends.slurm.spawner import GPUSlurmSpawner
 
 FIXTURES = Path(__file__).parent / "fixtures"
 TORCH = CudaNeed((12, 6), "Profile 'torch'", "a profile")

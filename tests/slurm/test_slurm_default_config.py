@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuspawner.slurm.devcluster import SlurmCluster, cannot_start
+from gpuspawner.backends.slurm.dev import SlurmCluster, cannot_start
 from hub import Hub, login, pid_alive, process_env, uid_pids, xsrf_token
 from needs import missing
 from slurmhub import job_gpus

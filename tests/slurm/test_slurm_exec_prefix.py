@@ -17,8 +17,8 @@ from jupyterhub.objects import Hub, Server
 from jupyterhub.user import User
 from sqlalchemy.orm import object_session
 
+from gpuspawner.backends.slurm.spawner import GPUSlurmSpawner
 from gpuspawner.reconcile import Workload
-from gpuspawner.spawners.slurm import GPUSlurmSpawner
 
 FIXTURES = Path(__file__).parent / "fixtures"
 

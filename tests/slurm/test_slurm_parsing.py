@@ -8,8 +8,15 @@ from pathlib import Path
 
 import pytest
 
-from gpuspawner.profiles import OptionsError, load_profiles
-from gpuspawner.slurm.jobs import (
+from gpuspawner.backends.slurm.capacity import (
+    GresTypes,
+    NeverFits,
+    choose_type,
+    gpu_availability,
+    parse_gres,
+    read_nodes,
+)
+from gpuspawner.backends.slurm.queue import (
     job_comment,
     parse_comment,
     read_jobs,
@@ -18,8 +25,8 @@ from gpuspawner.slurm.jobs import (
     slurm_time,
     wait_words,
 )
-from gpuspawner.slurm.sinfo import GresTypes, NeverFits, choose_type, gpu_availability, parse_gres, read_nodes
-from gpuspawner.spawners.slurm import slurm_memory
+from gpuspawner.backends.slurm.spawner import slurm_memory
+from gpuspawner.profiles import OptionsError, load_profiles
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -177,7 +184,7 @@ def test_profiles_name_slurm_settings_and_nothing_else():
 def test_other_backends_refuse_slurm_settings():
     from traitlets import TraitError
 
-    from gpuspawner.spawners.local import GPUSimpleLocalProcessSpawner
+    from gpuspawner.backends.local.spawner import GPUSimpleLocalProcessSpawner
 
     with pytest.raises(TraitError, match="profile 'long': 'slurm' settings are only applied by gpu-slurm"):
         GPUSimpleLocalProcessSpawner(gpu_profiles=[{"display_name": "Long", "slurm": {"time": "8:00:00"}}])
@@ -186,7 +193,7 @@ def test_other_backends_refuse_slurm_settings():
 def test_gpu_slurm_refuses_the_hubs_queue():
     from traitlets import TraitError
 
-    from gpuspawner.spawners.slurm import GPUSlurmSpawner
+    from gpuspawner.backends.slurm.spawner import GPUSlurmSpawner
 
     with pytest.raises(TraitError, match="profile 'q' sets 'queue': True, but gpu-slurm has no hub queue"):
         GPUSlurmSpawner(gpu_profiles=[{"slug": "q", "display_name": "Q", "gpu_counts": [1], "queue": True}])

@@ -15,10 +15,10 @@ from hypothesis import given, settings, strategies as st
 from traitlets import TraitError
 from traitlets.config import Config
 
+from gpuspawner.backends.slurm.capacity import parse_gres
+from gpuspawner.backends.slurm.settings import gpu_asks, gpu_gres, join_gres, sbatch_options
+from gpuspawner.backends.slurm.spawner import GPUSlurmSpawner
 from gpuspawner.hub.setup import check_spawner
-from gpuspawner.slurm.settings import gpu_asks, gpu_gres, join_gres, sbatch_options
-from gpuspawner.slurm.sinfo import parse_gres
-from gpuspawner.spawners.slurm import GPUSlurmSpawner
 
 CPU_ONLY = [{"slug": "cpu", "display_name": "CPU only", "gpu_counts": [0]}]
 

@@ -2,9 +2,7 @@
 
 from hypothesis import given, strategies as st
 
-from gpuspawner.gpu import GPU
-from gpuspawner.spawners.docker import add_gpus_to_create_kwargs
-from gpuspawner.spawners.docker_objects import (
+from gpuspawner.backends.docker.objects import (
     allocation_from_labels,
     allocation_labels,
     device_request,
@@ -12,6 +10,8 @@ from gpuspawner.spawners.docker_objects import (
     reconcile,
     visible_devices_env,
 )
+from gpuspawner.backends.docker.spawner import add_gpus_to_create_kwargs
+from gpuspawner.gpu import GPU
 
 GPUS = tuple(GPU("host1", i, f"GPU-{i:04d}", "NVIDIA A100-SXM4-80GB") for i in range(8))
 

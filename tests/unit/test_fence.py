@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 
 import devcgroup
-from gpuspawner.fence import DeviceFence, deny_rules
-from gpuspawner.fence_starts import StartRecord, cgroup_pids
-from gpuspawner.fence_systemd import kill_cgroup
-from gpuspawner.spawners.processes import alive, describe_processes, end_start, find_servers
+from gpuspawner.backends.local.fence import DeviceFence, deny_rules
+from gpuspawner.backends.local.fence_starts import StartRecord, cgroup_pids
+from gpuspawner.backends.local.fence_systemd import kill_cgroup
+from gpuspawner.backends.local.processes import alive, describe_processes, end_start, find_servers
 
 OPEN_BOTH = """
 import os, sys

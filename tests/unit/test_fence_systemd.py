@@ -12,12 +12,12 @@ from types import SimpleNamespace
 import pytest
 from tornado.web import HTTPError
 
-from gpuspawner.fence import Isolation, detect
-from gpuspawner.fence_starts import StartRecord
-from gpuspawner.fence_systemd import ScopeFence, device_allow, mig_nodes, scope_command, unit_name
+from gpuspawner.backends.local.fence import Isolation, detect
+from gpuspawner.backends.local.fence_starts import StartRecord
+from gpuspawner.backends.local.fence_systemd import ScopeFence, device_allow, mig_nodes, scope_command, unit_name
+from gpuspawner.backends.local.processes import MarkedStarts, StartFence
+from gpuspawner.backends.local.spawner import _InFence, _LocalGPUs
 from gpuspawner.gpu import GPU
-from gpuspawner.spawners.local import _InFence, _LocalGPUs
-from gpuspawner.spawners.processes import MarkedStarts, StartFence
 from gpuspawner.state import HubCaches
 
 

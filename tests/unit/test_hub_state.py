@@ -11,7 +11,7 @@ import pytest
 from prometheus_client import REGISTRY
 from traitlets.config import Application, Config
 
-from gpuspawner.spawners.local import GPUSimpleLocalProcessSpawner
+from gpuspawner.backends.local.spawner import GPUSimpleLocalProcessSpawner
 from gpuspawner.state import HubState, hub_state, hub_state_of_app
 
 STATIC = [{"uuid": "GPU-a", "name": "Tesla T4", "host": "gpu-host-1"},

@@ -6,9 +6,9 @@ import dataclasses
 
 import pytest
 
+from gpuspawner.backends.base import GPUSpawnerMixin
 from gpuspawner.gpu import GPU
 from gpuspawner.inventory import InventoryReading, StaticInventory, gpus_from_config
-from gpuspawner.spawners.base import GPUSpawnerMixin
 
 A100 = "NVIDIA A100-SXM4-80GB"
 T4 = "Tesla T4"

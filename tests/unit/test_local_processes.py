@@ -14,10 +14,10 @@ import pytest
 from traitlets.config import Config
 
 import devcgroup
-from gpuspawner.fence import DeviceFence
-from gpuspawner.fence_starts import StartRecord
-from gpuspawner.spawners.local import GPUSimpleLocalProcessSpawner
-from gpuspawner.spawners.processes import alive, end_processes, find_servers
+from gpuspawner.backends.local.fence import DeviceFence
+from gpuspawner.backends.local.fence_starts import StartRecord
+from gpuspawner.backends.local.processes import alive, end_processes, find_servers
+from gpuspawner.backends.local.spawner import GPUSimpleLocalProcessSpawner
 
 STATIC = [{"uuid": f"GPU-{i}", "name": "Tesla T4", "index": i} for i in range(4)]
 # a "server" that starts a "kernel" child, both sleeping; the child ignores SIGTERM like a stuck kernel

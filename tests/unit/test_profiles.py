@@ -14,6 +14,7 @@ import re
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
+from gpuspawner.backends.base import GPUSpawnerMixin
 from gpuspawner.gpu import model_slug
 from gpuspawner.inputs import field_name
 from gpuspawner.profiles import (
@@ -30,7 +31,6 @@ from gpuspawner.profiles import (
     parse_options,
     without_gpus,
 )
-from gpuspawner.spawners.base import GPUSpawnerMixin
 
 A100 = model_slug("NVIDIA A100-SXM4-80GB")  # "a100-sxm4-80gb"
 T4 = model_slug("Tesla T4")  # "t4"

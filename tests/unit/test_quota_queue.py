@@ -8,13 +8,13 @@ from types import SimpleNamespace
 
 import pytest
 
+from gpuspawner.backends.policies import GPUPolicyMixin
 from gpuspawner.gpu import GPU
 from gpuspawner.ledger import Ledger
 from gpuspawner.placement import GPURequest, PlacementError
 from gpuspawner.profiles import Choice, OptionsError, load_profiles, profile_from_config
 from gpuspawner.queue import GPUQueue, QueueTimeout
 from gpuspawner.quota import Quota, QuotaError, check
-from gpuspawner.spawners.policies import GPUPolicyMixin
 from gpuspawner.state import GPUHubSettings, HubState
 
 A100 = "NVIDIA A100-SXM4-80GB"

@@ -201,7 +201,7 @@ class ClusterDouble:
 def cluster_spawner(double: ClusterDouble, config: Config):
     from jupyterhub.spawner import Spawner
 
-    from gpuspawner.spawners.base import GPUSpawnerMixin
+    from gpuspawner.backends.base import GPUSpawnerMixin
 
     class Spawner_(GPUSpawnerMixin, Spawner):
         reconciles_with_cluster = True

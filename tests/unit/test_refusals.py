@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
+from gpuspawner.backends.kube.capacity import GPU_RESOURCE, CapacityError, NodeGPUs, NodePool, place as kube_place
+from gpuspawner.backends.slurm.capacity import GresTypes, NeverFits, SlurmNode, choose_type
 from gpuspawner.gpu import model_slug
-from gpuspawner.kube.capacity import GPU_RESOURCE, CapacityError, NodeGPUs, NodePool, place as kube_place
 from gpuspawner.queue import WAITABLE, QueueTimeout
 from gpuspawner.quota import Quota, QuotaError, check
 from gpuspawner.refusals import SENTENCES, PlacementError, Refusal, refuse, words
-from gpuspawner.slurm.sinfo import GresTypes, NeverFits, SlurmNode, choose_type
 
 PACKAGE = Path(__file__).resolve().parents[2] / "gpuspawner"
 REFUSALS = {"PlacementError", "CapacityError", "NeverFits", "QuotaError", "QueueTimeout"}

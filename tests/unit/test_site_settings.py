@@ -12,10 +12,10 @@ from tornado import web
 from traitlets import TraitError
 from traitlets.config import Config
 
-from gpuspawner.spawners.base import refusal_at_start
-from gpuspawner.spawners.docker import GPUDockerSpawner
-from gpuspawner.spawners.local import GPULocalProcessSpawner
-from gpuspawner.spawners.swarm import GPUSwarmSpawner
+from gpuspawner.backends.base import refusal_at_start
+from gpuspawner.backends.docker.spawner import GPUDockerSpawner
+from gpuspawner.backends.local.spawner import GPULocalProcessSpawner
+from gpuspawner.backends.swarm.spawner import GPUSwarmSpawner
 
 PROFILES = [
     {"slug": "cpu", "display_name": "CPU only", "gpu_counts": [0]},

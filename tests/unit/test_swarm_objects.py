@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gpuspawner.spawners.swarm_objects import (
+from gpuspawner.backends.swarm.objects import (
     MODEL_LABEL,
     add_gpu_reservation,
     gpu_reservations,

@@ -260,7 +260,7 @@ def test_profile_interconnect_key():
 def test_cluster_backends_refuse_the_interconnect_key():
     from traitlets import TraitError
 
-    from gpuspawner.spawners.slurm import GPUSlurmSpawner
+    from gpuspawner.backends.slurm.spawner import GPUSlurmSpawner
 
     with pytest.raises(TraitError, match="'interconnect' needs a backend whose hub picks the GPUs"):
         GPUSlurmSpawner(gpu_profiles=[{"display_name": "Linked", "gpu_counts": [2], "interconnect": "nvlink"}])

@@ -1,0 +1,572 @@
+"""``gpu-docker``: each user's container gets exactly the GPUs placed for it.
+
+A :class:`dockerspawner.DockerSpawner` through the shared mixin. The
+placement becomes a Docker ``DeviceRequest`` naming the GPUs by UUID (never a
+count: Docker's ``count=N`` is always GPUs 0..N-1, which puts every user on
+the same GPU), and is written on the container as labels and in spawner state.
+
+The running containers are the truth: the first time the hub needs the
+ledger (a poll at hub start, a spawn, the form), and then every
+``gpu_reconcile_interval`` seconds, it lists this hub's labelled containers
+and makes the ledger hold exactly what the running ones hold, including
+containers the hub's database forgot (a hub killed mid-spawn: adopted, and
+logged). Exited or removed containers hold nothing (a container removed behind
+the hub's back stops counting without a restart). Every Docker call runs in
+DockerSpawner's worker thread, off the event loop; the decisions are the pure
+functions of :mod:`gpuspawner.backends.docker.objects` and
+:mod:`gpuspawner.compat`.
+
+DockerSpawner's own settings keep working (``docs/compatibility.md``): its
+``allowed_images`` and their picker beside the profiles' images, ``pull_policy``
+and its errors, ``remove = False`` (a kept container restarts on the GPUs it was
+made with). Configuration that would give a container other GPUs (an NVIDIA
+device request or device node in ``extra_host_config``, ``NVIDIA_VISIBLE_DEVICES``
+in ``environment``) is refused with a sentence, never dropped.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import docker.errors
+import requests
+from dockerspawner import DockerSpawner
+from tornado import web
+from traitlets import Bool, TraitError, default, observe, validate
+
+from ... import compat
+from ...cpus import Binding, cpu_binding, host_numa_nodes
+from ...placement import PlacementError
+from ...profiles import Choice, OfferedImages
+from ...reconcile import Workload
+from ...refusals import refuse
+from ..base import GPUSpawnerMixin, user_error
+from .objects import (
+    HUB,
+    OWNER,
+    VISIBLE_DEVICES,
+    allocation_from_labels,
+    allocation_labels,
+    device_request,
+    other_gpu_access,
+    reconcile,
+    visible_devices_env,
+)
+
+
+def reachable_engine(timeout: float = 3.0) -> str | None:
+    """The URL of the Docker engine ``DOCKER_HOST`` (or the local socket) names, if it answers."""
+    url = os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
+    if url.startswith("unix://") and not os.path.exists(url[len("unix://"):]):
+        return None
+    try:
+        client = docker.DockerClient(base_url=url, version="auto", timeout=timeout)
+        try:
+            client.ping()
+        finally:
+            client.close()
+    except Exception:
+        return None
+    return url
+
+
+#: Errors that mean "the engine did not answer", as opposed to "the engine said no".
+UNREACHABLE = (requests.exceptions.ConnectionError, requests.exceptions.Timeout)
+
+
+def _is_unreachable(error: BaseException) -> bool:
+    if isinstance(error, UNREACHABLE):
+        return True
+    # docker-py wraps a failed version probe in a plain DockerException
+    return type(error) is docker.errors.DockerException
+
+
+class ImageUnavailable(docker.errors.NotFound):
+    """The engine has no such image: its registry said "not found", or ``pull_policy`` is
+    ``"never"`` and it is not on the host. Raised by ``pull_image`` where DockerSpawner
+    raises ``docker.errors.NotFound`` (so code calling it sees what it always saw); a spawn
+    answers it with 400 and :attr:`sentence` (DockerSpawner's own answer is a bare 500)."""
+
+    def __init__(self, cause: docker.errors.NotFound, sentence: str) -> None:
+        super().__init__(cause.args[0] if cause.args else sentence, response=cause.response,
+                         explanation=cause.explanation)
+        self.sentence = sentence
+
+
+def add_gpus_to_create_kwargs(
+    kwargs: dict[str, Any], labels: dict[str, str], request: dict | None, binding: Binding | None = None
+) -> tuple[dict[str, Any], list[dict]]:
+    """``create_container`` arguments with this server's labels and only its GPU request.
+
+    Any NVIDIA device request from configuration (``extra_host_config``, e.g.
+    ``count=-1`` for all GPUs) is dropped: the placed GPUs are the only ones a
+    container gets. ``binding``: the CPUs and memory nodes next to the GPUs
+    (``CpusetCpus``/``CpusetMems``), unless configuration set a cpuset already.
+    Returns the new arguments and the requests dropped.
+    """
+    kwargs = dict(kwargs)
+    kwargs["labels"] = {**(kwargs.get("labels") or {}), **labels}
+    host_config = dict(kwargs.get("host_config") or {})
+    if binding is not None and binding.cpus and not host_config.get("CpusetCpus"):
+        host_config["CpusetCpus"] = binding.cpuset_cpus
+        if binding.mems and not host_config.get("CpusetMems"):
+            host_config["CpusetMems"] = binding.cpuset_mems
+    existing = list(host_config.get("DeviceRequests") or [])
+    kept = [r for r in existing if (r.get("Driver") or r.get("driver") or "") not in ("nvidia", "")]
+    dropped = [r for r in existing if r not in kept]
+    if request is not None:
+        kept.append(request)
+    if kept:
+        host_config["DeviceRequests"] = kept
+    else:
+        host_config.pop("DeviceRequests", None)
+    kwargs["host_config"] = host_config
+    return kwargs, dropped
+
+
+class GPUDockerSpawner(GPUSpawnerMixin, DockerSpawner):
+    """DockerSpawner whose containers get exactly their placed GPUs, by UUID."""
+
+    gpu_job_runner = "gpuspawner.backends.docker.jobs.DockerJobs"
+
+    check_cuda_compatibility = Bool(
+        True,
+        help="""
+        Refuse to start a GPU server whose image needs a newer CUDA than the driver on
+        the GPUs' host supports (the image's ``NVIDIA_REQUIRE_CUDA``, ``CUDA_VERSION`` or
+        label ``com.nvidia.cuda.version`` against NVML's CUDA driver version), with a
+        message naming both versions. Turn off to let such containers start anyway.
+        """,
+    ).tag(config=True)
+
+    use_device_requests = Bool(
+        True,
+        help="""
+        Give each container its GPUs as a Docker DeviceRequest (by UUID), which needs the
+        NVIDIA container toolkit on the Docker host. Turn off only where GPUs are simulated
+        on an engine without the toolkit: containers then get NVIDIA_VISIBLE_DEVICES only.
+        """,
+    ).tag(config=True)
+
+    @default("remove")
+    def _default_remove(self):
+        # A container's GPUs are fixed when it is created: a kept one restarts only on the
+        # GPUs it was made with (remove = False), which may belong to someone else by then.
+        return True
+
+    @observe(*DockerSpawner._deprecated_aliases)
+    def _deprecated_trait(self, change):
+        """DockerSpawner's old setting names still work, with its warning, which names the setting
+        as the site's configuration does (``DockerSpawner.image_whitelist``), not this class."""
+        new, version = self._deprecated_aliases[change.name]
+        if getattr(self, new) != change.new:
+            parent = next(c.__name__ for c in type(self).__mro__ if c.__module__.startswith("dockerspawner."))
+            self.log.warning("%s.%s is deprecated in DockerSpawner %s, use %s.%s instead",
+                             parent, change.name, version, parent, new)
+            setattr(self, new, change.new)
+
+    @validate("extra_host_config", "extra_create_kwargs", "environment")
+    def _refuse_other_gpus(self, proposal):
+        """Configuration that would give containers GPUs besides their own is refused, never dropped."""
+        value, name = proposal["value"], proposal["trait"].name
+        if callable(value):  # its result is checked on each create (docker())
+            return value
+        if name == "extra_host_config":
+            found = other_gpu_access(value)
+        elif name == "extra_create_kwargs":
+            found = other_gpu_access(value.get("host_config"), value.get("environment"))
+        else:
+            found = other_gpu_access(None, value)
+        if found:
+            owner = "Spawner" if name == "environment" else "DockerSpawner"
+            raise TraitError(
+                f"{owner}.{name} gives containers GPUs besides their own ({'; '.join(found)}): "
+                f"{type(self).__name__} gives each server exactly the GPUs placed for it, so it refuses "
+                "this setting rather than ignore it. Remove it, and offer GPUs through gpu_profiles."
+            )
+        return value
+
+    # ------------------------------------------------------------ profile -> options
+
+    def offered_images(self) -> OfferedImages:
+        """DockerSpawner's ``allowed_images`` (a callable's answer for this server): what a profile
+        without ``images`` lets users pick, by the names DockerSpawner's picker shows."""
+        return self._get_allowed_images()
+
+    def default_image(self) -> str | None:
+        return getattr(self, "_configured_image", self.image)
+
+    def apply_profile(self, choice: Choice) -> None:
+        super().apply_profile(choice)
+        if not hasattr(self, "_configured_image"):
+            self._configured_image = self.image
+        if choice.image and choice.image in choice.profile.images:
+            self.image = choice.image
+        elif choice.image:  # one of allowed_images, by its name there (as DockerSpawner.start resolves it)
+            allowed = self._get_allowed_images()
+            self.image = choice.image if allowed == "*" else allowed[choice.image]
+        elif choice.profile.images:
+            self.image = choice.profile.images[0]
+        else:
+            self.image = self._configured_image
+
+    async def check_allowed(self, image):
+        # user_options["image"] was checked already: a profile's image, else DockerSpawner's check
+        choice = self.gpu_choice
+        if choice is not None and image in choice.profile.images:
+            return image
+        return await super().check_allowed(image)
+
+    def get_env(self):
+        env = super().get_env()
+        env.update(visible_devices_env(self.gpu_uuids))
+        return env
+
+    @property
+    def _capabilities(self) -> tuple[str, ...]:
+        choice = self.gpu_choice
+        return choice.profile.capabilities if choice is not None else ("compute", "utility")
+
+    def docker(self, method, *args, **kwargs):
+        """DockerSpawner's Docker call (in its worker thread), with the GPUs added on create.
+
+        A container whose configuration (``extra_host_config``, ``extra_create_kwargs``,
+        ``environment``, callables included) would reach other GPUs is refused (500).
+        """
+        if method == "create_container":
+            ours = visible_devices_env(self.gpu_uuids)[VISIBLE_DEVICES]
+            found = other_gpu_access(kwargs.get("host_config"), kwargs.get("environment"), ours)
+            if found:
+                message = (f"This hub's configuration would give your server GPUs besides its own "
+                           f"({'; '.join(found)}); gpu-docker gives each server exactly the GPUs placed for it. "
+                           "Ask an administrator to remove that from DockerSpawner.extra_host_config, "
+                           "extra_create_kwargs or environment.")
+                self.gpu_event(f"Failed: {message}", 100)
+                raise user_error(500, message)
+            labels = allocation_labels(self.gpu_hub_id, self.gpu_owner, self.gpu_allocation)
+            request = device_request(self.gpu_uuids, self._capabilities) if self.use_device_requests else None
+            kwargs, _ = add_gpus_to_create_kwargs(kwargs, labels, request, self._cpu_binding)
+        return super().docker(method, *args, **kwargs)
+
+    @property
+    def engine_url(self) -> str:
+        return (
+            self.client_kwargs.get("base_url")
+            or os.environ.get("DOCKER_HOST")
+            or "unix:///var/run/docker.sock"
+        )
+
+    def _unreachable(self, error: BaseException, what: str) -> Exception:
+        message = (
+            f"The Docker engine at {self.engine_url} cannot be reached ({type(error).__name__}). "
+            f"{what} Try again later, or ask an admin to check the engine."
+        )
+        self.log.error("%s: %s: %s", self._log_name, message, error)
+        return user_error(503, message)
+
+    # ------------------------------------------------------------ reconciliation
+
+    reconciles_with_cluster = True
+    backend_name = "gpu-docker"  # how this backend's log lines begin
+    workload_word = "container"
+
+    async def live_workloads(self) -> list[Workload]:
+        """This hub's running labelled servers, each holding the GPUs its labels name.
+
+        Every one is its owner's (adopted where the hub's database forgot it: a hub killed
+        mid-spawn); two claiming one GPU (which gpuspawner never does) are logged, the older
+        keeping it. The GPUs' records from the labels are kept for the servers (``found``).
+        """
+        try:
+            containers = await self._labelled_servers()
+        except Exception as e:
+            if _is_unreachable(e):
+                raise self._unreachable(e, "No GPU was reserved.") from e
+            raise
+        plan = reconcile(self.gpu_hub_id, containers, {})
+        said = self.hub_state.caches.docker_conflicts.setdefault(self.backend_name, set())
+        for sentence in plan.conflicts:
+            if sentence not in said:  # once, not every pass
+                said.add(sentence)
+                self.log.error("%s: %s", self.backend_name, sentence)
+        self.hub_state.found = await self._found_gpus(plan)
+        checked = self.hub_state.caches.inventory_checked
+        if self.backend_name not in checked:  # once per hub
+            self._check_inventory_source()
+            checked.add(self.backend_name)
+        return [Workload(plan.names[owner], owner, uuids, what=f"{self.workload_word} {plan.names[owner]}")
+                for owner, uuids in plan.holdings.items()]
+
+    async def _labelled_servers(self) -> list[dict]:
+        """This hub's containers (any state), as ``docker ps`` lists them."""
+        return await self.docker("containers", all=True, filters={"label": [f"{HUB}={self.gpu_hub_id}"]})
+
+    async def _found_gpus(self, plan) -> dict:
+        """Each found server's GPUs (as its labels describe them) that it still holds."""
+        return {
+            owner: tuple(g for g in alloc.gpus if g.uuid in plan.holdings.get(owner, ()))
+            for owner, alloc in plan.allocations.items()
+        }
+
+    def _check_inventory_source(self) -> None:
+        if self.gpu_inventory == "nvml" and not self.engine_url.startswith("unix://"):
+            self.log.warning(
+                "gpu-docker: the Docker engine %s may be on another host, but gpu_inventory is 'nvml' "
+                "(this host's GPUs); use gpu_inventory = 'static' for a remote engine",
+                self.engine_url,
+            )
+
+    def _adopt_reconciled_allocation(self) -> None:
+        """Take the GPUs the ledger holds for this server (from its container's labels)."""
+        held = self.ledger.allocations().get(self.gpu_owner, ())
+        if held == self.gpu_uuids:
+            return
+        from_labels = self.hub_state.found.get(self.gpu_owner, ())
+        by_uuid = {g.uuid: g for g in (*self.gpu_allocation, *from_labels)}
+        self.gpu_allocation = tuple(by_uuid[u] for u in held if u in by_uuid)
+
+    # ------------------------------------------------------------ lifecycle
+
+    async def poll(self):
+        await self.ensure_reconciled()
+        status = await super().poll()
+        if status is None:
+            self._adopt_reconciled_allocation()
+        return status
+
+    async def get_url(self):
+        """Where the server runs, asked of the container (JupyterHub asks after a restart).
+
+        A hub killed between starting a container and recording its address has no
+        address for it in its database; without this, it would wait ``http_timeout``
+        for nothing and then stop a healthy server.
+        """
+        try:
+            ip, port = await self.get_ip_and_port()
+        except Exception as e:
+            self.log.warning("%s: cannot ask the container for its address: %s", self._log_name, e)
+            return await super().get_url()
+        scheme = "https" if self.internal_ssl else "http"
+        host = f"[{ip}]" if ":" in ip else ip
+        return f"{scheme}://{host}:{port}"
+
+    async def start(self):
+        try:
+            await self.ensure_reconciled()
+            await self._settle_leftover()
+        except web.HTTPError:
+            raise
+        except Exception as e:
+            if _is_unreachable(e):
+                raise self._unreachable(e, "No GPU was reserved.") from e
+            raise
+        try:
+            result = await super().start()  # mixin: place and reserve, then DockerSpawner.start
+        except BaseException as e:
+            self._absent = False
+            # the mixin has released the GPUs; a refused or failed start leaves no container
+            if self._kept is None:
+                await self._remove_failed_container()
+            if isinstance(e, ImageUnavailable):
+                self.gpu_event(f"Failed: {e.sentence}", 100)
+                raise user_error(400, e.sentence) from e
+            if isinstance(e, Exception) and _is_unreachable(e):
+                raise self._unreachable(e, "Its GPUs were released.") from e
+            raise
+        finally:
+            self._kept = None
+        self.gpu_event("Container started; waiting for the Jupyter server in it to answer", 80)
+        return result
+
+    #: this server's container that ``remove = False`` kept, which this start restarts
+    _kept: dict | None = None
+
+    async def _settle_leftover(self) -> None:
+        """A container of this server left from before: restart it (``remove = False``) or remove it.
+
+        With ``remove = False``, as DockerSpawner does, a kept container of this server
+        (stopped, or forgotten by the hub) is started again, on the GPUs it was made with
+        (:meth:`reserve_gpus`). Otherwise it is removed before placing, so its GPUs are free
+        again only once it is gone.
+        """
+        obj = await self.get_object()
+        self._kept = None
+        self._absent = obj is None  # DockerSpawner.start need not ask again
+        if obj is None:
+            return
+        labels = (obj.get("Config") or {}).get("Labels") or {}
+        ours = labels.get(HUB) is None or (labels.get(HUB) == self.gpu_hub_id and labels.get(OWNER) == self.gpu_owner)
+        if not self.remove and ours:
+            self._kept = obj
+            return
+        self.log.warning(
+            "%s: removing leftover container %s (%s) before placing GPUs",
+            self._log_name, self.object_name, obj.get("State", {}).get("Status", "?"),
+        )
+        await self.docker("remove_container", obj["Id"], v=True, force=True)
+        self.object_id = ""
+        self._absent = True
+
+    async def reserve_gpus(self):
+        """Place this server's GPUs; a kept container (``remove = False``) gets back exactly its own."""
+        if self._kept is None:
+            return await super().reserve_gpus()
+        allocation = allocation_from_labels((self._kept.get("Config") or {}).get("Labels"))
+        uuids = allocation.uuids if allocation is not None else ()
+        self._gpu_events = []
+        name = self.object_name
+        self.gpu_event(f"Restarting your kept container {name} (DockerSpawner.remove is False) on the GPUs it was "
+                       f"made with: {', '.join(uuids) or 'none'}", 10)
+        await self.ensure_reconciled()
+        reading = await self.inventory.read()
+        known = {g.uuid: g for g in reading.gpus}
+        self.ledger.release(self.gpu_owner)
+        gone = [u for u in uuids if u not in known]
+        try:
+            if gone:
+                raise refuse("gpus_gone", {"gpus": ", ".join(gone)})
+            self.gpu_allocation = self.hold_exactly(tuple(known[u] for u in uuids)) if uuids else ()
+        except PlacementError as e:
+            message = (f"Your kept container {name} cannot start again: {e}. It runs only on the GPUs it was made "
+                       "with; try again when they are free, or ask an administrator to remove the container "
+                       "(the next start then places new GPUs).")
+            self.gpu_event(f"Refused: {message}", 100)
+            raise user_error(409, message) from e
+        return self.gpu_allocation
+
+    async def get_object(self):
+        if getattr(self, "_absent", False):
+            self._absent = False
+            return None
+        return await super().get_object()
+
+    async def _remove_failed_container(self) -> None:
+        if not self.object_id:
+            return
+        try:
+            await self.docker("remove_container", self.object_id, v=True, force=True)
+            self.log.info("%s: removed container %s of the failed start", self._log_name, self.object_name)
+        except docker.errors.NotFound:
+            pass
+        except Exception as e:  # the engine may be the reason the start failed
+            self.log.error("%s: could not remove container %s: %s", self._log_name, self.object_name, e)
+            return
+        self.object_id = ""
+
+    async def pull_image(self, image):
+        """DockerSpawner's pull, by its ``pull_policy``; then the image's CUDA check.
+
+        An image the engine does not have and cannot get (its registry says "not found", or
+        ``pull_policy`` is ``"never"``) raises :class:`ImageUnavailable`, the
+        ``docker.errors.NotFound`` DockerSpawner raises; a spawn answers it with 400.
+        """
+        self.gpu_event(f"Checking image {image}", 40)
+        try:
+            await super().pull_image(image)
+        except docker.errors.NotFound as e:
+            raise ImageUnavailable(e, self._missing_image(image, e)) from e
+        except docker.errors.APIError as e:
+            message = (f"Image {image} could not be pulled ({e.explanation or e}). "
+                       "Ask an administrator to check the registry.")
+            self.gpu_event(f"Failed: {message}", 100)
+            raise user_error(500, message) from e
+        await self._check_image_cuda(image)
+
+    def _missing_image(self, image: str, error: docker.errors.APIError) -> str:
+        if self.pull_policy.lower() == "never":
+            return (f"Image {image} is not on the Docker host, and pull_policy 'never' keeps the hub from pulling "
+                    "it. Choose another image, or ask an administrator to pull it.")
+        return (f"Image {image} does not exist: its registry says {error.explanation or 'not found'}. "
+                "Choose another image, or ask an administrator to publish it.")
+
+    async def _check_image_cuda(self, image: str) -> None:
+        """Refuse (409) an image needing a newer CUDA than the GPUs' driver; needs the image on this engine."""
+        if not (self.check_cuda_compatibility and self.gpu_allocation):
+            return
+        try:
+            info = await self.docker("inspect_image", image)
+        except docker.errors.NotFound:
+            # pull_policy "skip" (SwarmSpawner's default): the image may be only where the server runs
+            self.log.info("%s: image %s is not on the engine at %s (pull_policy %r); its CUDA version is not checked",
+                          self._log_name, image, self.engine_url, self.pull_policy)
+            return
+        config = info.get("Config") or {}
+        try:
+            requirements = compat.image_requirements(config.get("Env"), config.get("Labels"))
+        except ValueError as e:
+            self.log.warning("%s: image %s: %s; not checking its CUDA version", self._log_name, image, e)
+            return
+        problem = compat.check_image(image, requirements, compat.host_cuda(self.gpu_allocation))
+        if problem:
+            self.gpu_event(f"Refused: {problem}", 100)
+            raise user_error(409, problem)
+
+    _cpu_binding: Binding | None = None
+
+    async def _bind_cpus(self) -> Binding | None:
+        """The CPUs next to this server's GPUs on the engine's host (``pin_cpus``); logs the decision."""
+        if not self.pin_cpus or not self.gpu_allocation:
+            return None
+        try:
+            info = await super().docker("info")
+        except docker.errors.APIError as e:
+            self.log.warning("%s: not pinning CPUs: the engine did not say its CPUs (%s)", self._log_name, e)
+            return None
+        # Containers run on the engine's host: its CPUs (NCPU), its NUMA nodes where it is this machine.
+        local = self.engine_url.startswith("unix://")
+        binding = cpu_binding(
+            self.gpu_allocation, range(int(info.get("NCPU") or 0)), host_numa_nodes() if local else (), self.cpu_limit
+        )
+        self.log.info("%s: %s", self._log_name, binding.reason)
+        return binding
+
+    async def create_object(self):
+        gpus = ", ".join(g.uuid for g in self.gpu_allocation) or "no GPU"
+        self._cpu_binding = await self._bind_cpus()
+        if self._cpu_binding is not None and self._cpu_binding.cpus:
+            self.gpu_event(f"CPUs {self._cpu_binding.cpuset_cpus}, next to the GPUs", 45)
+        self.gpu_event(f"Creating container {self.object_name} from {self.image} with {gpus}", 50)
+        try:
+            return await super().create_object()
+        except docker.errors.ImageNotFound as e:  # pull_policy "skip": the hub did not pull it
+            raise ImageUnavailable(e, f"Image {self.image} is not on the Docker host, and pull_policy "
+                                      f"{self.pull_policy!r} keeps the hub from pulling it. Choose another image, "
+                                      "or ask an administrator to pull it.") from e
+        except docker.errors.APIError as e:
+            raise self._engine_refused(e, "create") from e
+
+    async def start_object(self):
+        self.gpu_event(f"Starting container {self.object_name}", 60)
+        try:
+            await super().start_object()
+        except docker.errors.APIError as e:
+            # e.g. the NVIDIA runtime hook refusing a device: "unknown device"
+            raise self._engine_refused(e, "start") from e
+
+    def _engine_refused(self, error: docker.errors.APIError, action: str) -> Exception:
+        message = f"Docker could not {action} container {self.object_name}: {error.explanation or error}"
+        self.gpu_event(f"Failed: {message}", 100)
+        return user_error(500, message)
+
+    def clear_state(self) -> None:
+        # JupyterHub clears state before every start, while a leftover container of this
+        # server may still run: its GPUs are released only once it is gone (stop() below,
+        # or the next start, which removes it before placing).
+        DockerSpawner.clear_state(self)
+        self.gpu_allocation = ()
+
+    async def stop(self, now: bool = False):
+        # Not the mixin's stop: if Docker cannot stop the container, it may still be
+        # running on its GPUs, so they stay held (a later reconciliation settles it).
+        with self.hub_state.flights.flying(self.gpu_owner):
+            try:
+                await DockerSpawner.stop(self, now=now)
+            except Exception as e:
+                if _is_unreachable(e):
+                    self.log.error(
+                        "%s: the Docker engine cannot be reached to stop %s; its GPUs stay held",
+                        self._log_name, self.object_name,
+                    )
+                raise
+            self.release_gpus()
