@@ -1,0 +1,3 @@
+"""Moved to :mod:`gpuspawner.backends.docker.spawner`; kept so existing configurations keep working."""
+
+from gpuspawner.backends.docker.spawner import *  # noqa: F403
