@@ -28,8 +28,8 @@ import sys
 import time
 from pathlib import Path
 
-from ..local.fence import DEVICES_MOUNT
 from ...ports import free_port
+from ..local.fence import DEVICES_MOUNT
 
 #: The programs the cluster needs (Debian packages slurm-wlm and munge; scripts/setup installs them).
 PROGRAMS = ("munged", "slurmctld", "slurmd", "sbatch", "squeue", "sinfo", "scontrol", "scancel")
