@@ -1,7 +1,7 @@
 """gpu-local's source of truth: the server processes themselves.
 
-Every gpu-local server process starts with three variables in its environment,
-which every process it starts (kernels, terminals) inherits:
+Every gpu-local server process starts with three variables in its environment
+(:mod:`gpuspawner.marks`), which every process it starts (kernels, terminals) inherits:
 
 - ``GPUSPAWNER_HUB``: the hub's id (``gpu_hub_id``);
 - ``GPUSPAWNER_SERVER``: the server, ``"user/server-name"``;
@@ -31,11 +31,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from ...marks import HUB_VAR, SERVER_VAR, SPAWN_VAR
 from .fence_starts import StartRecord, kill_pids
 
-HUB_VAR = "GPUSPAWNER_HUB"
-SERVER_VAR = "GPUSPAWNER_SERVER"
-SPAWN_VAR = "GPUSPAWNER_SPAWN"
 GPUS_VAR = "CUDA_VISIBLE_DEVICES"
 
 __all__ = [
