@@ -221,7 +221,7 @@ class GPUSpawnerMixin(GPUPolicyMixin, GPUHubSettings):
     #: set on the spawner object a notebook GPU job runs through: its ledger key ``user/job/<id>``
     gpu_owner_override: str | None = None
 
-    #: the import path of the backend's notebook GPU job runner (see :mod:`gpuspawner.jobs.runners`);
+    #: the import path of the backend's notebook GPU job runner (a :class:`~gpuspawner.jobmodel.runner.JobRunner`);
     #: None: this backend runs no GPU jobs. A path, imported when the hub's job manager starts, so
     #: that importing a backend does not import the job machinery and the other way round
     gpu_job_runner: str | None = None
@@ -712,6 +712,17 @@ class GPUSpawnerMixin(GPUPolicyMixin, GPUHubSettings):
         if self._gpu_state_written:
             self.save_state()
             self._gpu_state_written = False
+
+    # ------------------------------------------------------------ notebook GPU jobs
+
+    async def apply_job_options(self, options: dict[str, Any]) -> Choice:
+        """A notebook GPU job's GPU choice (its body's ``profile``, ``gpus``, ``gpu_model``, ``image``),
+        checked and applied as a server's user_options are (400/403 with a sentence; gpu-kube:
+        checked now, its profile applied when the job's pod is made). The one step the job manager
+        takes into the spawner itself; everything else goes through the backend's job runner."""
+        self.user_options = dict(options)
+        await self._apply_gpu_options(self.user_options)
+        return self.gpu_choice
 
 
 def _gpu_from_state(record: dict) -> GPU:

@@ -25,9 +25,9 @@ from jupyterhub.scopes import has_scope
 from tornado import web
 
 from ..inputs import OptionsError, dumps, read_json
+from ..jobmodel.spec import JOB_ID
+from ..jobmodel.store import JobRecord, JobStore
 from ..jobs.manager import JobManager
-from ..jobs.spec import JOB_ID
-from ..jobs.store import JobRecord, JobStore
 from ..owner import Owner
 from ..placement import PlacementError
 from ..profiles import Choice
@@ -94,9 +94,8 @@ class JobOptionsHandler(_JobsBase):
     async def get(self, user_name: str) -> None:
         user = self.check_access(user_name)
         manager = self.jobs
-        if manager.runner is None:
-            raise web.HTTPError(501, "This hub's backend does not run GPU jobs.")
-        spawner = manager._spawner(user, str(Owner.of_job(user.name, "options")))
+        manager.check_runs_jobs()
+        spawner = manager.spawner_for(user, str(Owner.of_job(user.name, "options")))
         context = await spawner.options_form_context()
         types = await compute_types(context, spawner.never_fits)
         self.set_header("Cache-Control", "no-store")

@@ -4,7 +4,8 @@ A job goes through the same door as a server: an object of the hub's spawner
 class is made for it (owner ``user/job/<id>`` in the ledger), its GPU choice is
 checked by the same profile rules (groups, counts, models), placed by the same
 placement under the same quotas, and waits in the same queue when its profile
-queues. Then the backend's runner (:mod:`.runners`) starts it, and the manager
+queues. Then the backend's runner (a :class:`~gpuspawner.jobmodel.runner.JobRunner`,
+the only way the manager reaches the backend) starts it, and the manager
 watches it until it ends (completed, failed, cancelled, or past its time
 limit), when its GPUs are given back at once. A backend with a queue of its
 own (gpu-slurm: Slurm's) may hold a launched job: its runner's ``waiting``
@@ -31,11 +32,12 @@ from tornado import web
 from traitlets.utils.importstring import import_item
 
 from ..gpu import GPU
+from ..jobmodel.outcome import outcome_of
+from ..jobmodel.runner import JobRunner
+from ..jobmodel.spec import JobSpec, parse_job, requested_job_id
+from ..jobmodel.store import ACTIVE, STATES, JobExists, JobRecord, JobStore
 from ..owner import Owner
 from ..profiles import OptionsError
-from .outcome import outcome_of
-from .spec import JobSpec, parse_job, requested_job_id
-from .store import ACTIVE, STATES, JobExists, JobRecord, JobStore
 
 log = logging.getLogger("gpuspawner.jobs")
 POLL = 0.25  # seconds between looks at a running job
@@ -68,7 +70,9 @@ class JobManager:
         self.time_limit = time_limit
         self.spawner_class = settings["spawner_class"]
         runner_path = getattr(self.spawner_class, "gpu_job_runner", None)
-        self.runner = import_item(runner_path)() if runner_path else None
+        self.runner: JobRunner | None = import_item(runner_path)() if runner_path else None
+        if self.runner is None:
+            log.info("%s runs no notebook GPU jobs: the job API answers 501", self.spawner_class.__name__)
         self._tasks: dict[str, asyncio.Task] = {}
         self._cancel: dict[str, str] = {}  # job id -> "cancelled" | "timed_out"
         self._submitting: set[str] = set()  # ids of jobs being submitted now
@@ -104,7 +108,8 @@ class JobManager:
 
     # ------------------------------------------------------------ the job's spawner
 
-    def _spawner(self, user: Any, owner: str) -> Any:
+    def spawner_for(self, user: Any, owner: str) -> Any:
+        """A new object of the hub's spawner class for ``user``'s job ``owner`` (``user/job/<id>``)."""
         spawner = self.spawner_class(
             user=user, hub=self.settings.get("hub"), config=self.settings["config"],
             orm_spawner=None, _deprecated_db_session=self.settings.get("db"),
@@ -119,6 +124,15 @@ class JobManager:
         except KeyError:
             return None
 
+    def check_runs_jobs(self) -> None:
+        """501 with a sentence where the hub's backend runs no notebook GPU jobs (its ``gpu_job_runner`` is None)."""
+        if self.runner is None:
+            name = getattr(self.spawner_class, "backend_name", "gpuspawner")
+            name = self.spawner_class.__name__ if name == "gpuspawner" else name
+            raise _error(501, f"This hub's backend ({name}) does not run notebook GPU jobs: run the notebook in "
+                              "your server instead, or ask an admin for a backend that runs them (gpu-local, "
+                              "gpu-docker, gpu-kube, gpu-slurm).")
+
     # ------------------------------------------------------------ submitting
 
     async def submit(self, user: Any, body: Any) -> JobRecord:
@@ -129,8 +143,7 @@ class JobManager:
         profile whether the request could ever fit; then the reservation (409 when no room).
         """
         await self.recovered()
-        if self.runner is None:
-            raise _error(501, f"This hub's backend ({self.spawner_class.__name__}) does not run GPU jobs.")
+        self.check_runs_jobs()
         try:
             spec = parse_job(body, self.time_limit)
             job_id = requested_job_id(body) or uuidlib.uuid4().hex
@@ -146,13 +159,11 @@ class JobManager:
 
     async def _submit(self, user: Any, spec: JobSpec, job_id: str) -> JobRecord:
         owner = str(Owner.of_job(user.name, job_id))
-        spawner = self._spawner(user, owner)
-        spawner.user_options = dict(spec.options)  # as JupyterHub sets them before apply_user_options
-        await spawner._apply_gpu_options(spec.options)  # 400/403 as for a server
+        spawner = self.spawner_for(user, owner)
+        choice = await spawner.apply_job_options(spec.options)  # 400/403 as for a server
         problem = await self.runner.check_files(spawner, spec)
         if problem:
             raise _error(400, problem)
-        choice = spawner.gpu_choice
         if choice.profile.queue and choice.gpus:  # a job that could never run is not queued
             refusal = await spawner.never_fits(choice)
             if refusal is not None:
@@ -223,8 +234,7 @@ class JobManager:
     async def _progress(self, record: JobRecord, spawner: Any) -> JobRecord:
         """A launched job is ``queued`` while it waits in the backend's own queue (a runner's
         ``waiting`` says why, in words: Slurm's), else ``running`` (from when it started)."""
-        waiting = getattr(self.runner, "waiting", None)
-        words = await waiting(spawner, record.id, record.handle) if waiting is not None else None
+        words = await self.runner.waiting(spawner, record.id, record.handle)
         if words:
             if record.state != "queued" or record.reason != words:
                 record = self._save(record.changed(state="queued", reason=words, started=None))
@@ -294,13 +304,13 @@ class JobManager:
             return
         first = self._user(active[0].user)
         if first is not None:  # rebuild the ledger from what really runs, once, before anything else
-            await self._spawner(first, str(Owner.of_job(first.name, active[0].id))).ensure_reconciled()
+            await self.spawner_for(first, str(Owner.of_job(first.name, active[0].id))).ensure_reconciled()
         for record in sorted(active, key=lambda r: r.created):
             user = self._user(record.user)
             if user is None:
                 self._save(record.changed(state="failed", reason="its user no longer exists", ended=time.time()))
                 continue
-            spawner = self._spawner(user, str(Owner.of_job(record.user, record.id)))
+            spawner = self.spawner_for(user, str(Owner.of_job(record.user, record.id)))
             spawner.gpu_allocation = tuple(_gpu(g) for g in record.gpus)
             launched = not (record.state in ("queued", "starting") and not record.handle)
             # a launched job holds its GPUs only while it still runs (the reconciliation has kept them
@@ -309,9 +319,8 @@ class JobManager:
             if record.gpus and (runs or not launched):
                 self.state.ledger.adopt(spawner.gpu_owner, [g["uuid"] for g in record.gpus])
             if not launched:
-                spawner.user_options = dict(record.spec.get("options", {}))
                 try:
-                    await spawner._apply_gpu_options(spawner.user_options)
+                    await spawner.apply_job_options(record.spec.get("options", {}))
                 except web.HTTPError as e:
                     self._finish(record, spawner, "failed", getattr(e, "jupyterhub_message", str(e)), None)
                     continue
@@ -342,7 +351,7 @@ class JobManager:
         if user is None:
             return
         try:
-            await self._spawner(user, str(Owner.of_server(user.name))).ensure_reconciled()
+            await self.spawner_for(user, str(Owner.of_server(user.name))).ensure_reconciled()
         except Exception as e:  # the first poll or spawn tries again
             log.warning("the GPU ledger was not reconciled with the cluster at hub start: %s", e)
 

@@ -19,7 +19,7 @@ from tornado import web
 
 from gpuspawner.hub.usage import MAX_SAMPLES, Report, parse_report
 from gpuspawner.inputs import MAX_DEPTH, MAX_NUMBER, OptionsError, check_json, dumps, field_name, read_json, shown
-from gpuspawner.jobs.spec import JobSpec, parse_job
+from gpuspawner.jobmodel.spec import JobSpec, parse_job
 from gpuspawner.monitor.notices import parse_notice
 from gpuspawner.profiles import OPTION_KEYS, load_profiles, options_from_form, parse_options
 from hostile import (

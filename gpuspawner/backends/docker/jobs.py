@@ -1,4 +1,4 @@
-"""gpu-docker's notebook GPU jobs (moved here from :mod:`gpuspawner.jobs.runners`, whose helpers it uses)."""
+"""gpu-docker's notebook GPU jobs: a :class:`~gpuspawner.jobmodel.runner.JobRunner` of containers."""
 
 from __future__ import annotations
 
@@ -7,19 +7,12 @@ import json
 import os
 from typing import Any
 
-from ...jobs.runners import (
-    HUB_VAR,
-    SERVER_VAR,
-    SPAWN_VAR,
-    Ended,
-    executor_args,
-    server_environment,
-    status_path,
-)
-from ...jobs.spec import JobSpec
+from ...jobmodel.outcome import Ended
+from ...jobmodel.runner import JobRunner, executor_args, job_marks, server_environment, status_path
+from ...jobmodel.spec import JobSpec
 
 
-class DockerJobs:
+class DockerJobs(JobRunner):
     """gpu-docker: a job is a container of the user's image, with their volumes and its GPUs by UUID."""
 
     kind = "container"
@@ -38,7 +31,7 @@ class DockerJobs:
         env = server_environment(spawner)
         env.update(visible_devices_env(spawner.gpu_uuids))
         env["CUDA_VISIBLE_DEVICES"] = ",".join(spawner.gpu_uuids)
-        env.update({HUB_VAR: spawner.gpu_hub_id, SERVER_VAR: owner, SPAWN_VAR: job_id})
+        env.update(job_marks(spawner, owner, job_id))
         host_config = dict(binds=spawner.volume_binds)
         if spawner.network_name and spawner.network_name != "bridge":
             host_config["network_mode"] = spawner.network_name

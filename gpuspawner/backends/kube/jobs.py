@@ -1,16 +1,17 @@
-"""gpu-kube's notebook GPU jobs (moved here from :mod:`gpuspawner.jobs.runners`, whose helpers it uses)."""
+"""gpu-kube's notebook GPU jobs: a :class:`~gpuspawner.jobmodel.runner.JobRunner` of pods."""
 
 from __future__ import annotations
 
 import asyncio
 from typing import Any
 
-from ...jobs.execute import STOPPED_EXIT
-from ...jobs.runners import HUB_VAR, SERVER_VAR, SPAWN_VAR, Ended, executor_args
-from ...jobs.spec import JobSpec
+from ...jobmodel.execute import STOPPED_EXIT
+from ...jobmodel.outcome import Ended
+from ...jobmodel.runner import JobRunner, executor_args, job_marks
+from ...jobmodel.spec import JobSpec
 
 
-class KubeJobs:
+class KubeJobs(JobRunner):
     """gpu-kube: a job is a pod (``restartPolicy: Never``) of the user's image, volumes and profile.
 
     The pod is the one KubeSpawner would make for the user's default server, turned
@@ -25,37 +26,18 @@ class KubeJobs:
     async def check_files(self, spawner: Any, spec: JobSpec) -> str | None:
         return None  # the files are in the user's volume: the job's pod reports a missing notebook
 
-    @staticmethod
-    def _reuse_server_names(spawner: Any) -> None:
-        """The user's default server's remembered names (its PVC): the job mounts the same home."""
-        spawners = getattr(spawner.user, "spawners", None)
-        server = spawners.get("") if isinstance(spawners, dict) else None  # never creates one
-        pvc = getattr(server, "pvc_name", None)
-        if pvc and getattr(server, "_pvc_exists", False):
-            spawner.pvc_name = pvc
-            spawner._pvc_exists = True
-
     async def launch(self, spawner: Any, job_id: str, owner: str, spec: JobSpec) -> dict:
-        from jupyterhub.utils import exponential_backoff, maybe_future
+        from jupyterhub.utils import maybe_future
 
         from .api import create_pod
         from .jobpod import TERMINATION_LOG, job_pod, job_pod_name
 
-        self._reuse_server_names(spawner)
-        if spawner.enable_user_namespaces:
-            await spawner._ensure_namespace()
-        if spawner.storage_pvc_ensure and not spawner._pvc_exists:  # as KubeSpawner does for a server
-            timeout = spawner.k8s_api_request_timeout
-            await exponential_backoff(
-                lambda: spawner._make_create_pvc_request(spawner.get_pvc_manifest(), timeout),
-                f"Could not create PVC {spawner.pvc_name}", timeout=spawner.k8s_api_request_retry_timeout,
-            )
-            spawner._pvc_exists = True
+        await spawner.ensure_storage()  # the user's namespace and home volume, as their server gets them
         manifest = await spawner.get_pod_manifest()
         if spawner.modify_pod_hook:
             manifest = await maybe_future(spawner.modify_pod_hook(spawner, manifest))
         server_pod = spawner.api.api_client.sanitize_for_serialization(manifest)
-        env = {HUB_VAR: spawner.gpu_hub_id, SERVER_VAR: owner, SPAWN_VAR: job_id}
+        env = job_marks(spawner, owner, job_id)
         notebook_dir = spawner.notebook_dir
         name = job_pod_name(spawner.pod_name, job_id)
         body = job_pod(server_pod, job_id=job_id, name=name, env=env,

@@ -843,6 +843,30 @@ class GPUKubeSpawner(GPUSpawnerMixin, KubeSpawner):
                     await following
             await events.aclose()
 
+    # ------------------------------------------------------------ for the job runner
+
+    async def ensure_storage(self) -> None:
+        """The user's namespace (``enable_user_namespaces``) and home volume (``storage_pvc_ensure``),
+        made as KubeSpawner makes them for a server, for a pod that is no server (a notebook GPU job's):
+        the volume of the user's default server where the hub remembers one, so the job mounts the same
+        home. Public, so that :class:`~gpuspawner.backends.kube.jobs.KubeJobs` needs none of KubeSpawner's
+        private methods."""
+        from jupyterhub.utils import exponential_backoff
+
+        spawners = getattr(self.user, "spawners", None)
+        server = spawners.get("") if isinstance(spawners, dict) else None  # never creates one
+        if getattr(server, "pvc_name", None) and getattr(server, "_pvc_exists", False):
+            self.pvc_name, self._pvc_exists = server.pvc_name, True
+        if self.enable_user_namespaces:
+            await self._ensure_namespace()
+        if self.storage_pvc_ensure and not self._pvc_exists:
+            timeout = self.k8s_api_request_timeout
+            await exponential_backoff(
+                lambda: self._make_create_pvc_request(self.get_pvc_manifest(), timeout),
+                f"Could not create PVC {self.pvc_name}", timeout=self.k8s_api_request_retry_timeout,
+            )
+            self._pvc_exists = True
+
 
 def _option_context(field: str, name: str, spec: Mapping, chosen: Mapping) -> dict:
     """One KubeSpawner profile option as the form shows it, the user's last choice preselected."""

@@ -1,5 +1,5 @@
-"""gpu-slurm's notebook GPU jobs: a job is a Slurm batch job of the user (the runner of
-:mod:`gpuspawner.jobs.runners`' interface).
+"""gpu-slurm's notebook GPU jobs: a job is a Slurm batch job of the user (a
+:class:`~gpuspawner.jobmodel.runner.JobRunner`).
 
 The job's spawner object (a :class:`~gpuspawner.backends.slurm.spawner.GPUSlurmSpawner`
 made for the job) has already checked the request against Slurm's nodes and
@@ -31,8 +31,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ...jobs.runners import Ended, executor_args, notebook_problem, read_status, status_path
-from ...jobs.spec import JobSpec
+from ...jobmodel.outcome import Ended
+from ...jobmodel.runner import JobRunner, executor_args, notebook_problem, read_status, status_path
+from ...jobmodel.spec import JobSpec
 from .queue import ENDED, SlurmJob, slurm_seconds, slurm_time, wait_words
 
 log = logging.getLogger("gpuspawner.jobs")
@@ -50,7 +51,7 @@ _FAILED_WORDS = {
 STOP_WAIT = 60.0
 
 
-class SlurmJobs:
+class SlurmJobs(JobRunner):
     """gpu-slurm: a job is a Slurm batch job of the user on the GPUs Slurm gives it."""
 
     kind = "slurm job"
