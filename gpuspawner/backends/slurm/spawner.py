@@ -625,7 +625,7 @@ class GPUSlurmSpawner(GPUSpawnerMixin, SystemAccounts, SlurmSpawner):
             return None
         from jupyterhub import orm
 
-        from ...jobs.store import JobStore
+        from ...jobmodel.store import JobStore
 
         owners: dict[str, set[str]] = {}
         for row in self.db.query(orm.Spawner).filter(orm.Spawner.server != None).all():  # noqa: E711 (SQL)
