@@ -140,6 +140,27 @@ def test_three_users_two_gpus_each_on_four_then_hub_killed(swarm_hub):
 
 
 
+def test_a_notebook_gpu_job_is_refused_with_a_sentence_and_nothing_runs(swarm_hub):
+    """gpu-swarm runs no notebook GPU jobs (gpu-docker's runner would make a plain container, which
+    Swarm gives no GPUs): on a hub with the job API, a user is told so and nothing runs or is held."""
+    hub = swarm_hub
+    hub.stop()
+    with open(hub.dir / "jupyterhub_config.py", "a") as config:
+        config.write("\nfrom gpuspawner.hub.setup import configure\nconfigure(c)\n")
+    hub.start()
+    hub.add_users("dana")
+    r = hub.api("POST", "/users/dana/gpu-jobs", json={**GPU, "notebook": "report.ipynb"})
+    assert r.status_code == 501, r.text
+    assert r.json()["message"] == (
+        "This hub's backend (gpu-swarm) does not run notebook GPU jobs: run the notebook in your server "
+        "instead, or ask an admin for a backend that runs them (gpu-local, gpu-docker, gpu-kube, gpu-slurm).")
+    options = hub.api("GET", "/users/dana/gpu-job-options")  # JupyterLab's job dialog then offers no GPU types
+    assert options.status_code == 501 and options.json()["message"] == r.json()["message"]
+    assert hub.api("GET", "/users/dana/gpu-jobs").json() == {"jobs": []}
+    assert services(hub) == [] and hub.containers() == []
+    assert free_in_form(hub) == (4, 4)
+
+
 def test_services_removed_or_made_behind_the_hubs_back_are_counted_without_a_restart(swarm_hub):
     hub = swarm_hub
     hub.add_users("alice")

@@ -76,6 +76,9 @@ class GPUSwarmSpawner(GPUDockerSpawner, SwarmSpawner):
     ).tag(config=True)
 
     honours_interconnect = False  # Swarm picks the GPUs
+    #: no notebook GPU jobs on Swarm (yet): gpu-docker's runner makes a plain container, which Swarm
+    #: gives no GPUs; the job API answers 501 with a sentence saying so, and nothing runs
+    gpu_job_runner = None
 
     @validate("extra_resources_spec")
     def _refuse_gpu_reservations(self, proposal):
