@@ -46,6 +46,7 @@ class LocalAccounts:
             uid, gids, _ = self._server_identity()
             env["PATH"] = passable_path(env["PATH"], uid, gids)
         return env
+
     def _system_user(self) -> pwd.struct_passwd:
         """The account this user's servers run as (gpu-local: the system account of the same name)."""
         return pwd.getpwnam(self.user.name)
