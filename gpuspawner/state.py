@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import re
 import threading
 import warnings
@@ -78,7 +79,11 @@ class GPUHubSettings(Configurable):
         help="""
         Where the hub learns which GPUs exist: ``"nvml"`` (the GPUs of the host the
         hub runs on) or ``"static"`` (the list in ``static_gpus``, for a hub whose
-        GPUs are on another host, e.g. a remote Docker engine).
+        GPUs are on another host, e.g. a remote Docker engine: gpu-docker logs a warning
+        for ``"nvml"`` with an engine that is not a ``unix://`` socket). Read where the hub
+        places the GPUs (gpu-local, gpu-local-simple, gpu-docker) and by the admin overview;
+        gpu-swarm reads its nodes' generic resources instead, gpu-kube its nodes and pods,
+        gpu-slurm ``sinfo``. Any other value is refused at hub start.
         """,
     ).tag(config=True)
 
@@ -103,12 +108,15 @@ class GPUHubSettings(Configurable):
     gpu_inventory_ttl = Float(
         5.0, help="""Seconds a reading of the GPUs is reused before they are read again: the hub's
         inventory (NVML, the static list, gpu-swarm's nodes) and the cluster's own terms where the
-        cluster places (gpu-kube's nodes and pods, gpu-slurm's ``sinfo``/``squeue``)."""
+        cluster places (gpu-kube's nodes and pods, gpu-slurm's ``sinfo``/``squeue``). ``0``: read them
+        for every use. At least 0."""
     ).tag(config=True)
 
     simulated_gpus = Bool(
         False,
-        help="Set when the GPUs come from the stand-in NVML library; the form says they are simulated.",
+        help="""Say that the GPUs NVML reports are simulated (the stand-in NVML library, as the runnable
+        default uses on a host without GPUs): the spawn form and the admin overview say so. Only read
+        with ``gpu_inventory = "nvml"``; it changes nothing else.""",
     ).tag(config=True)
 
     gpu_hub_id = Unicode(
@@ -138,9 +146,13 @@ class GPUHubSettings(Configurable):
     gpu_job_time_limit = Float(
         24 * 3600.0,
         help="""
-        The longest a notebook GPU job may run, in seconds (default 24 hours): a job past
+        The longest a notebook GPU job may run, in seconds (default 24 hours), counted from
+        when it starts running (not while it waits for GPUs or in Slurm's queue): a job past
         its time limit is stopped, marked ``timed_out`` and its GPUs freed. A job may ask
-        for less (``time_limit`` in its request), never more.
+        for less (``time_limit`` in its request), never more (HTTP 400 naming
+        ``time_limit``). On gpu-slurm it is also the job's ``--time``, or the profile's
+        ``slurm`` ``time`` where that is shorter. A finite number of seconds above 0; any
+        other value is refused at hub start.
         """,
     ).tag(config=True)
 
@@ -183,13 +195,13 @@ class GPUHubSettings(Configurable):
 
     @validate("gpu_job_time_limit")
     def _check_job_time_limit(self, proposal):
-        if proposal["value"] <= 0:
-            raise TraitError(f"gpu_job_time_limit must be > 0 seconds, not {proposal['value']}")
+        if not 0 < proposal["value"] < math.inf:
+            raise TraitError(f"gpu_job_time_limit must be a finite number of seconds > 0, not {proposal['value']}")
         return proposal["value"]
 
     @validate("gpu_inventory_ttl")
     def _check_ttl(self, proposal):
-        if proposal["value"] < 0:
+        if not proposal["value"] >= 0:
             raise TraitError(f"gpu_inventory_ttl must be >= 0 seconds, not {proposal['value']}")
         return proposal["value"]
 
