@@ -32,7 +32,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import math
 import re
 import threading
 import warnings
@@ -195,7 +194,7 @@ class GPUHubSettings(Configurable):
 
     @validate("gpu_job_time_limit")
     def _check_job_time_limit(self, proposal):
-        if not 0 < proposal["value"] < math.inf:
+        if not 0 < proposal["value"] < float("inf"):
             raise TraitError(f"gpu_job_time_limit must be a finite number of seconds > 0, not {proposal['value']}")
         return proposal["value"]
 

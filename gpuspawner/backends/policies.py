@@ -13,7 +13,6 @@ profiles wait through :meth:`GPUPolicyMixin.wait_in_queue` as well.
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, TypeVar
@@ -84,7 +83,7 @@ class GPUPolicyMixin(Configurable):
 
     @validate("gpu_queue_timeout", "gpu_queue_recheck")
     def _check_positive(self, proposal):
-        if not 0 < proposal["value"] < math.inf:
+        if not 0 < proposal["value"] < float("inf"):
             raise TraitError(f"{proposal['trait'].name} must be a finite number of seconds > 0, "
                              f"not {proposal['value']}")
         return proposal["value"]
