@@ -101,7 +101,9 @@ class GPUHubSettings(Configurable):
         CPU-side NUMA node), ``cpus`` (its CPUs, ``"0-15,64-79"`` or a list) and
         ``links`` (``{other GPU's index: level}``, level ``"NV<n>"`` for n NVLink links,
         ``"PIX"``, ``"PXB"``, ``"PHB"``, ``"NODE"`` or ``"SYS"`` as ``nvidia-smi topo -m``
-        prints them). GPUs without ``links`` count as unknown, placed by count only.""",
+        prints them). GPUs without ``links`` count as unknown, placed by count only.
+        Each ``uuid`` once, each ``index`` once per host; an entry with another key or a bad
+        value is refused at hub start, naming the entry's number.""",
     ).tag(config=True)
 
     gpu_inventory_ttl = Float(

@@ -128,6 +128,7 @@ class GPUSlurmSpawner(GPUSpawnerMixin, SystemAccounts, SlurmSpawner):
         "CUDA Version" on those nodes). A node feature says it per node and wins over this
         map: ``Feature=cuda12.4`` in ``slurm.conf`` (also ``cuda_12.4``, ``cuda-12.4``).
         A node known by neither is never the reason for a refusal. See ``environment_cuda``.
+        A value that is no CUDA version is refused at hub start.
         """,
     ).tag(config=True)
 
@@ -140,7 +141,9 @@ class GPUSlurmSpawner(GPUSpawnerMixin, SystemAccounts, SlurmSpawner):
         or an image's ``NVIDIA_REQUIRE_CUDA`` value. The chosen image's entry counts, else the
         profile's. A GPU request whose every fitting node has a driver older than that
         (``slurm_driver_cuda``, node features) is refused with HTTP 409 before anything is
-        submitted; when other GPU types would do, one whose nodes' driver is new enough is asked for.
+        submitted; when other GPU types would do, one whose nodes' driver is new enough is asked for,
+        and where only some nodes of a type are new enough, the job's ``--constraint`` names their
+        ``cuda`` features (where the nodes declare them). A value that is no CUDA requirement is refused at hub start.
         """,
     ).tag(config=True)
 
