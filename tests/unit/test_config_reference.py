@@ -50,9 +50,9 @@ def test_every_setting_is_in_the_reference(tool):
 
 def test_a_setting_no_group_lists_is_named(tool):
     without_slurm = [g for g in tool.GROUPS if g[0] != "gpu-slurm"]
-    assert tool.unlisted(without_slurm) == [
-        "gpuspawner/backends/slurm/spawner.py: 7 settings, 0 of them in scripts/config-reference's GROUPS "
-        "(add the class that holds the others)"]
+    [problem] = tool.unlisted(without_slurm)
+    assert problem.startswith("gpuspawner/backends/slurm/spawner.py: ") and problem.endswith(
+        " settings, 0 of them in scripts/config-reference's GROUPS (add the class that holds the others)")
 
 
 def test_the_check_mode_says_how_to_regenerate(tool, tmp_path, capsys):
