@@ -91,11 +91,11 @@ def test_a_refused_value_stops_the_hub_at_start_naming_the_setting(name, value, 
 
 
 def test_the_documented_limits_themselves_are_accepted():
+    """(gpu-kube's kueue_poll_interval of 0.1 and 4 s: tests/kube/test_kueue.py, on its real cluster.)"""
     local = GPULocalProcessSpawner(config=Config({"GPULocalProcessSpawner": {
         "gpu_inventory_ttl": 0, "gpu_job_time_limit": 1, "gpu_queue_timeout": 0.5, "fence_end_timeout": 0.1,
         "gpu_isolation": "required", "system_user_prefix": "a" * 22}}))
     assert (local.gpu_inventory_ttl, local.gpu_job_time_limit, local.system_user_prefix) == (0, 1, "a" * 22)
-    assert GPUKubeSpawner(_mock=True, kueue_poll_interval=0.5).kueue_poll_interval == 0.5
     assert GPUSlurmSpawner(home_dir_template="/data/{username}/work").home_dir_template == "/data/{username}/work"
 
 

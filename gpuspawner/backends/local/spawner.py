@@ -156,7 +156,7 @@ class _LocalGPUs(GPUSpawnerMixin):
     ).tag(config=True)
 
     @validate("fence_end_timeout", "fence_retry_interval")
-    def _check_positive(self, proposal):
+    def _check_fence_seconds(self, proposal):  # not _check_positive: that name would hide the queue's validator
         if not 0 < proposal["value"] < float("inf"):
             raise TraitError(f"{proposal['trait'].name} must be a finite number of seconds > 0, "
                              f"not {proposal['value']}")
