@@ -44,8 +44,9 @@ def test_docs_config_md_is_generated_from_the_help_strings(tool):
 def test_every_setting_is_in_the_reference(tool):
     assert tool.unlisted() == []
     text = tool.reference()
-    assert "### `c.GPUSpawnerMixin.gpu_profiles`" in text and "### `c.GPUMonitor.interval`" in text
-    assert "Type `str or None`, default `None`." in text  # gpu-kube's gpu_runtime_class
+    assert "### `c.GPUSpawnerMixin.gpu_profiles`: `list of dict`, default `[]`\n" in text
+    assert "### `c.GPUKubeSpawner.gpu_runtime_class`: `str or None`, default `None`\n" in text
+    assert "### `c.GPUMonitor.interval`: `float`, default `1.0`\n" in text
 
 
 def test_a_setting_no_group_lists_is_named(tool):
