@@ -19,10 +19,12 @@ import pytest
 from traitlets import TraitError
 from traitlets.config import Config, LoggingConfigurable
 
+from gpuspawner.backends.kube.objects import PodGPURequest, PodGPUSettings, gpu_overrides, merge_overrides
 from gpuspawner.backends.kube.spawner import GPUKubeSpawner
 from gpuspawner.backends.local.spawner import GPULocalProcessSpawner
 from gpuspawner.backends.slurm.spawner import GPUSlurmSpawner
 from gpuspawner.monitor import extension
+from gpuspawner.profiles import load_profiles
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "config-reference"
@@ -120,6 +122,26 @@ def test_the_slurm_gres_type_of_no_map_is_offered_as_its_model_slug():
     types = GPUSlurmSpawner().gres_types
     assert [types.slug(t) for t in ("a100", "tesla_t4", "nvidia_a100-sxm4-80gb", "")] == [
         "a100", "t4", "a100-sxm4-80gb", "gpu"]
+
+
+def test_no_gpu_profiles_means_a_cpu_profile_and_a_default_gpu_profile_of_1_2_or_4():
+    cpu, gpu = load_profiles([])
+    assert (cpu.gpu_counts, cpu.default) == ((0,), False)
+    assert (gpu.gpu_counts, gpu.default_gpus, gpu.gpu_models, gpu.default) == ((1, 2, 4), 1, ("any",), True)
+
+
+def test_gpu_kube_tolerations_and_runtime_class_are_for_gpu_pods_only():
+    """gpu_tolerations are added to KubeSpawner's own; gpu_runtime_class replaces extra_pod_config's on GPU pods."""
+    configured = {"tolerations": [{"key": "site", "operator": "Exists"}],
+                  "extra_pod_config": {"runtimeClassName": "kata", "priorityClassName": "high"}}
+    settings = PodGPUSettings(runtime_class="nvidia")
+    gpu = merge_overrides(configured, gpu_overrides(PodGPURequest(count=1), settings))
+    cpu = merge_overrides(configured, gpu_overrides(PodGPURequest(count=0), settings))
+    assert gpu["tolerations"] == [{"key": "site", "operator": "Exists"},
+                                  {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    assert gpu["extra_pod_config"] == {"runtimeClassName": "nvidia", "priorityClassName": "high"}
+    assert cpu["tolerations"] == configured["tolerations"]
+    assert cpu["extra_pod_config"] == configured["extra_pod_config"]
 
 
 class _Server(LoggingConfigurable):
