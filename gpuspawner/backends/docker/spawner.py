@@ -151,8 +151,8 @@ class GPUDockerSpawner(GPUSpawnerMixin, DockerSpawner):
         by UUID, with the profile's ``capabilities``, which needs the NVIDIA container toolkit
         on the Docker host. Turn off only where GPUs are simulated on an engine without the
         toolkit: containers then get ``NVIDIA_VISIBLE_DEVICES`` only (jobs also
-        ``CUDA_VISIBLE_DEVICES``), which isolates nothing. gpu-swarm ignores it: its services reserve generic
-        resources instead.
+        ``CUDA_VISIBLE_DEVICES``), which isolates nothing. gpu-swarm ignores it: its
+        services reserve generic resources instead.
         """,
     ).tag(config=True)
 

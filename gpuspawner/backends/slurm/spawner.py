@@ -143,7 +143,8 @@ class GPUSlurmSpawner(GPUSpawnerMixin, SystemAccounts, SlurmSpawner):
         (``slurm_driver_cuda``, node features) is refused with HTTP 409 before anything is
         submitted; when other GPU types would do, one whose nodes' driver is new enough is asked for,
         and where only some nodes of a type are new enough, the job's ``--constraint`` names their
-        ``cuda`` features (where the nodes declare them). A value that is no CUDA requirement is refused at hub start.
+        ``cuda`` features (where the nodes declare them). A value that is no CUDA requirement is
+        refused at hub start.
         """,
     ).tag(config=True)
 
