@@ -78,7 +78,11 @@ class GPUHubSettings(Configurable):
         help="""
         Where the hub learns which GPUs exist: ``"nvml"`` (the GPUs of the host the
         hub runs on) or ``"static"`` (the list in ``static_gpus``, for a hub whose
-        GPUs are on another host, e.g. a remote Docker engine).
+        GPUs are on another host, e.g. a remote Docker engine: gpu-docker logs a warning
+        for ``"nvml"`` with an engine that is not a ``unix://`` socket). Read where the hub
+        places the GPUs (gpu-local, gpu-local-simple, gpu-docker) and by the admin overview;
+        gpu-swarm reads its nodes' generic resources instead, gpu-kube its nodes and pods,
+        gpu-slurm ``sinfo``. Any other value is refused at hub start.
         """,
     ).tag(config=True)
 
@@ -97,18 +101,23 @@ class GPUHubSettings(Configurable):
         CPU-side NUMA node), ``cpus`` (its CPUs, ``"0-15,64-79"`` or a list) and
         ``links`` (``{other GPU's index: level}``, level ``"NV<n>"`` for n NVLink links,
         ``"PIX"``, ``"PXB"``, ``"PHB"``, ``"NODE"`` or ``"SYS"`` as ``nvidia-smi topo -m``
-        prints them). GPUs without ``links`` count as unknown, placed by count only.""",
+        prints them). GPUs without ``links`` count as unknown, placed by count only.
+        Each ``uuid`` once, each ``index`` once per host; an entry with another key or a bad
+        value is refused at hub start, naming the entry's number.""",
     ).tag(config=True)
 
     gpu_inventory_ttl = Float(
         5.0, help="""Seconds a reading of the GPUs is reused before they are read again: the hub's
         inventory (NVML, the static list, gpu-swarm's nodes) and the cluster's own terms where the
-        cluster places (gpu-kube's nodes and pods, gpu-slurm's ``sinfo``/``squeue``)."""
+        cluster places (gpu-kube's nodes and pods, gpu-slurm's ``sinfo``/``squeue``). ``0``: read them
+        for every use. At least 0."""
     ).tag(config=True)
 
     simulated_gpus = Bool(
         False,
-        help="Set when the GPUs come from the stand-in NVML library; the form says they are simulated.",
+        help="""Say that the GPUs NVML reports are simulated (the stand-in NVML library, as the runnable
+        default uses on a host without GPUs): the spawn form and the admin overview say so. Only read
+        with ``gpu_inventory = "nvml"``; it changes nothing else.""",
     ).tag(config=True)
 
     gpu_hub_id = Unicode(
@@ -138,9 +147,13 @@ class GPUHubSettings(Configurable):
     gpu_job_time_limit = Float(
         24 * 3600.0,
         help="""
-        The longest a notebook GPU job may run, in seconds (default 24 hours): a job past
+        The longest a notebook GPU job may run, in seconds (default 24 hours), counted from
+        when it starts running (not while it waits for GPUs or in Slurm's queue): a job past
         its time limit is stopped, marked ``timed_out`` and its GPUs freed. A job may ask
-        for less (``time_limit`` in its request), never more.
+        for less (``time_limit`` in its request), never more (HTTP 400 naming
+        ``time_limit``). On gpu-slurm it is also the job's ``--time``, or the profile's
+        ``slurm`` ``time`` where that is shorter. A finite number of seconds above 0; any
+        other value is refused at hub start.
         """,
     ).tag(config=True)
 
@@ -183,13 +196,13 @@ class GPUHubSettings(Configurable):
 
     @validate("gpu_job_time_limit")
     def _check_job_time_limit(self, proposal):
-        if proposal["value"] <= 0:
-            raise TraitError(f"gpu_job_time_limit must be > 0 seconds, not {proposal['value']}")
+        if not 0 < proposal["value"] < float("inf"):
+            raise TraitError(f"gpu_job_time_limit must be a finite number of seconds > 0, not {proposal['value']}")
         return proposal["value"]
 
     @validate("gpu_inventory_ttl")
     def _check_ttl(self, proposal):
-        if proposal["value"] < 0:
+        if not proposal["value"] >= 0:
             raise TraitError(f"gpu_inventory_ttl must be >= 0 seconds, not {proposal['value']}")
         return proposal["value"]
 
