@@ -13,9 +13,10 @@ found again by :func:`hub_state`:
   owners are in flight meanwhile (:class:`~gpuspawner.reconcile.Flights`);
 - the Prometheus metrics: its own collector, served at ``/hub/metrics`` (JupyterHub serves
   prometheus' default registry there) while it is the process's newest hub state;
-- the notebook GPU jobs' manager (made by the job API's first use);
-- what a backend or hub page keeps for this hub beside the ledger, in named, typed fields of
-  :class:`HubCaches` (the overview's live readings, cluster capacity readers, gpu-local's fences).
+- what a layer above keeps for this hub beside the ledger, each in its own typed object found by
+  its class (:meth:`HubState.cache`): a backend's caches (``backends/<name>/caches.py``: cluster
+  capacity readers, gpu-local's fences), the overview's live readings, the notebook GPU jobs'
+  manager. This module knows none of those classes.
 
 The hub application owns it: :func:`hub_state` keeps each hub's states in a registry keyed by
 the JupyterHub app (``settings["app"]`` of the hub's handlers, ``user.settings["app"]`` of its
@@ -23,8 +24,8 @@ spawners), so spawners and handlers of one hub share one state and two hubs in o
 (tests) never do. A spawner made outside a hub (no app: a test, a script) is owned by its
 traitlets ``Config`` object instead. The hub's GPU settings (``c.GPUSpawnerMixin.gpu_inventory``
 and friends, or the same traits set on the spawner class's own section) are read the way
-traitlets reads them for the spawners themselves. Nothing here imports a spawner backend or a
-hub handler (the types named under ``TYPE_CHECKING`` are for readers and type checkers only).
+traitlets reads them for the spawners themselves. Nothing here imports a spawner backend, the
+jobs or a hub handler, not even for type checking: each layer keeps its own things here by class.
 """
 
 from __future__ import annotations
@@ -37,8 +38,7 @@ import threading
 import warnings
 import weakref
 from collections.abc import Awaitable, Callable, Hashable
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, TypeVar
 
 from traitlets import Bool, Dict, Float, List, TraitError, Unicode, validate
 from traitlets.config import Config, Configurable
@@ -52,17 +52,11 @@ from .queue import GPUQueue
 from .reconcile import Flights
 from .usage import UsageRecorder
 
-if TYPE_CHECKING:  # types of the caches' contents, from layers above this one (no import at run time)
-    from .backends.kube.api import ClusterCapacity
-    from .backends.local.fence import Isolation
-    from .backends.local.processes import StartFence
-    from .backends.slurm.commands import SlurmReader
-    from .hub.live import LiveStats
-    from .jobs.manager import JobManager
-
 log = logging.getLogger("gpuspawner")
 
-__all__ = ["GPUHubSettings", "HubCaches", "HubState", "hub_state", "hub_state_of_app",
+T = TypeVar("T")
+
+__all__ = ["GPUHubSettings", "HubState", "hub_state", "hub_state_of_app",
            "stop_serving_hub_metrics"]
 
 
@@ -236,36 +230,6 @@ def settings_for(config: Config, spawner_class: type | None) -> GPUHubSettings:
         return _AsSpawner(config=config)
 
 
-@dataclass
-class HubCaches:
-    """What a backend or hub page keeps for one hub beside the ledger: each made empty, filled on use."""
-
-    #: the admin overview's live readings (hub NVML and the servers' monitors), made on its first read
-    live: LiveStats | None = None
-    #: one reconciliation at a time, per spawner class name
-    reconcile_locks: dict[str, asyncio.Lock] = field(default_factory=dict)
-    #: backends (by name) whose inventory source was checked against their runtime, once per hub
-    inventory_checked: set[str] = field(default_factory=set)
-    #: gpu-docker, gpu-swarm: container conflicts already logged, per backend name (logged once, not per pass)
-    docker_conflicts: dict[str, set[str]] = field(default_factory=dict)
-    #: gpu-kube: the capacity reader of each Kubernetes API client (a client gone drops its reader)
-    kube_capacity: weakref.WeakKeyDictionary[Any, ClusterCapacity] = field(default_factory=weakref.WeakKeyDictionary)
-    #: gpu-slurm: the sinfo readers, per filled-in exec_prefix (or per reason it cannot be filled in)
-    slurm_readers: dict[tuple[str, ...], SlurmReader] = field(default_factory=dict)
-    #: gpu-local: how this host isolates servers' GPUs, detected once per hub
-    local_isolation: Isolation | None = None
-    #: gpu-local: the start fence per isolation mechanism
-    local_fences: dict[str, StartFence] = field(default_factory=dict)
-    #: gpu-local: owner -> the spawn id of the start this hub recorded for it
-    local_starts: dict[str, str] = field(default_factory=dict)
-    #: gpu-local: owner -> the pid of the server process found at reconciliation
-    local_pids: dict[str, int] = field(default_factory=dict)
-    #: gpu-local: orphan servers being stopped (their tasks, kept until done)
-    local_orphans: set[asyncio.Future] = field(default_factory=set)
-    #: gpu-local: one account change at a time, per account name
-    local_account_locks: dict[str, asyncio.Lock] = field(default_factory=dict)
-
-
 class HubState:
     """Everything one hub's spawners and handlers share (see the module docstring)."""
 
@@ -275,12 +239,12 @@ class HubState:
     ledger: Ledger
     queue: GPUQueue
     out_of_service: OutOfService
-    jobs: JobManager | None
+    job_counts: Callable[[], dict[str, int]]
     usage: UsageRecorder
     metrics: HubMetrics
     found: dict[str, tuple[GPU, ...]]
-    caches: HubCaches
     flights: Flights
+    reconcile_locks: dict[str, asyncio.Lock]
     reconcile_interval: float
 
     def __init__(self, settings: GPUHubSettings) -> None:
@@ -295,25 +259,43 @@ class HubState:
         self.queue = GPUQueue()
         #: GPUs held because what last held them is not over (processes that would not die)
         self.out_of_service = OutOfService(self.ledger, self.queue.wake)
-        #: the notebook GPU jobs' manager, made by the hub's job API on first use
-        self.jobs = None
+        #: notebook GPU jobs per state, for the metrics: set by the jobs' manager when the hub makes it
+        self.job_counts = dict
         #: usage accounting: every hold and release of the ledger, in the hub's database
         self.usage = UsageRecorder(self.gpu_info)
         self.ledger.observe(self.usage.observe)
         #: this hub's own metrics collector (served while this is the newest hub state)
         self.metrics = HubMetrics(self.inventory, self.ledger, self.queue.__len__, self.usage.gpu_seconds,
-                                  lambda: self.jobs.counts() if self.jobs is not None else {})
+                                  lambda: self.job_counts())
         #: owner -> GPU records the runtime reported (container labels, process environments)
         self.found = {}
-        #: what backends and hub pages keep for this hub, by name
-        self.caches = HubCaches()
+        #: what the layers above keep for this hub, by class (see :meth:`cache`)
+        self._caches: dict[type, Any] = {}
         self._once: dict[Hashable, asyncio.Future] = {}
         #: owners whose start or stop (or notebook job) is in flight: reconciliation leaves them alone
         self.flights = Flights()
+        #: one reconciliation at a time, per spawner class name
+        self.reconcile_locks = {}
         #: seconds between reconciliations with the cluster (0: only at start)
         self.reconcile_interval = settings.gpu_reconcile_interval
         self._every: dict[Hashable, Callable[[], Awaitable[None]]] = {}
         self._timers: dict[Hashable, asyncio.TimerHandle | asyncio.Future] = {}
+
+    def cache(self, kind: type[T], make: Callable[[], T] | None = None) -> T:
+        """This hub's one ``kind`` object: what a backend or the hub layer keeps beside the ledger.
+
+        Made by ``make()`` (or ``kind()``) on first use, then always the same object; keyed by
+        the class, so each layer names its own typed caches (e.g. ``state.cache(KubeCaches)``)
+        and this module needs to know none of them.
+        """
+        found = self._caches.get(kind)
+        if found is None:
+            found = self._caches[kind] = (make or kind)()
+        return found
+
+    def cached(self, kind: type[T]) -> T | None:
+        """This hub's ``kind`` object if :meth:`cache` made one, else None (nothing is made)."""
+        return self._caches.get(kind)
 
     def gpu_info(self, uuid: str) -> dict:
         """What the usage records keep of one held GPU (a cluster token: its resource)."""

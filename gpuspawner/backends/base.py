@@ -616,7 +616,7 @@ class GPUSpawnerMixin(GPUPolicyMixin, GPUHubSettings):
         Passes of one hub never overlap.
         """
         state = self.hub_state
-        async with state.caches.reconcile_locks.setdefault(type(self).__name__, asyncio.Lock()):
+        async with state.reconcile_locks.setdefault(type(self).__name__, asyncio.Lock()):
             began = state.flights.mark()
             ledger = state.ledger
             held = ledger.allocations()

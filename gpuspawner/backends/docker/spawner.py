@@ -42,6 +42,7 @@ from ...profiles import Choice, OfferedImages
 from ...reconcile import Workload
 from ...refusals import refuse
 from ..base import GPUSpawnerMixin, user_error
+from .caches import DockerCaches
 from .objects import (
     HUB,
     OWNER,
@@ -292,13 +293,13 @@ class GPUDockerSpawner(GPUSpawnerMixin, DockerSpawner):
                 raise self._unreachable(e, "No GPU was reserved.") from e
             raise
         plan = reconcile(self.gpu_hub_id, containers, {})
-        said = self.hub_state.caches.docker_conflicts.setdefault(self.backend_name, set())
+        said = self.hub_state.cache(DockerCaches).docker_conflicts.setdefault(self.backend_name, set())
         for sentence in plan.conflicts:
             if sentence not in said:  # once, not every pass
                 said.add(sentence)
                 self.log.error("%s: %s", self.backend_name, sentence)
         self.hub_state.found = await self._found_gpus(plan)
-        checked = self.hub_state.caches.inventory_checked
+        checked = self.hub_state.cache(DockerCaches).inventory_checked
         if self.backend_name not in checked:  # once per hub
             self._check_inventory_source()
             checked.add(self.backend_name)

@@ -53,6 +53,7 @@ from ...quota import check
 from ...reconcile import Workload
 from ..base import GPUSpawnerMixin, checked_cuda_map, user_error
 from .api import ClusterCapacity, ClusterReading, list_server_pods, read_pod, why_failed
+from .caches import KubeCaches
 from .capacity import GPU_RESOURCE, PRODUCT_LABEL, CapacityError, offered_models, place, pools
 from .events import EventContext, explain_event
 from .holdings import USERNAME_ANNOTATION, server_holdings
@@ -439,7 +440,7 @@ class GPUKubeSpawner(GPUSpawnerMixin, KubeSpawner):
 
         KubeSpawner shares one API client per event loop, so the hub's spawners share one reader.
         """
-        readers = self.hub_state.caches.kube_capacity
+        readers = self.hub_state.cache(KubeCaches).kube_capacity
         reader = readers.get(self.api)
         if reader is None:
             reader = readers[self.api] = ClusterCapacity(self.api, ttl=self.gpu_inventory_ttl,

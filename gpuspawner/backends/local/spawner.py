@@ -50,6 +50,7 @@ from ...cpus import cpu_binding, host_cpus
 from ...gpu import nvidia_visible_devices
 from ...owner import Owner, user_of
 from ..base import GPUSpawnerMixin, user_error
+from .caches import LocalCaches
 from .fence import DeviceFence, Isolation, detect
 from .fence_starts import StartRecord
 from .fence_systemd import ScopeFence, scope_command
@@ -193,7 +194,7 @@ class _LocalGPUs(GPUSpawnerMixin):
 
     def _isolation(self) -> Isolation:
         """How this host isolates servers' GPUs, detected once per hub."""
-        caches = self.hub_state.caches
+        caches = self.hub_state.cache(LocalCaches)
         if caches.local_isolation is None:
             caches.local_isolation = detect()
         return caches.local_isolation
@@ -206,7 +207,7 @@ class _LocalGPUs(GPUSpawnerMixin):
             kernel = {"cgroup-v1": DeviceFence, "systemd": ScopeFence}.get(mechanism)
             return StartFence(kernel(self.gpu_hub_id) if kernel else None, MarkedStarts(self.gpu_hub_id))
 
-        fences = self.hub_state.caches.local_fences
+        fences = self.hub_state.cache(LocalCaches).local_fences
         if mechanism not in fences:
             fences[mechanism] = make()
         return fences[mechanism]
@@ -238,7 +239,7 @@ class _LocalGPUs(GPUSpawnerMixin):
         if state.get("gpu_spawn"):
             self.gpu_spawn_id = state["gpu_spawn"]
             self.port = int(state.get("port") or self.port)
-            self.hub_state.caches.local_starts[self.gpu_owner] = self.gpu_spawn_id
+            self.hub_state.cache(LocalCaches).local_starts[self.gpu_owner] = self.gpu_spawn_id
 
     def clear_state(self) -> None:
         # Not the mixin's: processes of this start may outlive the server (kernels), so its
@@ -265,8 +266,8 @@ class _LocalGPUs(GPUSpawnerMixin):
             self.log.warning("gpu-local: %s", isolation.note)
         starts = await asyncio.to_thread(live_starts, self._fences(), self.gpu_hub_id)
         state = self.hub_state
-        recorded = state.caches.local_starts
-        found_pids = state.caches.local_pids
+        recorded = state.cache(LocalCaches).local_starts
+        found_pids = state.cache(LocalCaches).local_pids
         ledger = self.ledger
         before = ledger.allocations()
         # Nothing is placed before this runs (spawns wait for it): what the ledger holds came
@@ -291,7 +292,7 @@ class _LocalGPUs(GPUSpawnerMixin):
                     "(the hub stopped while it was starting or stopping it); its GPUs %s stay held until they "
                     "are gone", _pids(start.pids), start.owner, ", ".join(start.uuids) or "none",
                 )
-                state.caches.local_orphans.add(asyncio.ensure_future(self._end_orphan(start)))
+                state.cache(LocalCaches).local_orphans.add(asyncio.ensure_future(self._end_orphan(start)))
             if conflict:
                 self.log.error("gpu-local: GPUs %s are used by two live servers (%s among them)",
                                ", ".join(conflict), start.owner)
@@ -509,7 +510,7 @@ class _LocalGPUs(GPUSpawnerMixin):
         spawn = self.gpu_spawn_id
         if not self.pid and spawn:
             # the old hub died between starting the process and saving its pid
-            pid = self.hub_state.caches.local_pids.get(self.gpu_owner)
+            pid = self.hub_state.cache(LocalCaches).local_pids.get(self.gpu_owner)
             if pid:
                 self.pid = pid
         status = await super().poll()
@@ -628,7 +629,7 @@ class GPULocalProcessSpawner(_LocalGPUs, SystemAccounts, _InFence, LocalProcessS
         return pwd.getpwnam(self.account())
 
     async def ensure_account(self) -> None:
-        lock = self.hub_state.caches.local_account_locks.setdefault(self.account(), asyncio.Lock())
+        lock = self.hub_state.cache(LocalCaches).local_account_locks.setdefault(self.account(), asyncio.Lock())
         async with lock:  # two servers of one user start at once: one useradd
             await SystemAccounts.ensure_account(self)
 

@@ -44,6 +44,7 @@ from ...placement import GPURequest, PlacementError
 from ...profiles import Choice, load_profiles
 from ...reconcile import Workload
 from ..base import GPUSpawnerMixin, checked_cuda_map, user_error
+from .caches import SlurmCaches
 from .capacity import UNTYPED, GresTypes, NeverFits, choose_type, cuda_constraint, gpu_availability, parse_gres
 from .commands import SlurmReader, prefixed, run_command_line
 from .cuda import CudaNeed, DriverCuda
@@ -351,7 +352,7 @@ class GPUSlurmSpawner(GPUSpawnerMixin, SystemAccounts, SlurmSpawner):
             key, make = ("", why), lambda: SlurmReader(problem=why)
         else:
             key, make = ("prefix", prefix), lambda: SlurmReader(prefix, ttl=self.gpu_inventory_ttl)
-        readers = self.hub_state.caches.slurm_readers
+        readers = self.hub_state.cache(SlurmCaches).slurm_readers
         if key not in readers:
             readers[key] = make()
         return readers[key]
@@ -650,8 +651,7 @@ class GPUSlurmSpawner(GPUSpawnerMixin, SystemAccounts, SlurmSpawner):
             job_id = (row.state or {}).get("job_id")
             if job_id and row.user is not None:
                 owners.setdefault(str(Owner.of_server(row.user.name, row.name)), set()).add(str(job_id))
-        manager = self.hub_state.jobs
-        store = manager.store if manager is not None else JobStore(self.db.get_bind())
+        store = self.hub_state.cache(JobStore, lambda: JobStore(self.db.get_bind()))
         for record in store.list(active_only=True, limit=100_000):
             if record.handle.get("slurm_job"):
                 owners.setdefault(str(Owner.of_job(record.user, record.id)), set()).add(str(record.handle["slurm_job"]))
