@@ -1,4 +1,4 @@
-"""Replay a day of GPU sessions through gpuspawner's real decision code, per policy (see gpuspawner/replay.py).
+"""Replay a day of GPU sessions through gpuspawner's real decision code, per policy (see gpuspawner/replay/).
 
     scripts/bench fleet [--chart docs/replay.png] [any option of python -m gpuspawner.replay]
 

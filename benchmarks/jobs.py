@@ -34,6 +34,7 @@ from pathlib import Path
 
 from storm import StormHub, percentile, start_engine
 
+from gpuspawner.accounts import ensure_account
 from jobnotebooks import outputs_text, write
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -51,10 +52,9 @@ def epoch(text: str) -> float:
 
 def user_files(hub: StormHub, engine) -> Path:
     """Where the user's files are on this machine: their folder, or their Docker volume's data."""
-    if engine is None:
-        path = hub.dir / "state" / "users" / USER
-        path.mkdir(parents=True, exist_ok=True)
-        return path
+    if engine is None:  # the system account the hub runs the user's servers and jobs as, made now as the hub would
+        account = ensure_account(USER, hub.settings["account_prefix"], hub.dir / "state" / "users")
+        return Path(account.pw_dir)
     volume = engine.client.volumes.create(f"gpuspawner-user-{USER}")
     path = Path(volume.attrs["Mountpoint"])
     os.chown(path, 1000, 1000)  # the image's user (jovyan)

@@ -254,20 +254,26 @@ class SystemAccounts(Configurable):
         notebook jobs run as that account. An existing account of that name that the hub
         did not make (its comment is not "gpuspawner account of hub user NAME") is never
         used: the start is refused with a sentence. Without this setting, a hub user's
-        servers run as the system account of the same name, which must exist.
+        servers run as the system account of the same name, which must exist. gpu-local with
+        ``gpuspawner.hub.setup.configure(c)`` stops at hub start when the hub is not root or
+        the accounts could not reach ``system_user_home`` or run the servers' Python.
+        On gpu-slurm the account is batchspawner's ``{username}`` (``exec_prefix`` submits as
+        it), made on the hub host, and must exist on the cluster's nodes too.
         """,
     ).tag(config=True)
 
     system_user_prefix = Unicode(
         "jupyter-",
-        help="""With ``create_system_users``: how every account the hub makes begins (lowercase
-        letters, digits, '_' and '-'), so that none is ever an existing system account.""",
+        help="""With ``create_system_users``: how every account the hub makes begins, so that none is
+        ever an existing system account: lowercase letters, digits, '_' and '-', starting with a
+        letter or '_', at most 22 characters (a refusal at hub start says which rule it breaks).""",
     ).tag(config=True)
 
     system_user_home = Unicode(
         "/home",
         help="""With ``create_system_users``: the folder the accounts' homes are made in
-        (``<folder>/<account>``); every account must be able to enter it.""",
+        (``<folder>/<account>``, mode 0700; the folder itself is made, mode 0755, where it is
+        missing); every account must be able to enter it.""",
     ).tag(config=True)
 
     @validate("system_user_prefix")

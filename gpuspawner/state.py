@@ -13,9 +13,10 @@ found again by :func:`hub_state`:
   owners are in flight meanwhile (:class:`~gpuspawner.reconcile.Flights`);
 - the Prometheus metrics: its own collector, served at ``/hub/metrics`` (JupyterHub serves
   prometheus' default registry there) while it is the process's newest hub state;
-- the notebook GPU jobs' manager (made by the job API's first use);
-- what a backend or hub page keeps for this hub beside the ledger, in named, typed fields of
-  :class:`HubCaches` (the overview's live readings, cluster capacity readers, gpu-local's fences).
+- what a layer above keeps for this hub beside the ledger, each in its own typed object found by
+  its class (:meth:`HubState.cache`): a backend's caches (``backends/<name>/caches.py``: cluster
+  capacity readers, gpu-local's fences), the overview's live readings, the notebook GPU jobs'
+  manager. This module knows none of those classes.
 
 The hub application owns it: :func:`hub_state` keeps each hub's states in a registry keyed by
 the JupyterHub app (``settings["app"]`` of the hub's handlers, ``user.settings["app"]`` of its
@@ -23,8 +24,8 @@ spawners), so spawners and handlers of one hub share one state and two hubs in o
 (tests) never do. A spawner made outside a hub (no app: a test, a script) is owned by its
 traitlets ``Config`` object instead. The hub's GPU settings (``c.GPUSpawnerMixin.gpu_inventory``
 and friends, or the same traits set on the spawner class's own section) are read the way
-traitlets reads them for the spawners themselves. Nothing here imports a spawner backend or a
-hub handler (the types named under ``TYPE_CHECKING`` are for readers and type checkers only).
+traitlets reads them for the spawners themselves. Nothing here imports a spawner backend, the
+jobs or a hub handler, not even for type checking: each layer keeps its own things here by class.
 """
 
 from __future__ import annotations
@@ -37,8 +38,7 @@ import threading
 import warnings
 import weakref
 from collections.abc import Awaitable, Callable, Hashable
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, TypeVar
 
 from traitlets import Bool, Dict, Float, List, TraitError, Unicode, validate
 from traitlets.config import Config, Configurable
@@ -52,17 +52,11 @@ from .queue import GPUQueue
 from .reconcile import Flights
 from .usage import UsageRecorder
 
-if TYPE_CHECKING:  # types of the caches' contents, from layers above this one (no import at run time)
-    from .backends.kube.api import ClusterCapacity
-    from .backends.local.fence import Isolation
-    from .backends.local.processes import StartFence
-    from .backends.slurm.commands import SlurmReader
-    from .hub.live import LiveStats
-    from .jobs.manager import JobManager
-
 log = logging.getLogger("gpuspawner")
 
-__all__ = ["GPUHubSettings", "HubCaches", "HubState", "hub_state", "hub_state_of_app",
+T = TypeVar("T")
+
+__all__ = ["GPUHubSettings", "HubState", "hub_state", "hub_state_of_app",
            "stop_serving_hub_metrics"]
 
 
@@ -78,7 +72,11 @@ class GPUHubSettings(Configurable):
         help="""
         Where the hub learns which GPUs exist: ``"nvml"`` (the GPUs of the host the
         hub runs on) or ``"static"`` (the list in ``static_gpus``, for a hub whose
-        GPUs are on another host, e.g. a remote Docker engine).
+        GPUs are on another host, e.g. a remote Docker engine: gpu-docker logs a warning
+        for ``"nvml"`` with an engine that is not a ``unix://`` socket). Read where the hub
+        places the GPUs (gpu-local, gpu-local-simple, gpu-docker) and by the admin overview;
+        gpu-swarm reads its nodes' generic resources instead, gpu-kube its nodes and pods,
+        gpu-slurm ``sinfo``. Any other value is refused at hub start.
         """,
     ).tag(config=True)
 
@@ -97,18 +95,23 @@ class GPUHubSettings(Configurable):
         CPU-side NUMA node), ``cpus`` (its CPUs, ``"0-15,64-79"`` or a list) and
         ``links`` (``{other GPU's index: level}``, level ``"NV<n>"`` for n NVLink links,
         ``"PIX"``, ``"PXB"``, ``"PHB"``, ``"NODE"`` or ``"SYS"`` as ``nvidia-smi topo -m``
-        prints them). GPUs without ``links`` count as unknown, placed by count only.""",
+        prints them). GPUs without ``links`` count as unknown, placed by count only.
+        Each ``uuid`` once, each ``index`` once per host; an entry with another key or a bad
+        value is refused at hub start, naming the entry's number.""",
     ).tag(config=True)
 
     gpu_inventory_ttl = Float(
         5.0, help="""Seconds a reading of the GPUs is reused before they are read again: the hub's
         inventory (NVML, the static list, gpu-swarm's nodes) and the cluster's own terms where the
-        cluster places (gpu-kube's nodes and pods, gpu-slurm's ``sinfo``/``squeue``)."""
+        cluster places (gpu-kube's nodes and pods, gpu-slurm's ``sinfo``/``squeue``). ``0``: read them
+        for every use. At least 0."""
     ).tag(config=True)
 
     simulated_gpus = Bool(
         False,
-        help="Set when the GPUs come from the stand-in NVML library; the form says they are simulated.",
+        help="""Say that the GPUs NVML reports are simulated (the stand-in NVML library, as the runnable
+        default uses on a host without GPUs): the spawn form and the admin overview say so. Only read
+        with ``gpu_inventory = "nvml"``; it changes nothing else.""",
     ).tag(config=True)
 
     gpu_hub_id = Unicode(
@@ -138,9 +141,13 @@ class GPUHubSettings(Configurable):
     gpu_job_time_limit = Float(
         24 * 3600.0,
         help="""
-        The longest a notebook GPU job may run, in seconds (default 24 hours): a job past
+        The longest a notebook GPU job may run, in seconds (default 24 hours), counted from
+        when it starts running (not while it waits for GPUs or in Slurm's queue): a job past
         its time limit is stopped, marked ``timed_out`` and its GPUs freed. A job may ask
-        for less (``time_limit`` in its request), never more.
+        for less (``time_limit`` in its request), never more (HTTP 400 naming
+        ``time_limit``). On gpu-slurm it is also the job's ``--time``, or the profile's
+        ``slurm`` ``time`` where that is shorter. A finite number of seconds above 0; any
+        other value is refused at hub start.
         """,
     ).tag(config=True)
 
@@ -183,13 +190,13 @@ class GPUHubSettings(Configurable):
 
     @validate("gpu_job_time_limit")
     def _check_job_time_limit(self, proposal):
-        if proposal["value"] <= 0:
-            raise TraitError(f"gpu_job_time_limit must be > 0 seconds, not {proposal['value']}")
+        if not 0 < proposal["value"] < float("inf"):
+            raise TraitError(f"gpu_job_time_limit must be a finite number of seconds > 0, not {proposal['value']}")
         return proposal["value"]
 
     @validate("gpu_inventory_ttl")
     def _check_ttl(self, proposal):
-        if proposal["value"] < 0:
+        if not proposal["value"] >= 0:
             raise TraitError(f"gpu_inventory_ttl must be >= 0 seconds, not {proposal['value']}")
         return proposal["value"]
 
@@ -223,36 +230,6 @@ def settings_for(config: Config, spawner_class: type | None) -> GPUHubSettings:
         return _AsSpawner(config=config)
 
 
-@dataclass
-class HubCaches:
-    """What a backend or hub page keeps for one hub beside the ledger: each made empty, filled on use."""
-
-    #: the admin overview's live readings (hub NVML and the servers' monitors), made on its first read
-    live: LiveStats | None = None
-    #: one reconciliation at a time, per spawner class name
-    reconcile_locks: dict[str, asyncio.Lock] = field(default_factory=dict)
-    #: backends (by name) whose inventory source was checked against their runtime, once per hub
-    inventory_checked: set[str] = field(default_factory=set)
-    #: gpu-docker, gpu-swarm: container conflicts already logged, per backend name (logged once, not per pass)
-    docker_conflicts: dict[str, set[str]] = field(default_factory=dict)
-    #: gpu-kube: the capacity reader of each Kubernetes API client (a client gone drops its reader)
-    kube_capacity: weakref.WeakKeyDictionary[Any, ClusterCapacity] = field(default_factory=weakref.WeakKeyDictionary)
-    #: gpu-slurm: the sinfo readers, per filled-in exec_prefix (or per reason it cannot be filled in)
-    slurm_readers: dict[tuple[str, ...], SlurmReader] = field(default_factory=dict)
-    #: gpu-local: how this host isolates servers' GPUs, detected once per hub
-    local_isolation: Isolation | None = None
-    #: gpu-local: the start fence per isolation mechanism
-    local_fences: dict[str, StartFence] = field(default_factory=dict)
-    #: gpu-local: owner -> the spawn id of the start this hub recorded for it
-    local_starts: dict[str, str] = field(default_factory=dict)
-    #: gpu-local: owner -> the pid of the server process found at reconciliation
-    local_pids: dict[str, int] = field(default_factory=dict)
-    #: gpu-local: orphan servers being stopped (their tasks, kept until done)
-    local_orphans: set[asyncio.Future] = field(default_factory=set)
-    #: gpu-local: one account change at a time, per account name
-    local_account_locks: dict[str, asyncio.Lock] = field(default_factory=dict)
-
-
 class HubState:
     """Everything one hub's spawners and handlers share (see the module docstring)."""
 
@@ -262,12 +239,12 @@ class HubState:
     ledger: Ledger
     queue: GPUQueue
     out_of_service: OutOfService
-    jobs: JobManager | None
+    job_counts: Callable[[], dict[str, int]]
     usage: UsageRecorder
     metrics: HubMetrics
     found: dict[str, tuple[GPU, ...]]
-    caches: HubCaches
     flights: Flights
+    reconcile_locks: dict[str, asyncio.Lock]
     reconcile_interval: float
 
     def __init__(self, settings: GPUHubSettings) -> None:
@@ -282,25 +259,43 @@ class HubState:
         self.queue = GPUQueue()
         #: GPUs held because what last held them is not over (processes that would not die)
         self.out_of_service = OutOfService(self.ledger, self.queue.wake)
-        #: the notebook GPU jobs' manager, made by the hub's job API on first use
-        self.jobs = None
+        #: notebook GPU jobs per state, for the metrics: set by the jobs' manager when the hub makes it
+        self.job_counts = dict
         #: usage accounting: every hold and release of the ledger, in the hub's database
         self.usage = UsageRecorder(self.gpu_info)
         self.ledger.observe(self.usage.observe)
         #: this hub's own metrics collector (served while this is the newest hub state)
         self.metrics = HubMetrics(self.inventory, self.ledger, self.queue.__len__, self.usage.gpu_seconds,
-                                  lambda: self.jobs.counts() if self.jobs is not None else {})
+                                  lambda: self.job_counts())
         #: owner -> GPU records the runtime reported (container labels, process environments)
         self.found = {}
-        #: what backends and hub pages keep for this hub, by name
-        self.caches = HubCaches()
+        #: what the layers above keep for this hub, by class (see :meth:`cache`)
+        self._caches: dict[type, Any] = {}
         self._once: dict[Hashable, asyncio.Future] = {}
         #: owners whose start or stop (or notebook job) is in flight: reconciliation leaves them alone
         self.flights = Flights()
+        #: one reconciliation at a time, per spawner class name
+        self.reconcile_locks = {}
         #: seconds between reconciliations with the cluster (0: only at start)
         self.reconcile_interval = settings.gpu_reconcile_interval
         self._every: dict[Hashable, Callable[[], Awaitable[None]]] = {}
         self._timers: dict[Hashable, asyncio.TimerHandle | asyncio.Future] = {}
+
+    def cache(self, kind: type[T], make: Callable[[], T] | None = None) -> T:
+        """This hub's one ``kind`` object: what a backend or the hub layer keeps beside the ledger.
+
+        Made by ``make()`` (or ``kind()``) on first use, then always the same object; keyed by
+        the class, so each layer names its own typed caches (e.g. ``state.cache(KubeCaches)``)
+        and this module needs to know none of them.
+        """
+        found = self._caches.get(kind)
+        if found is None:
+            found = self._caches[kind] = (make or kind)()
+        return found
+
+    def cached(self, kind: type[T]) -> T | None:
+        """This hub's ``kind`` object if :meth:`cache` made one, else None (nothing is made)."""
+        return self._caches.get(kind)
 
     def gpu_info(self, uuid: str) -> dict:
         """What the usage records keep of one held GPU (a cluster token: its resource)."""

@@ -75,24 +75,34 @@ class GPUSpawnerMixin(GPUPolicyMixin, GPUHubSettings):
         The profiles users choose from: a list of dicts with these keys (only
         ``display_name`` is required; any other key is refused):
 
-        - ``display_name``: the name shown in the form.
+        - ``display_name``: the name shown in the form (a non-empty string).
         - ``slug``: the profile's id in spawn options and the REST API (lowercase
-          letters, digits and dashes; default: made from ``display_name``).
+          letters, digits and dashes, at most 63; default: made from ``display_name``).
+          Unique.
         - ``description``: text shown with the name.
         - ``gpu_models``: model slugs the user picks from, such as ``"a100"`` or
-          ``"t4"``, or ``["any"]`` (the default) for any model.
-        - ``gpu_counts``: the GPU counts offered, e.g. ``[0, 1, 2, 4]`` (default ``[0]``).
+          ``"t4"`` (a slug also matches the models it begins, up to a dash: ``"a100"``
+          matches ``a100-sxm4-80gb``, not ``a1000``), or ``["any"]`` (the default).
+        - ``gpu_counts``: the GPU counts offered, integers from 0 to 1024, e.g.
+          ``[0, 1, 2, 4]`` (default ``[0]``: a CPU-only profile).
         - ``default_gpus``: the count preselected, one of ``gpu_counts`` (default: the smallest).
         - ``images``: images the user may pick from (default: none to pick; the
-          spawner's own image).
-        - ``cpu_limit``: CPUs for the server (a number; sets the spawner's ``cpu_limit``).
-        - ``mem_limit``: memory for the server, bytes or a size such as ``"8G"``
-          (sets the spawner's ``mem_limit``).
+          spawner's own image). gpu-docker and gpu-swarm run the image, gpu-kube puts it
+          in the pod, gpu-slurm gives it to the site's ``batch_script`` as ``{image}``;
+          gpu-local ignores it.
+        - ``cpu_limit``: CPUs for the server (a number above 0; sets the spawner's
+          ``cpu_limit``: a container's or pod's CPU limit, gpu-slurm's ``--cpus-per-task``,
+          rounded up; JupyterHub's local process spawners do not enforce it).
+        - ``mem_limit``: memory for the server, bytes or a size such as ``"8G"`` (suffix
+          K, M, G or T; sets the spawner's ``mem_limit``: a container's or pod's memory
+          limit, gpu-slurm's ``--mem``; JupyterHub's local process spawners do not enforce it).
         - ``default``: ``True`` for the profile preselected in the form (at most one).
         - ``capabilities``: NVIDIA driver capabilities the server's GPUs get
-          (default ``["compute", "utility"]``).
-        - ``groups``: JupyterHub group names; only their members see and may use the
-          profile (default: empty, everyone).
+          (default ``["compute", "utility"]``): gpu-docker's device request and gpu-kube's
+          ``NVIDIA_DRIVER_CAPABILITIES``; the other backends ignore it.
+        - ``groups``: JupyterHub group names (or one name); only their members see and
+          may use the profile (default: empty, everyone). A spawn naming it for anyone
+          else gets HTTP 403.
         - ``queue``: ``True`` to wait in the hub's GPU queue while no GPU is free instead
           of being refused (default ``False``; the wait is bounded by ``gpu_queue_timeout``).
           Refused on gpu-slurm (Slurm is the queue) and with a Kueue queue on gpu-kube (Kueue is).
@@ -113,7 +123,9 @@ class GPUSpawnerMixin(GPUPolicyMixin, GPUHubSettings):
           applies every key as KubeSpawner does; other backends use ``image`` as
           ``images`` and ``cpu_limit``/``mem_limit`` as above, and refuse any other key.
 
-        Empty: a CPU-only profile and a GPU profile of 1, 2 or 4 GPUs of any model.
+        Empty: a CPU-only profile and a GPU profile of 1, 2 or 4 GPUs of any model (1
+        preselected, the default profile). A profile that breaks any of these rules is
+        refused at hub start with a sentence naming the profile and the key.
         """,
     ).tag(config=True)
 
@@ -604,7 +616,7 @@ class GPUSpawnerMixin(GPUPolicyMixin, GPUHubSettings):
         Passes of one hub never overlap.
         """
         state = self.hub_state
-        async with state.caches.reconcile_locks.setdefault(type(self).__name__, asyncio.Lock()):
+        async with state.reconcile_locks.setdefault(type(self).__name__, asyncio.Lock()):
             began = state.flights.mark()
             ledger = state.ledger
             held = ledger.allocations()

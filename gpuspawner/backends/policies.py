@@ -57,11 +57,15 @@ class GPUPolicyMixin(Configurable):
 
     gpu_queue_timeout = Float(
         600.0,
-        help="Seconds a spawn of a ``queue: true`` profile waits for free GPUs before it is refused.",
+        help="""Seconds a spawn of a ``queue: true`` profile waits in the hub's queue for free GPUs
+        before it is refused (HTTP 409, "No GPU became free within ..."); such a spawn's JupyterHub
+        ``start_timeout`` grows by this much, so JupyterHub does not give up first. A finite
+        number above 0.""",
     ).tag(config=True)
 
     gpu_queue_recheck = Float(
-        5.0, help="Seconds between re-checks of a waiting spawn when nothing was released meanwhile."
+        5.0, help="""Seconds between re-checks of a waiting spawn when nothing was released meanwhile
+        (a release anywhere in the hub wakes the queue at once). A finite number above 0."""
     ).tag(config=True)
 
     @validate("gpu_quota_per_user")
@@ -79,8 +83,9 @@ class GPUPolicyMixin(Configurable):
 
     @validate("gpu_queue_timeout", "gpu_queue_recheck")
     def _check_positive(self, proposal):
-        if not proposal["value"] > 0:
-            raise TraitError(f"{proposal['trait'].name} must be > 0 seconds")
+        if not 0 < proposal["value"] < float("inf"):
+            raise TraitError(f"{proposal['trait'].name} must be a finite number of seconds > 0, "
+                             f"not {proposal['value']}")
         return proposal["value"]
 
     # ------------------------------------------------------------ groups and profiles

@@ -16,6 +16,7 @@ from jupyterhub.handlers import BaseHandler
 from tornado import web
 
 from ..inputs import dumps
+from ..jobs.manager import JobManager
 from ..owner import Owner
 from ..state import HubState, hub_state_of_app
 from .live import LiveStats
@@ -36,7 +37,7 @@ class _Overview:
 
     def _holders(self, allocations: dict, ledger) -> tuple[dict, dict]:
         holders, targets = {}, {}
-        jobs = self.hub_state.jobs
+        jobs = self.hub_state.cached(JobManager)
         out_of_service = self.hub_state.out_of_service
         for owner in allocations:
             withheld = out_of_service.get(owner)
@@ -75,9 +76,7 @@ class _Overview:
         reading = await state.inventory.read()
         allocations = ledger.allocations()
         holders, targets = self._holders(allocations, ledger)
-        if state.caches.live is None:
-            state.caches.live = LiveStats()
-        live_stats = state.caches.live
+        live_stats = state.cache(LiveStats)
         live = {}
         if state.inventory_source == "nvml":
             live.update(await live_stats.from_hub_nvml([g.uuid for g in reading.gpus]))

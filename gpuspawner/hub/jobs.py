@@ -62,11 +62,14 @@ def job_json(record: JobRecord) -> dict:
 def job_manager(settings: dict) -> JobManager:
     """The hub's job manager (made on first use, on the hub's :class:`HubState`)."""
     state: HubState = hub_state_of_app(settings)
-    if state.jobs is None:
+    def make() -> JobManager:
         gpu_settings = settings_for(settings["config"], settings.get("spawner_class"))
-        engine = settings["db"].get_bind()
-        state.jobs = JobManager(state, JobStore(engine), settings, gpu_settings.gpu_job_time_limit)
-    return state.jobs
+        store = state.cache(JobStore, lambda: JobStore(settings["db"].get_bind()))
+        manager = JobManager(state, store, settings, gpu_settings.gpu_job_time_limit)
+        state.job_counts = manager.counts
+        return manager
+
+    return state.cache(JobManager, make)
 
 
 class _JobsBase(APIHandler):

@@ -38,6 +38,11 @@ from typing import Any
 
 from traitlets.config import LazyConfigValue
 
+from ..recommended import (
+    RECOMMENDED_CULLER as RECOMMENDED_CULLER,  # the runnable hub's settings, re-exported
+    RECOMMENDED_QUEUE_TIMEOUT as RECOMMENDED_QUEUE_TIMEOUT,
+    RECOMMENDED_QUOTA_PER_USER as RECOMMENDED_QUOTA_PER_USER,
+)
 from . import jobs, usage
 from .handlers import SCOPE, SETTINGS_KEY, handlers
 
@@ -45,14 +50,6 @@ TEMPLATES = str(Path(__file__).resolve().parent / "templates")
 OVERVIEW_SERVICE = "gpuspawner-overview"
 CULLER_SERVICE = "gpu-culler"
 CULLER_SCOPES = ["list:users", "read:users", "read:servers", "servers", "access:servers", SCOPE, usage.REPORT_SCOPE]
-
-#: The culler settings the runnable hub uses (jupyterhub_config.py), chosen with the replay
-#: (``python -m gpuspawner.replay``; README "Choosing settings with the replay").
-RECOMMENDED_CULLER = {"period": 60, "threshold": 5, "idle_timeout": 480, "warn_before": 180}
-#: Seconds a queued spawn waits for a GPU in the runnable hub (``gpu_queue_timeout``).
-RECOMMENDED_QUEUE_TIMEOUT = 1800.0
-#: GPUs one user may hold at once in the runnable hub (``gpu_quota_per_user``).
-RECOMMENDED_QUOTA_PER_USER = 4
 
 #: culler option -> command-line flag of ``python -m gpuspawner.hub.culler``
 CULLER_OPTIONS = {

@@ -17,7 +17,9 @@ class GPUMonitor(Configurable):
     """Live GPU statistics of this server's GPUs, for the JupyterLab status bar and GPU panel."""
 
     enabled = Bool(
-        True, help="Serve the GPU monitor's API (api/gpus, api/gpus/stream, api/gpus/metrics)."
+        True, help="Serve the GPU monitor's API (api/gpus, api/gpus/stream, api/gpus/metrics, "
+        "api/gpus/notices). False: none of it, and no sampler; the JupyterLab status bar item and "
+        "GPU panel then have nothing to show."
     ).tag(config=True)
 
     interval = Float(
@@ -28,7 +30,8 @@ class GPUMonitor(Configurable):
 
     history_seconds = Float(
         600.0,
-        help="Seconds of samples kept in memory, so a newly opened panel starts with history (0 to 86400).",
+        help="Seconds of samples kept in memory, so a newly opened panel starts with history (0 to 86400; "
+        "at least the newest sample is always kept).",
     ).tag(config=True)
 
     idle_pause = Float(

@@ -12,13 +12,13 @@ from types import SimpleNamespace
 import pytest
 from tornado.web import HTTPError
 
+from gpuspawner.backends.local.caches import LocalCaches
 from gpuspawner.backends.local.fence import Isolation, detect
 from gpuspawner.backends.local.fence_starts import StartRecord
 from gpuspawner.backends.local.fence_systemd import ScopeFence, device_allow, mig_nodes, scope_command, unit_name
 from gpuspawner.backends.local.processes import MarkedStarts, StartFence
 from gpuspawner.backends.local.spawner import _InFence, _LocalGPUs
 from gpuspawner.gpu import GPU
-from gpuspawner.state import HubCaches
 
 
 def allowed(cmd: list[str]) -> list[str]:
@@ -146,7 +146,7 @@ class _Start:
     """The parts of a gpu-local spawner that ``_create_fence`` reads, on a host whose isolation is given."""
 
     def __init__(self, isolation: Isolation, gpu_isolation="auto", minors=(1,), switches_user=True, records=None):
-        self.hub_state = SimpleNamespace(caches=HubCaches(local_isolation=isolation))
+        self.hub_state = SimpleNamespace(cache={LocalCaches: LocalCaches(local_isolation=isolation)}.__getitem__)
         self.gpu_isolation = gpu_isolation
         self.gpu_allocation = [SimpleNamespace(uuid=f"GPU-{m}", minor_number=m) for m in minors]
         self.user = SimpleNamespace(name="root")

@@ -11,6 +11,7 @@ import pytest
 from prometheus_client import REGISTRY
 from traitlets.config import Application, Config
 
+from gpuspawner.backends.local.caches import LocalCaches
 from gpuspawner.backends.local.spawner import GPUSimpleLocalProcessSpawner
 from gpuspawner.state import HubState, hub_state, hub_state_of_app
 
@@ -61,8 +62,43 @@ def test_the_hub_app_owns_the_state_and_two_hubs_on_one_config_share_nothing():
     assert spawner_of(handler_settings[0]).hub_state is first is hub_state_of_app(handler_settings[0])
     assert spawner_of(handler_settings[1]).hub_state is second
     assert hub_state(config, GPUSimpleLocalProcessSpawner) not in (first, second)  # outside a hub: the config's own
-    first.caches.local_starts["ada/"] = "s1"
-    assert second.caches.local_starts == {}
+    first.cache(LocalCaches).local_starts["ada/"] = "s1"
+    assert second.cache(LocalCaches).local_starts == {}
+    assert first.cache(LocalCaches).local_starts == {"ada/": "s1"}  # one object per hub, found by its class
+
+
+def test_each_layer_keeps_its_own_typed_object_on_the_hub_state_found_by_class():
+    state = hub_state(static_config(), GPUSimpleLocalProcessSpawner)
+    assert state.cached(LocalCaches) is None  # nothing is made before its first use
+    caches = state.cache(LocalCaches)
+    assert type(caches) is LocalCaches and caches.local_pids == {}
+    assert state.cache(LocalCaches) is caches is state.cached(LocalCaches)
+
+    class Made:  # another layer's thing that needs arguments: its maker runs once
+        pass
+    makes = []
+    first = state.cache(Made, lambda: makes.append(1) or Made())
+    assert state.cache(Made, lambda: makes.append(2) or Made()) is first and makes == [1]
+
+
+def test_the_job_metrics_count_what_the_hub_layer_says():
+    def jobs() -> dict:
+        return {s.labels["state"]: s.value for m in REGISTRY.collect() if m.name == "gpuspawner_jobs"
+                for s in m.samples}
+
+    state = hub_state(static_config(), GPUSimpleLocalProcessSpawner)
+    assert jobs() == {}  # no job manager yet: no job states
+    state.job_counts = lambda: {"queued": 2, "running": 1}  # as the hub's job manager sets it
+    assert jobs() == {"queued": 2, "running": 1}
+
+
+def test_the_hub_state_imports_no_layer_above_it():
+    code = ("import sys, gpuspawner.state\n"
+            "above = sorted(m for m in sys.modules if m.split('.')[:2] in "
+            "(['gpuspawner', 'backends'], ['gpuspawner', 'jobs'], ['gpuspawner', 'hub'], ['gpuspawner', 'spawners']))\n"
+            "assert not above, above\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
 
 
 def test_another_hub_config_gets_another_state():

@@ -7,6 +7,7 @@ import importlib.util
 import subprocess
 import sys
 from pathlib import Path
+from xml.etree import ElementTree
 
 import pytest
 
@@ -79,7 +80,65 @@ def test_report_names_long_files_and_spread_backends(fake):
     assert "backends in more than one folder: 1\n  kube: pkg/kube/, pkg/spawners/" in out
 
 
+def test_a_backend_folder_at_any_depth_is_one_folder_and_aliases_are_not_a_second(graph_tool, tmp_path):
+    pkg = _write(tmp_path / "pkg", {
+        "__init__.py": "",
+        "backends/__init__.py": "",
+        "backends/kube/__init__.py": "",
+        "backends/kube/spawner.py": "",
+        "backends/kube/dev/__init__.py": "",
+        "backends/kube/dev/cluster.py": "from ..spawner import x\n",
+        "backends/slurm/spawner.py": "",
+        "spawners/__init__.py": '"""Moved to :mod:`pkg.backends`; kept for old paths."""\n',
+        "spawners/kube.py": '"""Moved to :mod:`pkg.backends.kube.spawner`."""\nfrom pkg.backends.kube import *\n',
+        "slurm_tools.py": "",  # a backend's file outside its folder still counts
+    })
+    files = sorted(pkg.rglob("*.py"))
+    assert graph_tool.backend_folders(files, pkg) == {"slurm": ["pkg/", "pkg/backends/slurm/"]}
+    assert graph_tool.aliases(files, pkg) == {"pkg/spawners/": ["__init__.py", "kube.py"]}
+    out = subprocess.run([sys.executable, str(SCRIPT), str(pkg)], capture_output=True, text=True, check=True).stdout
+    assert "backends in more than one folder: 1\n  slurm: pkg/, pkg/backends/slurm/\n" in out
+    assert "alias modules (old import paths, 'moved to ...'): 2\n  pkg/spawners/: __init__.py, kube.py" in out
+
+
+def test_svg_draws_every_unit_in_its_rank_band_and_the_upward_arrows_in_red(fake, tmp_path):
+    picture = tmp_path / "out" / "graph.svg"
+    run = subprocess.run([sys.executable, str(SCRIPT), str(fake), "--svg", str(picture)],
+                         capture_output=True, text=True, check=True)
+    assert f"picture: {picture}" in run.stdout
+    svg = ElementTree.parse(picture).getroot()  # well-formed XML
+    ns = {"s": "http://www.w3.org/2000/svg"}
+    units = {g.get("data-unit"): g for g in svg.iterfind(".//s:g[@class='unit']", ns)}
+    assert set(units) == {"pkg.a", "pkg.b", "pkg.c", "pkg.hub", "pkg.kube", "pkg.spawners", "pkg"}
+    assert units["pkg.hub"].find("s:text", ns).text == "hub"
+    bands = {g.get("data-rank"): g for g in svg.iterfind(".//s:g[@class='rank']", ns)}
+    assert set(bands) == {"core", "backends", "hub"}  # no unit of rank "jobs": no band
+
+    def top(unit: str) -> float:
+        return float(units[unit].find("s:rect", ns).get("y"))
+    assert top("pkg.hub") < top("pkg.kube") < top("pkg.c") < top("pkg.a")  # hub on top, core below
+    edges = {(p.get("data-from"), p.get("data-to")): p.get("class") for p in svg.iterfind(".//s:path", ns)
+             if p.get("data-from")}
+    assert edges[("pkg.kube", "pkg.hub")] == "edge up"  # the arrow pointing up
+    assert edges[("pkg.a", "pkg.b")] == edges[("pkg.b", "pkg.a")] == "edge circle"
+    assert edges[("pkg.hub", "pkg.c")] == "edge down"
+    assert len(edges) == 6
+
+
+def test_svg_needs_a_file_name(fake):
+    run = subprocess.run([sys.executable, str(SCRIPT), str(fake), "--svg"], capture_output=True, text=True)
+    assert run.returncode == 2 and "--svg needs a file name" in run.stderr
+
+
 def test_refuses_a_folder_that_is_no_package(tmp_path):
     run = subprocess.run([sys.executable, str(SCRIPT), str(tmp_path)], capture_output=True, text=True)
     assert run.returncode == 2
     assert "is not a Python package" in run.stderr
+
+
+def test_gpuspawner_has_no_file_import_circle_and_its_hub_state_and_replay_import_nothing_above(graph_tool):
+    package = SCRIPT.parent.parent / "gpuspawner"
+    graph, _ = graph_tool.read_package(package)
+    assert [c for c in graph_tool.circles(graph) if len(c) > 1] == []
+    up = graph_tool.upward(graph, "gpuspawner")
+    assert [(a, b) for a, b in up if a == "gpuspawner.state" or a.startswith("gpuspawner.replay")] == []

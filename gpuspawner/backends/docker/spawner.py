@@ -42,6 +42,7 @@ from ...profiles import Choice, OfferedImages
 from ...reconcile import Workload
 from ...refusals import refuse
 from ..base import GPUSpawnerMixin, user_error
+from .caches import DockerCaches
 from .objects import (
     HUB,
     OWNER,
@@ -133,19 +134,26 @@ class GPUDockerSpawner(GPUSpawnerMixin, DockerSpawner):
     check_cuda_compatibility = Bool(
         True,
         help="""
-        Refuse to start a GPU server whose image needs a newer CUDA than the driver on
-        the GPUs' host supports (the image's ``NVIDIA_REQUIRE_CUDA``, ``CUDA_VERSION`` or
-        label ``com.nvidia.cuda.version`` against NVML's CUDA driver version), with a
-        message naming both versions. Turn off to let such containers start anyway.
+        Refuse to start a GPU server (or notebook GPU job) whose image needs a newer CUDA
+        than the driver on the GPUs' host supports: the image's ``NVIDIA_REQUIRE_CUDA``,
+        ``CUDA_VERSION`` or label ``com.nvidia.cuda.version`` against the GPUs' CUDA driver
+        version (NVML's, or ``cuda_driver_version`` in ``static_gpus``), refused with HTTP
+        409 and a sentence naming both versions. Not checked where either is unknown: an
+        image not on the engine after the pull (``pull_policy`` ``"skip"``), GPUs whose
+        driver version the hub does not know (gpu-swarm's nodes never say it); CPU-only
+        servers are never checked. Turn off to let such containers start anyway.
         """,
     ).tag(config=True)
 
     use_device_requests = Bool(
         True,
         help="""
-        Give each container its GPUs as a Docker DeviceRequest (by UUID), which needs the
-        NVIDIA container toolkit on the Docker host. Turn off only where GPUs are simulated
-        on an engine without the toolkit: containers then get NVIDIA_VISIBLE_DEVICES only.
+        Give each container (server or notebook GPU job) its GPUs as a Docker DeviceRequest
+        by UUID, with the profile's ``capabilities``, which needs the NVIDIA container toolkit
+        on the Docker host. Turn off only where GPUs are simulated on an engine without the
+        toolkit: containers then get ``NVIDIA_VISIBLE_DEVICES`` only (jobs also
+        ``CUDA_VISIBLE_DEVICES``), which isolates nothing. gpu-swarm ignores it: its
+        services reserve generic resources instead.
         """,
     ).tag(config=True)
 
@@ -285,13 +293,13 @@ class GPUDockerSpawner(GPUSpawnerMixin, DockerSpawner):
                 raise self._unreachable(e, "No GPU was reserved.") from e
             raise
         plan = reconcile(self.gpu_hub_id, containers, {})
-        said = self.hub_state.caches.docker_conflicts.setdefault(self.backend_name, set())
+        said = self.hub_state.cache(DockerCaches).docker_conflicts.setdefault(self.backend_name, set())
         for sentence in plan.conflicts:
             if sentence not in said:  # once, not every pass
                 said.add(sentence)
                 self.log.error("%s: %s", self.backend_name, sentence)
         self.hub_state.found = await self._found_gpus(plan)
-        checked = self.hub_state.caches.inventory_checked
+        checked = self.hub_state.cache(DockerCaches).inventory_checked
         if self.backend_name not in checked:  # once per hub
             self._check_inventory_source()
             checked.add(self.backend_name)

@@ -53,6 +53,7 @@ from ...quota import check
 from ...reconcile import Workload
 from ..base import GPUSpawnerMixin, checked_cuda_map, user_error
 from .api import ClusterCapacity, ClusterReading, list_server_pods, read_pod, why_failed
+from .caches import KubeCaches
 from .capacity import GPU_RESOURCE, PRODUCT_LABEL, CapacityError, offered_models, place, pools
 from .events import EventContext, explain_event
 from .holdings import USERNAME_ANNOTATION, server_holdings
@@ -116,16 +117,26 @@ class GPUKubeSpawner(GPUSpawnerMixin, KubeSpawner):
     gpu_tolerations = List(
         Dict(),
         default_value=[dict(t) for t in DEFAULT_TOLERATIONS],
-        help="Tolerations added to GPU pods (GPU nodes are often tainted nvidia.com/gpu:NoSchedule).",
+        help="""Tolerations added to GPU pods, beside KubeSpawner's own ``tolerations`` (CPU-only pods
+        get only those). The default tolerates the taint ``nvidia.com/gpu:NoSchedule`` that GPU
+        nodes often carry.""",
     ).tag(config=True)
 
     gpu_runtime_class = Unicode(
         None, allow_none=True,
-        help="runtimeClassName for GPU pods (e.g. 'nvidia' where the GPU Operator does not make it the default).",
+        help="""The ``runtimeClassName`` of GPU pods (e.g. ``"nvidia"`` where the GPU Operator does not
+        make its runtime the default), replacing one set in ``extra_pod_config`` for them; CPU-only
+        pods keep ``extra_pod_config``'s. None: the pod names none (the cluster's default).""",
     ).tag(config=True)
 
     gpu_product_label = Unicode(
-        PRODUCT_LABEL, help="The node label naming the GPU model (set by NVIDIA GPU Feature Discovery)."
+        PRODUCT_LABEL, help="""The node label a GPU pod's node selector (or, for several models,
+        its node affinity) names the chosen GPU model by. The hub itself reads each node's model
+        from GPU Feature Discovery's ``nvidia.com/gpu.product`` label whatever this says (the form,
+        the capacity checks, a ``profile_list`` entry's node selector), so another label must
+        carry the same values on the same nodes. A ``node_selector`` on this label among
+        KubeSpawner's own settings is refused at hub start (a profile's ``kubespawner_override``
+        may set it)."""
     ).tag(config=True)
 
     image_cuda = Dict(
@@ -134,7 +145,10 @@ class GPUKubeSpawner(GPUSpawnerMixin, KubeSpawner):
         The CUDA version each image needs: ``{"ghcr.io/x/torch:2.3": "12.4"}``. Keys are
         whole image names or repositories without a tag; values are versions (``"12.4"``)
         or an image's ``NVIDIA_REQUIRE_CUDA`` value. GPU pods of such an image only go to
-        nodes whose driver supports that CUDA version (GPU Feature Discovery labels).
+        nodes whose driver supports that CUDA version (node affinity on GPU Feature
+        Discovery's ``nvidia.com/cuda.driver.major``/``minor`` labels; a node without them
+        is not one). A request no node's driver can ever serve is refused with HTTP 409
+        naming the newest CUDA there. A value that is no CUDA requirement is refused at hub start.
         """,
     ).tag(config=True)
 
@@ -157,8 +171,15 @@ class GPUKubeSpawner(GPUSpawnerMixin, KubeSpawner):
     ).tag(config=True)
 
     kueue_poll_interval = Float(
-        2.0, help="Seconds between reads of a queued pod's Kueue state (queue position, Workload verdict).",
+        2.0, help="""Seconds between reads of a queued pod's Kueue state (queue position, Workload
+        verdict) while its spawn waits in a Kueue queue. A finite number above 0.""",
     ).tag(config=True)
+
+    @validate("kueue_poll_interval")
+    def _check_kueue_poll_interval(self, proposal):
+        if not 0 < proposal["value"] < float("inf"):
+            raise TraitError(f"kueue_poll_interval must be a finite number of seconds > 0, not {proposal['value']}")
+        return proposal["value"]
 
     @validate("kueue_queue_name")
     def _check_kueue_queue_name(self, proposal):
@@ -419,7 +440,7 @@ class GPUKubeSpawner(GPUSpawnerMixin, KubeSpawner):
 
         KubeSpawner shares one API client per event loop, so the hub's spawners share one reader.
         """
-        readers = self.hub_state.caches.kube_capacity
+        readers = self.hub_state.cache(KubeCaches).kube_capacity
         reader = readers.get(self.api)
         if reader is None:
             reader = readers[self.api] = ClusterCapacity(self.api, ttl=self.gpu_inventory_ttl,

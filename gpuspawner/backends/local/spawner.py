@@ -41,6 +41,7 @@ from ...gpu import nvidia_visible_devices
 from ...marks import marks
 from ..base import GPUSpawnerMixin, user_error
 from .accounts import LocalAccounts
+from .caches import LocalCaches
 from .starts import LocalStarts
 
 
@@ -63,15 +64,19 @@ class _LocalGPUs(LocalStarts, LocalAccounts, GPUSpawnerMixin):
     gpu_isolation = Unicode(
         "auto",
         help="""
-        How a server is kept off other users' GPUs beyond ``CUDA_VISIBLE_DEVICES``:
-        ``"auto"`` (default): the kernel refuses every GPU device node but the server's own
-        where the hub runs as root and the host offers a device controller: a cgroup per
-        server under a writable cgroup v1 ``devices`` controller, else (systemd as PID 1 and
-        ``systemd-run`` installed, the usual cgroup v2 host) a transient systemd scope per
-        server with ``DevicePolicy=closed`` and ``DeviceAllow=`` for its own ``/dev/nvidiaN``,
-        the shared NVIDIA nodes and its MIG capability nodes; otherwise advisory only, with
-        a warning in the log and on the admin overview. ``"required"``: refuse to start
-        servers when the kernel cannot enforce it; ``"off"``: environment variables only.
+        How a server (and a notebook GPU job) is kept off other users' GPUs beyond
+        ``CUDA_VISIBLE_DEVICES``. ``"auto"`` (default): the kernel refuses every GPU device
+        node but the start's own, where the host lets the hub do it: a device cgroup per
+        start where a cgroup v1 ``devices`` controller is mounted and the hub may write to
+        it, else, where systemd is PID 1, the hub runs as root and ``systemd-run`` is
+        installed (the usual cgroup v2 host), a transient systemd scope per start with
+        ``DevicePolicy=closed`` and ``DeviceAllow=`` for its own ``/dev/nvidiaN``, the shared
+        NVIDIA nodes and its MIG capability nodes; otherwise advisory only, with a warning
+        in the log and on the admin overview. A GPU whose device number is not known (NVML
+        gave none; ``minor_number`` missing in ``static_gpus``) is not fenced either (logged).
+        ``"required"``: such a start is refused with HTTP 503 saying why (the hub itself
+        starts). ``"off"``: environment variables only (logged at hub start). Any other
+        value is refused at hub start.
         """,
     ).tag(config=True)
 
@@ -94,7 +99,7 @@ class _LocalGPUs(LocalStarts, LocalAccounts, GPUSpawnerMixin):
         start's GPUs out of service: held, and shown on the admin overview (``/hub/gpus``,
         ``/hub/api/gpus``) with the processes and why, until the hub finds them gone (see
         ``fence_retry_interval``); until then that server is refused a new start with a
-        sentence saying so.
+        sentence saying so. A finite number above 0.
         """,
     ).tag(config=True)
 
@@ -103,23 +108,26 @@ class _LocalGPUs(LocalStarts, LocalAccounts, GPUSpawnerMixin):
         help="""
         Seconds between the hub's attempts to end what a stopped server or job left
         behind while its GPUs are out of service (see ``fence_end_timeout``); the GPUs go
-        back to service at the first attempt that finds no process left.
+        back to service at the first attempt that finds no process left. A finite number
+        above 0.
         """,
     ).tag(config=True)
 
     @validate("fence_end_timeout", "fence_retry_interval")
-    def _check_positive(self, proposal):
-        if proposal["value"] <= 0:
-            raise TraitError(f"{proposal['trait'].name} must be > 0 seconds, not {proposal['value']}")
+    def _check_fence_seconds(self, proposal):  # not _check_positive: that name would hide the queue's validator
+        if not 0 < proposal["value"] < float("inf"):
+            raise TraitError(f"{proposal['trait'].name} must be a finite number of seconds > 0, "
+                             f"not {proposal['value']}")
         return proposal["value"]
 
     allow_root_servers = Bool(
         False,
         help="""
         Let servers run as root. By default they never do: gpu-local-simple, which runs
-        every server as the hub's own user, refuses to start a hub that runs as root
+        every server as the hub's own user, refuses every start on a hub that runs as root
         (a server as root can leave any fence, read the hub's database and open every
-        GPU), and gpu-local refuses to start a server whose account is root. Set it only
+        GPU), and with ``gpuspawner.hub.setup.configure(c)`` such a hub stops at start
+        saying so; gpu-local refuses to start a server whose account is root. Set it only
         for a single-user machine or a throwaway demo; jupyter_server then also needs its
         own ``--allow-root`` in ``c.Spawner.args``.
         """,
@@ -148,7 +156,7 @@ class _LocalGPUs(LocalStarts, LocalAccounts, GPUSpawnerMixin):
         if state.get("gpu_spawn"):
             self.gpu_spawn_id = state["gpu_spawn"]
             self.port = int(state.get("port") or self.port)
-            self.hub_state.caches.local_starts[self.gpu_owner] = self.gpu_spawn_id
+            self.hub_state.cache(LocalCaches).local_starts[self.gpu_owner] = self.gpu_spawn_id
 
     def clear_state(self) -> None:
         # Not the mixin's: processes of this start may outlive the server (kernels), so its
@@ -180,7 +188,7 @@ class _LocalGPUs(LocalStarts, LocalAccounts, GPUSpawnerMixin):
         spawn = self.gpu_spawn_id
         if not self.pid and spawn:
             # the old hub died between starting the process and saving its pid
-            pid = self.hub_state.caches.local_pids.get(self.gpu_owner)
+            pid = self.hub_state.cache(LocalCaches).local_pids.get(self.gpu_owner)
             if pid:
                 self.pid = pid
         status = await super().poll()
@@ -251,7 +259,7 @@ class GPULocalProcessSpawner(_LocalGPUs, SystemAccounts, _InFence, LocalProcessS
         return pwd.getpwnam(self.account())
 
     async def ensure_account(self) -> None:
-        lock = self.hub_state.caches.local_account_locks.setdefault(self.account(), asyncio.Lock())
+        lock = self.hub_state.cache(LocalCaches).local_account_locks.setdefault(self.account(), asyncio.Lock())
         async with lock:  # two servers of one user start at once: one useradd
             await SystemAccounts.ensure_account(self)
 

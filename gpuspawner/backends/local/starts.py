@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from ...owner import Owner, user_of
 from ..base import user_error
+from .caches import LocalCaches
 from .fence import DeviceFence, Isolation, detect
 from .fence_starts import StartRecord
 from .fence_systemd import ScopeFence, scope_command
@@ -45,7 +46,7 @@ class LocalStarts:
 
     def _isolation(self) -> Isolation:
         """How this host isolates servers' GPUs, detected once per hub."""
-        caches = self.hub_state.caches
+        caches = self.hub_state.cache(LocalCaches)
         if caches.local_isolation is None:
             caches.local_isolation = detect()
         return caches.local_isolation
@@ -58,7 +59,7 @@ class LocalStarts:
             kernel = {"cgroup-v1": DeviceFence, "systemd": ScopeFence}.get(mechanism)
             return StartFence(kernel(self.gpu_hub_id) if kernel else None, MarkedStarts(self.gpu_hub_id))
 
-        fences = self.hub_state.caches.local_fences
+        fences = self.hub_state.cache(LocalCaches).local_fences
         if mechanism not in fences:
             fences[mechanism] = make()
         return fences[mechanism]
@@ -82,8 +83,8 @@ class LocalStarts:
             self.log.warning("gpu-local: %s", isolation.note)
         starts = await asyncio.to_thread(live_starts, self._fences(), self.gpu_hub_id)
         state = self.hub_state
-        recorded = state.caches.local_starts
-        found_pids = state.caches.local_pids
+        recorded = state.cache(LocalCaches).local_starts
+        found_pids = state.cache(LocalCaches).local_pids
         ledger = self.ledger
         before = ledger.allocations()
         # Nothing is placed before this runs (spawns wait for it): what the ledger holds came
@@ -108,7 +109,7 @@ class LocalStarts:
                     "(the hub stopped while it was starting or stopping it); its GPUs %s stay held until they "
                     "are gone", _pids(start.pids), start.owner, ", ".join(start.uuids) or "none",
                 )
-                state.caches.local_orphans.add(asyncio.ensure_future(self._end_orphan(start)))
+                state.cache(LocalCaches).local_orphans.add(asyncio.ensure_future(self._end_orphan(start)))
             if conflict:
                 self.log.error("gpu-local: GPUs %s are used by two live servers (%s among them)",
                                ", ".join(conflict), start.owner)

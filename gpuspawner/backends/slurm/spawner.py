@@ -44,6 +44,7 @@ from ...placement import GPURequest, PlacementError
 from ...profiles import Choice, load_profiles
 from ...reconcile import Workload
 from ..base import GPUSpawnerMixin, checked_cuda_map, user_error
+from .caches import SlurmCaches
 from .capacity import UNTYPED, GresTypes, NeverFits, choose_type, cuda_constraint, gpu_availability, parse_gres
 from .commands import SlurmReader, prefixed, run_command_line
 from .cuda import CudaNeed, DriverCuda
@@ -102,10 +103,13 @@ class GPUSlurmSpawner(GPUSpawnerMixin, SystemAccounts, SlurmSpawner):
         help="""
         Model slug -> Slurm GRES type, for sites whose GRES types are not the model
         slugs users should pick: ``{"a100": "nvidia_a100-sxm4-80gb", "t4": "tesla_t4"}``.
-        A type not listed is its own slug (lower-cased), so ``gpu:a100:2`` in
-        ``gres.conf`` is offered as model ``a100`` and asked for as ``--gres=gpu:a100:N``.
-        Profiles' ``gpu_models`` name slugs. GPUs of no type (``gpu:4``) are offered
-        as model ``gpu`` and asked for as ``--gres=gpu:N``.
+        A type not listed is offered as its own model slug (lower case, vendor words such as
+        ``nvidia`` and ``tesla`` dropped, other characters between words made ``-``), so
+        ``gpu:a100:2`` in ``gres.conf`` is offered as model ``a100`` and asked for as
+        ``--gres=gpu:a100:N``, and ``gpu:tesla_t4:1`` as model ``t4``. Profiles' ``gpu_models``
+        name slugs. GPUs of no type (``gpu:4``) are offered as model ``gpu`` and asked for as
+        ``--gres=gpu:N``. A value that is no GRES type name (letters, digits, ``_``, ``.``,
+        ``-``) is refused at hub start.
         """,
     ).tag(config=True)
 
@@ -125,6 +129,7 @@ class GPUSlurmSpawner(GPUSpawnerMixin, SystemAccounts, SlurmSpawner):
         "CUDA Version" on those nodes). A node feature says it per node and wins over this
         map: ``Feature=cuda12.4`` in ``slurm.conf`` (also ``cuda_12.4``, ``cuda-12.4``).
         A node known by neither is never the reason for a refusal. See ``environment_cuda``.
+        A value that is no CUDA version is refused at hub start.
         """,
     ).tag(config=True)
 
@@ -137,7 +142,10 @@ class GPUSlurmSpawner(GPUSpawnerMixin, SystemAccounts, SlurmSpawner):
         or an image's ``NVIDIA_REQUIRE_CUDA`` value. The chosen image's entry counts, else the
         profile's. A GPU request whose every fitting node has a driver older than that
         (``slurm_driver_cuda``, node features) is refused with HTTP 409 before anything is
-        submitted; when other GPU types would do, one whose nodes' driver is new enough is asked for.
+        submitted; when other GPU types would do, one whose nodes' driver is new enough is asked for,
+        and where only some nodes of a type are new enough, the job's ``--constraint`` names their
+        ``cuda`` features (where the nodes declare them). A value that is no CUDA requirement is
+        refused at hub start.
         """,
     ).tag(config=True)
 
@@ -148,11 +156,22 @@ class GPUSlurmSpawner(GPUSpawnerMixin, SystemAccounts, SlurmSpawner):
     home_dir_template = Unicode(
         "",
         help="""
-        The directory a job starts in and writes its log to (``{username}`` is replaced),
-        for users the hub host's user database does not know. Empty: the user's home
-        directory from that database, as batchspawner does.
+        The directory a job starts in and writes its log to, and its ``HOME``
+        (``{username}`` is replaced by the hub user's name; no other ``{...}``), for users
+        the hub host's user database does not know. Empty: the user's home directory from
+        that database, as batchspawner does. Not used with ``create_system_users`` (the
+        account's home under ``system_user_home``).
         """,
     ).tag(config=True)
+
+    @validate("home_dir_template")
+    def _check_home_dir_template(self, proposal):
+        try:
+            proposal["value"].format(username="user")
+        except (KeyError, IndexError, ValueError) as e:
+            raise TraitError(f"home_dir_template {proposal['value']!r}: only {{username}} can be filled in "
+                             f"({type(e).__name__}: {e})") from e
+        return proposal["value"]
 
     slurm_cancel_orphans = Bool(
         True,
@@ -333,7 +352,7 @@ class GPUSlurmSpawner(GPUSpawnerMixin, SystemAccounts, SlurmSpawner):
             key, make = ("", why), lambda: SlurmReader(problem=why)
         else:
             key, make = ("prefix", prefix), lambda: SlurmReader(prefix, ttl=self.gpu_inventory_ttl)
-        readers = self.hub_state.caches.slurm_readers
+        readers = self.hub_state.cache(SlurmCaches).slurm_readers
         if key not in readers:
             readers[key] = make()
         return readers[key]
@@ -632,8 +651,7 @@ class GPUSlurmSpawner(GPUSpawnerMixin, SystemAccounts, SlurmSpawner):
             job_id = (row.state or {}).get("job_id")
             if job_id and row.user is not None:
                 owners.setdefault(str(Owner.of_server(row.user.name, row.name)), set()).add(str(job_id))
-        manager = self.hub_state.jobs
-        store = manager.store if manager is not None else JobStore(self.db.get_bind())
+        store = self.hub_state.cache(JobStore, lambda: JobStore(self.db.get_bind()))
         for record in store.list(active_only=True, limit=100_000):
             if record.handle.get("slurm_job"):
                 owners.setdefault(str(Owner.of_job(record.user, record.id)), set()).add(str(record.handle["slurm_job"]))

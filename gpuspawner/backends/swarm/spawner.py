@@ -71,7 +71,10 @@ class GPUSwarmSpawner(GPUDockerSpawner, SwarmSpawner):
         help="""
         The Swarm node label that names the model of the node's GPUs, as NVML names it
         (``docker node update --label-add org.gpuspawner.gpu-model="NVIDIA A100 80GB PCIe"``).
-        A service asking for GPUs is constrained to nodes whose label is that model.
+        The hub's GPUs are the ``NVIDIA-GPU`` generic resources (GPU UUIDs) of the swarm's
+        ready, active nodes (this replaces ``gpu_inventory``), named by this label ("Unknown
+        GPU" where a node lacks it); a service asking for GPUs is constrained to nodes whose
+        label is the chosen model (a constraint on this label from configuration is replaced).
         """,
     ).tag(config=True)
 

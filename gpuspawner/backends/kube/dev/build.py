@@ -29,13 +29,14 @@ def kube_version() -> str:
     return os.environ.get("GPUSPAWNER_KUBE_VERSION") or KUBE_VERSION
 
 
-def cache_root() -> Path:
-    """Where built control planes are kept, one folder per version (``GPUSPAWNER_KUBE_CACHE`` overrides)."""
-    configured = os.environ.get("GPUSPAWNER_KUBE_CACHE")
+def cache_root(tool: str = "kube") -> Path:
+    """Where the built ``tool`` (``"kube"``: the control plane; ``"kueue"``) is kept, one folder per
+    version: ``$GPUSPAWNER_<TOOL>_CACHE``, else ``gpuspawner/<tool>`` in ``$XDG_CACHE_HOME`` (``~/.cache``)."""
+    configured = os.environ.get(f"GPUSPAWNER_{tool.upper()}_CACHE")
     if configured:
         return Path(configured)
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "gpuspawner" / "kube"
+    return Path(base) / "gpuspawner" / tool
 
 
 def bin_dir(version: str | None = None) -> Path:

@@ -30,6 +30,8 @@ from pathlib import Path
 
 from .api import _certificate, _new_key, _pem_cert, _pem_key
 
+#: the port of each node's kubelet API (the node status' ``daemonEndpoints``)
+KUBELET_PORT = 10250
 PROTOCOLS = ("v5.channel.k8s.io", "v4.channel.k8s.io")
 STDIN, STDOUT, STDERR, ERROR, RESIZE, CLOSE = 0, 1, 2, 3, 4, 255
 
@@ -72,7 +74,7 @@ class KubeletServer:
     """The fake nodes' kubelet API, one HTTPS listener per node address, in a thread of its own."""
 
     def __init__(self, kubelet) -> None:
-        self.kubelet = kubelet
+        self.kubelet = kubelet  # the FakeKubelet it serves: its pki, runner and errors
         self.loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._runner = None
@@ -97,8 +99,6 @@ class KubeletServer:
     def serve(self, name: str, address: str) -> None:
         """Listen on ``address``:10250 for node ``name``, with a serving certificate for that address."""
         from aiohttp import web
-
-        from .kubelet import KUBELET_PORT
 
         self.start()
         if name in self._sites:

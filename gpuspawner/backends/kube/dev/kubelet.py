@@ -11,13 +11,12 @@ import urllib.parse
 from pathlib import Path
 
 from .api import Client, _now, _now_micro
+from .exec import KUBELET_PORT, KubeletServer, free_octet
 
 #: how often the fake kubelet renews its nodes' Leases (the kubelet: a quarter of the lease duration)
 LEASE_RENEW_SECONDS = 3
 LEASE_DURATION_SECONDS = 40
 LABEL_FAKE = "gpuspawner.dev/fake-node"
-#: the port of each node's kubelet API (the node status' ``daemonEndpoints``)
-KUBELET_PORT = 10250
 
 # --- fake GPU nodes ---------------------------------------------------------------------------------
 
@@ -93,8 +92,6 @@ class FakeKubelet:
 
     def __init__(self, server: str, pki: Path, runner: PodRunner | None = None, poll: float = 0.2,
                  version: str = "", octet: int | None = None) -> None:
-        from .exec import KubeletServer, free_octet
-
         self.server = server
         self.pki = pki
         self.runner = runner or PodRunner()

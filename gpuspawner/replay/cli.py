@@ -1,0 +1,67 @@
+"""``python -m gpuspawner.replay``: the command line (every trace parameter is an option)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+
+from .report import chart, table
+from .simulation import Result, default_policies, replay
+from .trace import OFFICE_HOURS, TraceParams, gpus, load_history, offered_load, synthetic_trace
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    defaults = TraceParams()
+    summary = (sys.modules[__package__].__doc__ or "").split("\n\n")[0]  # the package's first paragraph
+    p = argparse.ArgumentParser(prog="python -m gpuspawner.replay", description=summary)
+    p.add_argument("--gpus", default="a100=8,t4=8", help="the GPUs: MODEL=COUNT,... (hosts of 4; a100, t4)")
+    p.add_argument("--history", help="replay GET /hub/api/gpus/usage?by=allocation output (.json or .csv) "
+                                     "instead of a synthetic trace")
+    for name in ("load", "hours", "session_hours", "active_minutes", "pause_minutes", "cpu_share",
+                 "break_share", "abandon_share", "tab_open_share", "batch_share", "batch_hours"):
+        p.add_argument("--" + name.replace("_", "-"), type=float, default=getattr(defaults, name),
+                       help=f"trace parameter (default {getattr(defaults, name)})")
+    p.add_argument("--users", type=int, default=defaults.users, help=f"users (default {defaults.users})")
+    p.add_argument("--seed", type=int, default=defaults.seed, help="random seed of the synthetic trace's first day")
+    p.add_argument("--days", type=int, default=5,
+                   help="synthetic days replayed (seeds SEED, SEED+1, ...); the figures pool them (default 5)")
+    p.add_argument("--office-hours", action="store_true",
+                   help="arrivals peaking at twice the day's mean from 9 to 17 h (default: 1.4 times)")
+    p.add_argument("--timeouts", default="10,15,20,30,60,120", help="culler idle timeouts to sweep, minutes")
+    p.add_argument("--chart", help="write a PNG of busy/idle/free GPUs over the day (needs matplotlib)")
+    p.add_argument("--json", action="store_true", help="print the figures as JSON")
+    p.add_argument("--markdown", action="store_true", help="print the table as Markdown")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> list[Result]:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    inventory = gpus(args.gpus)
+    if args.history:
+        days = [load_history(args.history)]
+    else:
+        fields = {k: getattr(args, k) for k in TraceParams.__dataclass_fields__ if hasattr(args, k)}
+        if args.office_hours:
+            fields["hourly_weights"] = OFFICE_HOURS
+        days = [synthetic_trace(TraceParams(**{**fields, "seed": args.seed + d}), len(inventory))
+                for d in range(args.days)]
+    timeouts = [float(m) * 60 for m in args.timeouts.split(",") if m.strip()]
+    results = [replay(days, inventory, policy, args.hours) for policy in default_policies(timeouts)]
+    sessions = sum(len(d) for d in days)
+    load = statistics.mean(offered_load(d, len(inventory), args.hours) for d in days)
+    if args.json:
+        print(json.dumps({"offered_load": round(load, 3), "sessions": sessions, "days": len(days),
+                          "results": [r.row() for r in results]}, indent=1))
+    else:
+        print(f"{sessions} sessions over {len(days)} day(s) of {args.hours:g} h on {len(inventory)} GPUs, "
+              f"offered load {100 * load:.0f}%")
+        print(table(results, markdown=args.markdown))
+    if args.chart:
+        shown = [r for r in results if r.policy in ("jupyterhub-default", "gpuspawner")]
+        if chart(shown, args.chart, len(inventory)):
+            print(f"chart: {args.chart}")
+        else:
+            print("chart: matplotlib is not installed (pip install matplotlib)", file=sys.stderr)
+    return results
