@@ -42,12 +42,16 @@ MAX_NUMBER = 2**53
 MAX_SHOWN = 100
 #: the most characters of a key that name a field in an error message
 _MAX_FIELD = 40
+#: the most characters of a nested field's path (``a.b.c``) in an error message
+_MAX_PATH = 60
 
 
 class OptionsError(ValueError):
     """A user choice, a request body or a profile definition that cannot be accepted; ``field`` names where."""
 
     def __init__(self, field: str, message: str) -> None:
+        if len(field) > _MAX_PATH:  # a deep path of long keys: its start names where
+            field = field[: _MAX_PATH - 3] + "..."
         super().__init__(f"{field}: {message}")
         self.field = field
 

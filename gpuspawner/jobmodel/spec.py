@@ -155,8 +155,8 @@ def parse_job(body: Any, max_time_limit: float) -> JobSpec:
         if isinstance(value, (bool, int)) or (isinstance(value, float) and math.isfinite(value)):
             continue
         if not isinstance(value, str) or len(value) > _MAX_TEXT:
-            raise OptionsError(f"parameters.{name}", f"values are strings (at most {_MAX_TEXT} characters), "
-                                                     "finite numbers or booleans")
+            raise OptionsError(f"parameters.{field_name(name)}",
+                               f"values are strings (at most {_MAX_TEXT} characters), finite numbers or booleans")
     kernel = body.get("kernel")
     if kernel is not None and (not isinstance(kernel, str) or not _KERNEL.fullmatch(kernel)):
         raise OptionsError("kernel", "must be a kernel name such as 'python3'")

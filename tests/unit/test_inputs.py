@@ -59,6 +59,7 @@ def assert_short_refusal(e: OptionsError, body: object, fields: set[str]) -> Non
     """The refusal names a field of the body (or the body), in a short sentence that repeats little of it."""
     message = str(e)
     assert message.startswith(f"{e.field}: "), message
+    assert len(e.field) <= 60, e.field  # a field's path names at most 40 characters of any key in it
     assert len(message) <= MAX_MESSAGE, message
     assert echoes_too_much(message, body) is None, message[:200]
     keys = {field_name(k) for k in body} if isinstance(body, dict) else set()
@@ -184,6 +185,7 @@ def test_any_job_body_gives_a_json_safe_spec_or_a_short_refusal(body):
     ({"notebook": "a.ipynb", "time_limit": 10**300}, "time_limit"),
     ({"notebook": "a.ipynb", "parameters": {"n": 10**300}}, "parameters.n"),
     ({"notebook": "a.ipynb", "parameters": {"n": float("nan")}}, "parameters.n"),
+    ({"notebook": "a.ipynb", "parameters": {"p" * 64: None}}, "parameters." + "p" * 40),  # found by Hypothesis
     ({"notebook": f"{SURROGATE}.ipynb"}, "notebook"),
     ({"notebook": "a.ipynb", "name": f"x{SURROGATE}"}, "name"),
     ({"notebook": "a.ipynb", "outputs": {"ipynb": "."}}, "outputs.ipynb"),
