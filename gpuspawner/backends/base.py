@@ -1,72 +1,52 @@
-"""The mixin every gpuspawner backend shares.
+"""The mixin every gpuspawner backend shares: :class:`GPUSpawnerMixin`.
 
-It owns what is the same whatever runs the server: profiles and the spawn form,
-checking user_options, reserving exact GPUs in the hub's ledger before start,
-keeping them in spawner state across hub restarts, and giving them back on
-stop and on every failed start. A backend subclass only turns
-``self.gpu_allocation`` into its runtime's options (environment variables,
-device requests, pod resources).
+It owns what is the same whatever runs the server: profiles and the spawn form
+(:mod:`~gpuspawner.backends.options`), checking user_options, reserving GPUs in the
+hub's ledger before start, keeping them in spawner state across hub restarts
+(:mod:`~gpuspawner.backends.saved_state`), giving them back on stop and on every
+failed start, and reconciling the ledger with what runs
+(:mod:`~gpuspawner.backends.reconciling`).
 
-Where the cluster holds the truth of what runs (``reconciles_with_cluster``:
-gpu-slurm, gpu-kube, gpu-docker, gpu-swarm), the mixin also reconciles the
-ledger with it, at start and every ``gpu_reconcile_interval`` seconds, in one
-way for all of them (:mod:`gpuspawner.reconcile` decides): a backend only says
-how it lists this hub's live workloads (:meth:`GPUSpawnerMixin.live_workloads`),
-which ones the hub's database names, and how it ends an orphan.
+Reservation has one path, :meth:`GPUSpawnerMixin.reserve_gpus` (a template method), and
+one hook a backend implements, :meth:`GPUSpawnerMixin.claim`: what it takes for a
+choice, as a :class:`~gpuspawner.backends.claim.Claim` (exact GPUs where the hub
+places; a counted cluster resource where the cluster places). The backend then applies
+the Claim to its workload (:meth:`GPUSpawnerMixin.apply_claim`: environment variables,
+device requests, pod resources, sbatch ``--gres``). Where the runtime picks other GPUs
+than the hub's claim named (gpu-swarm), :meth:`GPUSpawnerMixin.correct_claim` is the
+explicit second step.
 """
 
 from __future__ import annotations
 
 import asyncio
-import sys
 import uuid
-from collections.abc import Mapping, Sequence
-from types import SimpleNamespace
-from typing import Any
+from collections.abc import Sequence
 
-from jinja2 import Environment, PackageLoader, select_autoescape
-from jupyterhub.utils import maybe_future
-from sqlalchemy.orm import Session, object_session
-from tornado import web
-from traitlets import Bool, Dict, List, TraitError, default, observe, validate
+from sqlalchemy.orm import Session
+from traitlets import Bool, Dict, List, TraitError, validate
 from traitlets.config import Application
 
 from ..compat import min_cuda
-from ..form import form_context, has_choices
-from ..gpu import GPU, gpu_from_record
+from ..gpu import GPU
 from ..inventory import CachedInventory
 from ..ledger import Ledger
-from ..owner import Owner, user_of
+from ..owner import Owner
 from ..placement import GPURequest, PlacementError, never_fits
-from ..profiles import (
-    OPTION_KEYS,
-    Choice,
-    OfferedImages,
-    OptionsError,
-    Profile,
-    is_form_field,
-    load_profiles,
-    options_from_form,
-    parse_options,
-)
-from ..reconcile import Plan, Workload, plan
+from ..profiles import Choice, OptionsError, Profile, load_profiles
 from ..state import GPUHubSettings, HubState, hub_state
+from .claim import Claim
+from .errors import user_error
+from .options import GPUOptionsMixin
 from .policies import GPUPolicyMixin
+from .reconciling import GPUReconcileMixin
+from .saved_state import GPUStateMixin
+from .startup import check_configuration_at_hub_start
 
-_templates = Environment(
-    loader=PackageLoader("gpuspawner", "templates"),
-    autoescape=select_autoescape(["html"]),
-)
-
-
-def user_error(status: int, message: str) -> web.HTTPError:
-    """An HTTP error whose message JupyterHub shows to the user as it is."""
-    error = web.HTTPError(status, "%s", message)
-    error.jupyterhub_message = message
-    return error
+__all__ = ["Claim", "GPUSpawnerMixin", "checked_cuda_map", "user_error"]
 
 
-class GPUSpawnerMixin(GPUPolicyMixin, GPUHubSettings):
+class GPUSpawnerMixin(GPUOptionsMixin, GPUReconcileMixin, GPUStateMixin, GPUPolicyMixin, GPUHubSettings):
     """GPU profiles, placement and the GPU ledger for any JupyterHub spawner."""
 
     gpu_profiles = List(
@@ -253,186 +233,6 @@ class GPUSpawnerMixin(GPUPolicyMixin, GPUHubSettings):
     def gpu_uuids(self) -> tuple[str, ...]:
         return tuple(g.uuid for g in self.gpu_allocation)
 
-    # ------------------------------------------------------------ the form
-    #
-    # A site's own Spawner hooks compose with gpuspawner's; none is replaced silently:
-    # ``options_form`` (the site's form is shown below the GPU choices), ``options_from_form``
-    # (the site's function reads the form's other fields; its keys are added to the GPU ones)
-    # and ``apply_user_options`` (run after gpuspawner has checked and applied the GPU keys).
-    # Where gpuspawner's form is the parent's own form (gpu-kube: KubeSpawner's profile form),
-    # the site's form and form reader replace it, as they replace the parent's.
-
-    #: True where gpuspawner's form stands in for the parent spawner's own (gpu-kube): a site's
-    #: ``options_form`` and ``options_from_form`` then replace it, as on the parent, and it is
-    #: drawn even with nothing to choose, as the parent draws its own.
-    form_is_the_parents = False
-
-    @default("options_form")
-    def _gpu_default_options_form(self):
-        return self._render_options_form
-
-    async def get_options_form(self) -> str:
-        """The spawn form: the GPU choices, then the site's own ``options_form`` if it set one.
-
-        Empty (JupyterHub then starts the server without a form) when there is nothing to
-        choose and the site has no form: one profile, one GPU count, no model or image to pick.
-        """
-        theirs = self.options_form
-        if theirs == self._render_options_form:
-            return await self._render_options_form()
-        if callable(theirs):
-            theirs = await maybe_future(theirs(self))
-        if self.form_is_the_parents:
-            return theirs or ""
-        return await self._render_options_form() + (theirs or "")
-
-    async def _render_options_form(self, spawner=None) -> str:
-        try:
-            await self.ensure_reconciled()
-        except Exception as e:  # the form still renders; a spawn will say what is wrong
-            self.log.warning("%s: ledger not reconciled yet: %s", self._log_name, e)
-        context = await self.options_form_context()
-        if not (self.form_is_the_parents or has_choices(context)):
-            return ""
-        return _templates.get_template("form.html").render(**context)
-
-    async def options_form_context(self) -> dict:
-        """What the form shows; backends that count GPUs their own way override this."""
-        reading = await self.inventory.read()
-        return form_context(self.profiles, reading, self.ledger.held(), self.user_options or {},
-                            offered_images=self.offered_images(), default_image=self.default_image())
-
-    async def offered_models(self) -> set[str]:
-        """The model slugs users may pick (``gpu_model``); backends override with their inventory."""
-        reading = await self.inventory.read()
-        return {g.model for g in reading.gpus}
-
-    def offered_images(self) -> OfferedImages:
-        """The images a profile without ``images`` offers (:data:`~gpuspawner.profiles.OfferedImages`):
-        none here; gpu-docker offers DockerSpawner's ``allowed_images``."""
-        return None
-
-    def default_image(self) -> str | None:
-        """The image a server gets when the user picks none (preselected among :meth:`offered_images`)."""
-        return None
-
-    async def gpus_found(self) -> bool:
-        """Whether this hub found any GPU to give out. Where it found none (NVML finds none, an
-        empty static inventory, a cluster without GPU nodes), the profiles that run without a GPU
-        are offered and are the default (:func:`~gpuspawner.profiles.without_gpus`)."""
-        return not (await self.options_form_context())["no_gpus"]
-
-    @default("options_from_form")
-    def _gpu_default_options_from_form(self):
-        return self.gpu_options_from_form
-
-    def gpu_options_from_form(self, formdata) -> dict:
-        """gpuspawner's spawn-form fields as user_options (400 naming a malformed field).
-
-        Backends whose form names its fields otherwise (gpu-kube) override this and
-        :meth:`gpu_form_field`.
-        """
-        try:
-            return options_from_form(formdata)
-        except OptionsError as e:
-            raise user_error(400, str(e)) from e
-
-    def gpu_form_field(self, name: str) -> bool:
-        """Whether the spawn form field ``name`` is gpuspawner's (not the site's own form's)."""
-        return is_form_field(name, [p.slug for p in self.all_profiles()])
-
-    def run_options_from_form(self, form_data):
-        """A submitted spawn form as user_options.
-
-        gpuspawner's fields give the GPU options. A site's own ``options_from_form``
-        (``c.Spawner.options_from_form``) is called, as JupyterHub calls it, with the
-        form's other fields, and its keys are added; where both give a key, the site's wins.
-        Where the form is the parent's (``form_is_the_parents``), the site's reads it all and
-        its answer is the user_options, as on the parent.
-        """
-        if self.options_from_form == self.gpu_options_from_form:
-            return self.gpu_options_from_form(form_data)
-        if self.form_is_the_parents:
-            return super().run_options_from_form(form_data)
-        ours = {key: value for key, value in form_data.items() if self.gpu_form_field(key)}
-        theirs = {key: value for key, value in form_data.items() if key not in ours}
-        options = self.gpu_options_from_form(ours)
-        options.update(super().run_options_from_form(theirs))
-        return options
-
-    def options_from_query(self, query_data):
-        """``/hub/spawn?profile=gpu&gpus=2``: read as a submitted form is."""
-        return self.run_options_from_form(query_data)
-
-    def site_reads_options(self) -> bool:
-        """Whether the site's own hooks read user_options keys of their own (its ``options_form``,
-        ``options_from_form`` or ``apply_user_options`` is configured): those keys are then kept
-        for them, not refused."""
-        return (self.apply_user_options is not None
-                or self.options_from_form != self.gpu_options_from_form
-                or self.options_form != self._render_options_form)
-
-    # ------------------------------------------------------------ user options
-
-    #: the user_options before this spawn's (JupyterHub saves a spawn's options before checking them)
-    _gpu_previous_options: dict | None = None
-
-    @observe("user_options")
-    def _remember_previous_options(self, change) -> None:
-        self._gpu_previous_options = change["old"] if isinstance(change["old"], dict) else {}
-
-    async def _run_apply_user_options(self, user_options):
-        """JupyterHub's step that applies a spawn's user_options (JupyterHub >= 5.3).
-
-        First :meth:`_apply_gpu_options` (400 on bad input), then the site's own
-        ``apply_user_options`` hook, if any, as JupyterHub runs it (a dict hook is given
-        only the keys it names besides the site's own). A refused request leaves the
-        server's saved options as they were (JupyterHub stored them before asking), so
-        nothing refused is kept, and every later answer about the server (its model, the
-        form) is valid JSON.
-        """
-        try:
-            await self._apply_gpu_options(user_options)
-            hook = self.apply_user_options
-            if isinstance(hook, dict):
-                user_options = {k: v for k, v in user_options.items() if k in hook or k not in OPTION_KEYS}
-            elif hook is None:  # JupyterHub warns about keys nobody handles: gpuspawner handled its own
-                user_options = {k: v for k, v in user_options.items() if k not in OPTION_KEYS}
-            await super()._run_apply_user_options(user_options)
-        except web.HTTPError:
-            self._restore_previous_options()
-            raise
-
-    def _restore_previous_options(self) -> None:
-        previous = dict(self._gpu_previous_options or {})
-        self.user_options = previous
-        orm_spawner = getattr(self, "orm_spawner", None)
-        if orm_spawner is not None and orm_spawner.user_options != previous:
-            orm_spawner.user_options = previous
-            session = object_session(orm_spawner)
-            if session is not None:
-                session.commit()
-
-    async def _apply_gpu_options(self, user_options: dict[str, Any]) -> None:
-        """Check user_options (form or REST) and apply the profile; 400 on bad input."""
-        models = await self.offered_models()
-        try:
-            choice = parse_options(user_options, self.profiles_for_options(user_options), models,
-                                   offered_images=self.offered_images(), no_gpus=not await self.gpus_found(),
-                                   site_keys=self.site_reads_options())
-        except OptionsError as e:
-            raise user_error(400, str(e)) from e
-        self.gpu_choice = choice
-        self.apply_profile(choice)
-        self.apply_queue_policy(choice)
-
-    def apply_profile(self, choice: Choice) -> None:
-        """Copy the profile's limits and image to the spawner; backends extend this."""
-        if choice.profile.cpu_limit is not None:
-            self.cpu_limit = float(choice.profile.cpu_limit)
-        if choice.profile.mem_limit is not None:
-            self.mem_limit = choice.profile.mem_limit
-
     # ------------------------------------------------------------ progress
 
     def gpu_event(self, message: str, progress: int) -> None:
@@ -453,29 +253,126 @@ class GPUSpawnerMixin(GPUPolicyMixin, GPUHubSettings):
                 break
             await asyncio.sleep(0.2)
 
-    # ------------------------------------------------------------ lifecycle
+    # ------------------------------------------------------------ reserving: one path, one hook
 
     async def reserve_gpus(self) -> tuple[GPU, ...]:
-        """Place this server's request and hold the GPUs; a refusal becomes HTTP 409."""
-        choice = self.gpu_choice
-        if choice is None:  # spawned without apply_user_options (should not happen on JupyterHub >= 5.3)
-            await self._apply_gpu_options(self.user_options or {})
-            choice = self.gpu_choice
+        """Reserve this start's GPUs: the one reservation path of every backend (a template method).
+
+        1. This start's choice (:meth:`choice_for_start`); its progress begins with
+           :meth:`claim_opening`.
+        2. The ledger made to agree with the runtime (:meth:`reconcile_before_claim`), and
+           whatever a failed earlier start of this server held given back.
+        3. The claim: nothing for a CPU-only choice (:meth:`claims_nothing`), else the
+           backend's hook :meth:`claim`. A :class:`~gpuspawner.placement.PlacementError` (no
+           room, a quota, a model the cluster lacks) is refused with HTTP 409 and its sentence,
+           in the progress too, and nothing is held.
+        4. The claim applied to the workload (:meth:`apply_claim`); its sentence in the progress.
+
+        Returns the exact GPUs held (none where the cluster places). Where the runtime then
+        gives other GPUs than the claim named, :meth:`correct_claim` is the second step.
+        Notebook GPU jobs come through here too (owner ``user/job/<id>``).
+        """
+        choice = await self.choice_for_start()
         self._gpu_events = []
-        self.gpu_event(f"Placing {self.describe_request(choice)}", 10)
-        await self.ensure_reconciled()
-        reading = await self.inventory.read()
-        self.ledger.release(self.gpu_owner)  # a failed earlier start of this server holds nothing
-        request = self.gpu_request(choice)
+        self.gpu_event(self.claim_opening(choice), 10)
+        await self.reconcile_before_claim(choice)
+        self.release_gpus()  # a failed earlier start of this server holds nothing
         try:
-            self.gpu_allocation = await self.place_request(reading, request, choice)
+            claim = Claim() if self.claims_nothing(choice) else await self.claim(choice)
         except PlacementError as e:
             self.gpu_event(f"Refused: {e}", 100)
             raise user_error(409, str(e)) from e
-        if self.gpu_allocation:
-            names = ", ".join(f"{g.name} #{g.index} ({g.uuid})" for g in self.gpu_allocation)
-            self.gpu_event(f"Reserved {len(self.gpu_allocation)} GPU(s) on {self.gpu_allocation[0].host}: {names}", 30)
+        self.gpu_allocation = claim.gpus
+        self.apply_claim(claim)
+        if claim.progress:
+            self.gpu_event(claim.progress, 30)
         return self.gpu_allocation
+
+    async def choice_for_start(self) -> Choice:
+        """This start's checked choice: the one JupyterHub's ``apply_user_options`` step made, else
+        made now from user_options (a spawn without that step). gpu-kube loads its options here."""
+        if self.gpu_choice is None:
+            await self._apply_gpu_options(self.user_options or {})
+        return self.gpu_choice
+
+    #: the first words of a start's progress, for a GPU request and for a CPU-only one ("{}": what is
+    #: asked for, as :meth:`describe_request` says it)
+    opening_words = ("Placing {}", "Placing {}")
+
+    def claim_opening(self, choice: Choice) -> str:
+        """The first words of this start's progress (:attr:`opening_words`)."""
+        return self.opening_words[0 if choice.gpus else 1].format(self.describe_request(choice))
+
+    async def reconcile_before_claim(self, choice: Choice) -> None:
+        """Make the ledger agree with the runtime before anything is taken (:meth:`ensure_reconciled`).
+
+        Its failure fails the start here; a backend says otherwise where it must (gpu-slurm
+        goes on: Slurm enforces its own limits; gpu-kube refuses with a sentence).
+        """
+        await self.ensure_reconciled()
+
+    def claims_nothing(self, choice: Choice) -> bool:
+        """Whether this start takes no GPU (a CPU-only choice): no :meth:`claim`, ``Claim()`` is applied."""
+        return not choice.gpus
+
+    async def claim(self, choice: Choice) -> Claim:
+        """The hook: take what ``choice`` needs and say what was taken.
+
+        Here, where the hub places (gpu-local, gpu-docker, gpu-swarm): exact GPUs of the
+        inventory, placed and held in the ledger within the quotas, after a wait in the hub's
+        queue for a ``queue: true`` profile (:meth:`place_request`). Where the cluster places
+        (gpu-kube, gpu-slurm), the backend counts a cluster resource instead
+        (:meth:`claim_cluster_gpus`). Raises :class:`~gpuspawner.placement.PlacementError`
+        with the sentence for the user; nothing is held then.
+        """
+        reading = await self.inventory.read()
+        gpus = await self.place_request(reading, self.gpu_request(choice), choice)
+        if not gpus:
+            return Claim()
+        names = ", ".join(f"{g.name} #{g.index} ({g.uuid})" for g in gpus)
+        return Claim(gpus=gpus, progress=f"Reserved {len(gpus)} GPU(s) on {gpus[0].host}: {names}")
+
+    def apply_claim(self, claim: Claim) -> None:
+        """Apply ``claim`` to this start's workload. Nothing here: the exact GPUs (``gpu_allocation``)
+        are read when the workload is made (environment, device requests, labels); gpu-kube and
+        gpu-slurm set their pod's resources and the job's ``--gres`` from it."""
+
+    #: who picks the exact GPUs after the hub's claim, in :meth:`correct_claim`'s words
+    picked_by = "The cluster"
+
+    async def assigned_gpus(self) -> tuple[str, ...]:
+        """The GPUs (UUIDs) the runtime gave this start, where it picks them after the hub's claim
+        (gpu-swarm); none (here) where the claim is what runs."""
+        return ()
+
+    def correct_claim(self, assigned: Sequence[str]) -> None:
+        """The second step, where the runtime picks the exact GPUs after the hub's claim (gpu-swarm:
+        Swarm gives a task GPUs of the model and count the hub claimed, not always the hub's pick):
+        hold ``assigned`` (UUIDs) instead, so the ledger, the admin's overview and the server's state
+        name the GPUs it really has. Nothing changes where ``assigned`` is empty or the claim's own.
+
+        The ledger changes one way: this owner's claim is released and ``assigned`` adopted. A GPU
+        of ``assigned`` another start in flight holds (the hub had picked it for them; the runtime
+        gave it here) comes here, and that start holds one of this claim's GPUs the runtime left
+        free instead, until its own correction. The state is saved; the progress says so.
+        """
+        if not assigned or set(assigned) == set(self.gpu_uuids):
+            return
+        reading = self.inventory.last_reading()
+        known = {g.uuid: g for g in (reading.gpus if reading else ())}
+        picked, ledger = self.gpu_uuids, self.ledger
+        ledger.release(self.gpu_owner)
+        for key in ledger.adopt(self.gpu_owner, assigned):
+            other = ledger.holder(key)
+            if other is None:
+                continue
+            theirs = [u for u in ledger.release(other) if u != key]
+            spare = [u for u in picked if u not in assigned and u not in theirs]
+            ledger.adopt(other, theirs + spare[:1])
+            ledger.adopt(self.gpu_owner, [key])
+        self.gpu_allocation = tuple(known[u] for u in assigned if u in known)
+        self.save_state()
+        self.gpu_event(f"{self.picked_by} assigned GPU(s) {', '.join(assigned)}", 65)
 
     def gpu_request(self, choice: Choice) -> GPURequest:
         """What placement is asked for this server's (or job's) ``choice``."""
@@ -518,7 +415,8 @@ class GPUSpawnerMixin(GPUPolicyMixin, GPUHubSettings):
             try:
                 self.save_state()  # the GPUs are in the database before anything is created
                 result = await super().start()
-                self.save_state()  # with what the backend learnt (pid, container)
+                self.correct_claim(await self.assigned_gpus())  # the second step, where the runtime picks
+                self.save_state()  # with what the backend learnt (pid, container, the runtime's GPUs)
                 return result
             except BaseException:
                 self.gpu_end_reason("failed")
@@ -537,208 +435,17 @@ class GPUSpawnerMixin(GPUPolicyMixin, GPUHubSettings):
         self.hub_state.usage.end_reason(self.gpu_owner, reason)
 
     async def stop(self, now: bool = False):
+        """The parent's stop, then the GPUs given back; where the workload may outlive what the hub knows
+        (``gpus_outlive_state``), a stop that failed gives nothing back: it may still run on its GPUs (a
+        later reconciliation settles it)."""
         with self.hub_state.flights.flying(self.gpu_owner):
             try:
                 await super().stop(now=now)
-            finally:
-                self.release_gpus()
-
-    # ------------------------------------------------------------ the runtime's truth
-
-    #: True where the cluster (or engine) holds the truth of what runs: the ledger is reconciled
-    #: with its list of this hub's workloads at start and every ``gpu_reconcile_interval`` seconds,
-    #: the shared way (:meth:`reconcile_with_cluster`). False: the backend reconciles once, its
-    #: own way (:meth:`reconcile_allocations`; gpu-local).
-    reconciles_with_cluster = False
-    #: how the log names this backend's workloads ("Slurm job", "pod", ...)
-    workload_word = "workload"
-
-    async def reconcile_allocations(self) -> None:
-        """Make the ledger hold what the runtime's servers really hold; backends override.
-
-        Runs once per hub (:meth:`ensure_reconciled`), before anything is placed.
-        """
-
-    async def live_workloads(self) -> Sequence[Workload]:
-        """This hub's live workloads as the cluster lists them (``reconciles_with_cluster`` backends)."""
-        raise NotImplementedError
-
-    async def recorded_workloads(self) -> Mapping[str, set[str]] | None:
-        """Owner -> the workload ids the hub's database names, for every server JupyterHub shows
-        running or starting and every active notebook job; None where the backend keeps no such
-        record (then every live workload is its owner's, and none is an orphan)."""
-        return None
-
-    def stops_orphans(self) -> bool:
-        """Whether a live workload no record names is ended (:meth:`end_orphan`) rather than adopted."""
-        return False
-
-    async def end_orphan(self, workload: Workload) -> None:
-        """End a live workload of this hub that no record names; log what was done."""
-        raise NotImplementedError
-
-    async def ensure_reconciled(self) -> None:
-        """Reconcile the ledger with the runtime once per hub; concurrent callers wait for it.
-
-        Where the cluster holds the truth, the hub state's timer reconciles again every
-        ``gpu_reconcile_interval`` seconds from then on.
-        """
-        state = self.hub_state
-        key = ("reconcile", type(self).__name__)
-        if self.reconciles_with_cluster:
-            await state.once(key, lambda: self.reconcile_with_cluster(first=True))
-            state.every(key, state.reconcile_interval, self._reconcile_again)
-            return
-
-        async def reconcile() -> None:
-            # an allocation released here and not adopted again was gone: usage records say "crashed"
-            with state.usage.reconciling(state.ledger.allocations):
-                await self.reconcile_allocations()
-
-        await state.once(key, reconcile)
-
-    async def _reconcile_again(self) -> None:
-        try:
-            await self.reconcile_with_cluster(first=False)
-        except Exception as e:  # the next round tries again; placement goes on meanwhile
-            self.log.warning("%s: the GPU ledger was not reconciled with the cluster this time (tried again in "
-                             "%g s): %s", self.backend_name, self.hub_state.reconcile_interval, e)
-
-    #: how this backend's log lines begin
-    backend_name = "gpuspawner"
-
-    async def reconcile_with_cluster(self, first: bool) -> Plan:
-        """One pass: read this hub's live workloads and its records, and make the ledger agree.
-
-        ``first``: the pass at hub start (charges found gone end as ``crashed`` in the usage
-        records; later passes: ``failed``, they ended while the hub ran). Owners whose start or
-        stop is in flight at any moment of the pass are left alone (:mod:`gpuspawner.reconcile`).
-        Passes of one hub never overlap.
-        """
-        state = self.hub_state
-        async with state.reconcile_locks.setdefault(type(self).__name__, asyncio.Lock()):
-            began = state.flights.mark()
-            ledger = state.ledger
-            held = ledger.allocations()
-            since = {owner: ledger.since(owner) for owner in held}
-            live = await self.live_workloads()
-            recorded = await self.recorded_workloads()
-            stop = self.stops_orphans()
-            result = plan(held, live, recorded, state.flights.since(began), adopt_orphans=not stop)
-            self._apply_plan(result, held, since, first, stop)
-            state.flights.forget(began)
-            if stop:
-                for workload in result.orphans:
-                    await self.end_orphan(workload)
-        if first:
-            self.log.info("%s: GPU ledger reconciled with %d live %s(s) of this hub: %d owner(s) hold %d GPU(s)",
-                          self.backend_name, len(live), self.workload_word, len(ledger.allocations()),
-                          sum(len(k) for k in ledger.allocations().values()))
-        return result
-
-    def _apply_plan(self, result: Plan, held: Mapping[str, tuple[str, ...]], since: Mapping[str, float | None],
-                    first: bool, stop: bool) -> None:
-        """Change the ledger as ``result`` says, only for owners whose charge nothing changed meanwhile."""
-        state = self.hub_state
-        ledger = state.ledger
-
-        def unchanged(owner: str) -> bool:
-            return ledger.allocations().get(owner) == held.get(owner) and ledger.since(owner) == since.get(owner)
-
-        freed: list[str] = []
-        adopted = {w.owner: w for w in result.adopted}
-        orphans = {w.owner for w in result.orphans}
-        with state.usage.reconciling(ledger.allocations, "crashed" if first else "failed"):
-            for owner in result.release:
-                if unchanged(owner):
-                    freed += ledger.release(owner)
-                    self.log.warning("%s: %s's GPU charge (%d) freed: no live %s of it", self.backend_name, owner,
-                                     len(held[owner]), self.workload_word)
-            for owner, keys in result.hold.items():
-                if not unchanged(owner):
-                    continue
-                if owner in held:
-                    freed += ledger.release(owner)
-                refused = ledger.adopt(owner, keys)
-                if refused:
-                    self.log.error("%s: %s's %s holds GPUs %s that another owner holds; not counted twice",
-                                   self.backend_name, owner, self.workload_word, ", ".join(refused))
-                if owner in adopted and owner not in orphans:
-                    say = self.log.info if first else self.log.warning
-                    say("%s: %s of %s counted: it holds %d GPU(s)%s", self.backend_name, adopted[owner], owner,
-                        len(keys), "" if first else " the hub did not count")
-                elif owner in held:
-                    self.log.warning("%s: %s's charge changed from %d to %d GPU(s), as its %s holds",
-                                     self.backend_name, owner, len(held[owner]), len(keys), self.workload_word)
-        for workload in () if stop else result.orphans:
-            self.log.warning("%s: adopted %s of %s: no server or notebook job of this hub's database names it; "
-                             "its GPUs count against %s", self.backend_name, workload, workload.owner,
-                             user_of(workload.owner))
-        self.gpu_released(tuple(freed))
-
-    # ------------------------------------------------------------ state
-
-    #: whether :meth:`save_state` wrote this spawner's state since it was last cleared
-    _gpu_state_written = False
-
-    def save_state(self) -> None:
-        """Write this server's state (its GPUs first) to the hub's database now.
-
-        JupyterHub saves it only after ``start`` returns; a hub that dies before
-        that must still know, when it comes back, which GPUs its servers hold.
-        """
-        orm_spawner = getattr(self, "orm_spawner", None)
-        if orm_spawner is None or getattr(self, "db", None) is None:
-            return
-        orm_spawner.state = self.get_state()
-        self.db.commit()
-        self._gpu_state_written = True
-
-    def get_state(self) -> dict:
-        state = super().get_state()
-        if self.gpu_allocation:
-            state["gpus"] = [g.to_dict() for g in self.gpu_allocation]
-        return state
-
-    def load_state(self, state: dict) -> None:
-        super().load_state(state)
-        records = state.get("gpus") or []
-        if not records:
-            return
-        gpus = tuple(_gpu_from_state(r) for r in records)
-        refused = self.ledger.adopt(self.gpu_owner, [g.uuid for g in gpus])
-        if refused:
-            self.log.error(
-                "%s: state says it holds GPUs %s, but another server holds them",
-                self._log_name, ", ".join(refused),
-            )
-        self.gpu_allocation = tuple(g for g in gpus if g.uuid not in refused)
-
-    def clear_state(self) -> None:
-        """The parent's; the GPUs released; and where :meth:`save_state` wrote the state early, the cleared
-        state written too, so that what the spawner forgot (a job id, a container) is not read back by the
-        next spawner object of this server (JupyterHub itself saves it only where it cleared it)."""
-        super().clear_state()
-        if self.gpu_allocation:
+            except BaseException:
+                if not self.gpus_outlive_state:
+                    self.release_gpus()
+                raise
             self.release_gpus()
-        if self._gpu_state_written:
-            self.save_state()
-            self._gpu_state_written = False
-
-    # ------------------------------------------------------------ notebook GPU jobs
-
-    async def apply_job_options(self, options: dict[str, Any]) -> Choice:
-        """A notebook GPU job's GPU choice (its body's ``profile``, ``gpus``, ``gpu_model``, ``image``),
-        checked and applied as a server's user_options are (400/403 with a sentence; gpu-kube:
-        checked now, its profile applied when the job's pod is made). The one step the job manager
-        takes into the spawner itself; everything else goes through the backend's job runner."""
-        self.user_options = dict(options)
-        await self._apply_gpu_options(self.user_options)
-        return self.gpu_choice
-
-
-def _gpu_from_state(record: dict) -> GPU:
-    return gpu_from_record(record)
 
 
 def checked_cuda_map(proposal) -> dict:
@@ -751,58 +458,4 @@ def checked_cuda_map(proposal) -> dict:
     return proposal["value"]
 
 
-# ---------------------------------------------------------------- at hub start
-
-
-def refusal_at_start(spawner_class: type, config) -> str | None:
-    """Why the hub's configuration of ``spawner_class`` is refused, or None: the sentence of
-    the first setting a validator of the class refuses (a :class:`~traitlets.TraitError`).
-
-    The class is built once from ``config``, for a stand-in user (KubeSpawner names its pod
-    after one); a class that cannot be built so (say, it needs a cluster that does not answer)
-    is not checked here, and says what is wrong at its first spawn.
-    """
-    probe = SimpleNamespace(name="gpuspawner-configuration-check", id=0, url="/", groups=[])
-    try:
-        spawner_class(config=config, user=probe)
-    except TraitError as e:
-        return f"{spawner_class.__name__}: {e}"
-    except Exception:
-        return None
-    return None
-
-
-def _check_configuration_at_hub_start() -> None:
-    """Make a starting JupyterHub check its gpuspawner class's configuration before anything else:
-    a setting the class refuses (:func:`refusal_at_start`) stops the hub at start with its
-    sentence, instead of a bare 500 at the first spawn.
-
-    JupyterHub has no hook for this, and loads every spawner class it knows (gpuspawner's
-    among them) before its configuration exists. So the first import of a gpuspawner backend
-    in a process that runs JupyterHub wraps, once, ``JupyterHub.init_spawners``, which every
-    hub start awaits once its configuration and database are loaded; a hub whose spawner
-    class is not gpuspawner's is not affected. Outside a hub process nothing changes.
-    """
-    app_module = sys.modules.get("jupyterhub.app")
-    if app_module is None:
-        return
-    hub = app_module.JupyterHub
-    original = hub.init_spawners
-    if getattr(original, "gpuspawner_checks_configuration", False):
-        return
-
-    async def init_spawners(self, *args, **kwargs):
-        spawner_class = self.spawner_class
-        if isinstance(spawner_class, type) and issubclass(spawner_class, GPUSpawnerMixin):
-            refusal = refusal_at_start(spawner_class, self.config)
-            if refusal is not None:
-                self.log.critical("Refusing to start: %s", refusal)
-                self.exit(1)
-        return await original(self, *args, **kwargs)
-
-    init_spawners.gpuspawner_checks_configuration = True
-    init_spawners.__doc__ = original.__doc__
-    hub.init_spawners = init_spawners
-
-
-_check_configuration_at_hub_start()
+check_configuration_at_hub_start(GPUSpawnerMixin)

@@ -2,13 +2,13 @@
 
 :class:`GPUPolicyMixin` is a parent of ``GPUSpawnerMixin``, so its traits are
 configured as ``c.GPUSpawnerMixin.gpu_quota_per_user`` etc. The mixin's
-``reserve_gpus`` calls :meth:`GPUPolicyMixin.place_request` (quota check and
-reservation as one step under the ledger's lock; waiting in the hub's queue
-for ``queue: true`` profiles) and :meth:`gpu_released` after giving GPUs back.
-Backends whose cluster places the GPUs (gpu-kube) call
-:meth:`GPUPolicyMixin.claim_cluster_gpus` instead: the same quota check, under
-the same lock, recording counts rather than exact GPUs; their ``queue: true``
-profiles wait through :meth:`GPUPolicyMixin.wait_in_queue` as well.
+``claim`` (where the hub places) calls :meth:`GPUPolicyMixin.place_request` (quota
+check and reservation as one step under the ledger's lock; waiting in the hub's
+queue for ``queue: true`` profiles), and :meth:`gpu_released` runs after GPUs are
+given back. The ``claim`` of backends whose cluster places the GPUs (gpu-kube,
+gpu-slurm) calls :meth:`GPUPolicyMixin.claim_cluster_gpus` instead: the same quota
+check, under the same lock, recording counts rather than exact GPUs; gpu-kube's
+``queue: true`` profiles wait through :meth:`GPUPolicyMixin.wait_in_queue` as well.
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, TypeVar
 
-from tornado import web
 from traitlets import Dict, Float, Int, TraitError, validate
 from traitlets.config import Configurable
 
@@ -27,14 +26,9 @@ from ..placement import GPURequest, PlacementError, never_fits
 from ..profiles import Choice, Profile
 from ..quota import Quota, check
 from ..refusals import refuse
+from .errors import user_error
 
 T = TypeVar("T")
-
-
-def _forbidden(message: str) -> web.HTTPError:
-    error = web.HTTPError(403, "%s", message)
-    error.jupyterhub_message = message
-    return error
 
 
 class GPUPolicyMixin(Configurable):
@@ -107,10 +101,10 @@ class GPUPolicyMixin(Configurable):
         hidden = {p.slug: p for p in every if p not in visible}
         if isinstance(slug, str) and slug in hidden:
             groups = ", ".join(f"'{g}'" for g in hidden[slug].groups)
-            raise _forbidden(f"profile: '{slug}' is only for members of the group(s) {groups}, "
+            raise user_error(403, f"profile: '{slug}' is only for members of the group(s) {groups}, "
                              "and you are not a member of any of them")
         if not visible:
-            raise _forbidden("profile: no profile is available to you; ask an administrator to add you to a group")
+            raise user_error(403, "profile: no profile is available to you; ask an administrator to add you to a group")
         return visible
 
     def apply_queue_policy(self, choice: Choice) -> None:

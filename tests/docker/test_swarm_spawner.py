@@ -37,6 +37,16 @@ PROFILES = [
 ]
 QUEUED = {"profile": "queued", "gpus": 2, "gpu_model": "a100-sxm4-80gb"}
 
+# the admin's GPU overview (/hub/gpus, /hub/api/gpus), which the tests' token may read
+OVERVIEW = """
+from gpuspawner.hub.handlers import SCOPE, handlers
+from gpuspawner.hub.setup import TEMPLATES
+c.JupyterHub.extra_handlers = handlers()
+c.JupyterHub.template_paths = [TEMPLATES]
+c.JupyterHub.custom_scopes = {SCOPE: {"description": "Read the GPU overview"}}
+c.JupyterHub.load_roles[0]["scopes"] += [SCOPE]
+"""
+
 
 @pytest.fixture
 def swarm_hub(swarm_engine, tmp_path, fakenvml_libdir):
@@ -53,6 +63,8 @@ def swarm_hub(swarm_engine, tmp_path, fakenvml_libdir):
     hub.settings["volumes"] = {}  # each node's runtime mounts its own driver and devices into GPU tasks
     hub.settings["container_env"] = {}
     hub.env["GPUSPAWNER_TEST_HUB"] = json.dumps(hub.settings)
+    with open(hub.dir / "jupyterhub_config.py", "a") as config:
+        config.write(OVERVIEW)
     hub.start()
     try:
         yield hub
@@ -90,6 +102,13 @@ def task_gpus(hub, user: str) -> set[str]:
     shown = {g["uuid"] for g in r.json()["gpus"]}
     assert shown == gpus, f"{user}: the GPU monitor shows {shown}, the task was given {gpus}"
     return gpus
+
+
+def holders(hub) -> dict[str, str]:
+    """GPU -> the user holding it, as the admin's GPU overview shows it (the hub's ledger)."""
+    r = hub.api("GET", "/gpus")
+    assert r.status_code == 200, r.text
+    return {g["uuid"]: g["holder"]["user"] for g in r.json()["gpus"] if g["holder"]}
 
 
 def node_of(hub, user: str) -> str:
@@ -198,6 +217,11 @@ def test_two_gpus_split_over_nodes_are_refused_then_a_queued_request_waits_for_a
     # Swarm spreads tasks over nodes: one free A100 is left on each
     assert alice_node != running_task(hub, "bob")["NodeID"], "Swarm placed both 1-GPU servers on one node"
     assert free_in_form(hub) == (2, 4)
+    # the hub claimed the A100 beside alice's for bob (best fit), Swarm gave him one on the other node: the
+    # claim is corrected (the spawn's second step), and the admin's overview names the GPUs Swarm gave
+    (bobs,) = bob
+    assert f"Swarm assigned GPU(s) {bobs}" in hub.log_path.read_text(), hub.log()
+    assert holders(hub) == {**dict.fromkeys(alice, "alice"), bobs: "bob"}
 
     r = hub.spawn("carol", GPU)  # 2 free in all, but not on one node: Swarm could never place it
     assert r.status_code == 409, r.text

@@ -12,9 +12,9 @@ from tornado import web
 from traitlets import TraitError
 from traitlets.config import Config
 
-from gpuspawner.backends.base import refusal_at_start
 from gpuspawner.backends.docker.spawner import GPUDockerSpawner
 from gpuspawner.backends.local.spawner import GPULocalProcessSpawner
+from gpuspawner.backends.startup import refusal_at_start
 from gpuspawner.backends.swarm.spawner import GPUSwarmSpawner
 
 PROFILES = [

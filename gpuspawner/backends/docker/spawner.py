@@ -41,7 +41,7 @@ from ...placement import PlacementError
 from ...profiles import Choice, OfferedImages
 from ...reconcile import Workload
 from ...refusals import refuse
-from ..base import GPUSpawnerMixin, user_error
+from ..base import Claim, GPUSpawnerMixin, user_error
 from .caches import DockerCaches
 from .objects import (
     HUB,
@@ -395,7 +395,7 @@ class GPUDockerSpawner(GPUSpawnerMixin, DockerSpawner):
 
         With ``remove = False``, as DockerSpawner does, a kept container of this server
         (stopped, or forgotten by the hub) is started again, on the GPUs it was made with
-        (:meth:`reserve_gpus`). Otherwise it is removed before placing, so its GPUs are free
+        (its :meth:`claim`). Otherwise it is removed before placing, so its GPUs are free
         again only once it is gone.
         """
         obj = await self.get_object()
@@ -416,32 +416,37 @@ class GPUDockerSpawner(GPUSpawnerMixin, DockerSpawner):
         self.object_id = ""
         self._absent = True
 
-    async def reserve_gpus(self):
-        """Place this server's GPUs; a kept container (``remove = False``) gets back exactly its own."""
-        if self._kept is None:
-            return await super().reserve_gpus()
+    def _kept_uuids(self) -> tuple[str, ...]:  # the GPUs the kept container was made with (its labels)
         allocation = allocation_from_labels((self._kept.get("Config") or {}).get("Labels"))
-        uuids = allocation.uuids if allocation is not None else ()
-        self._gpu_events = []
-        name = self.object_name
-        self.gpu_event(f"Restarting your kept container {name} (DockerSpawner.remove is False) on the GPUs it was "
-                       f"made with: {', '.join(uuids) or 'none'}", 10)
-        await self.ensure_reconciled()
+        return allocation.uuids if allocation is not None else ()
+
+    def claim_opening(self, choice: Choice) -> str:
+        if self._kept is None:
+            return super().claim_opening(choice)
+        return (f"Restarting your kept container {self.object_name} (DockerSpawner.remove is False) on the GPUs "
+                f"it was made with: {', '.join(self._kept_uuids()) or 'none'}")
+
+    def claims_nothing(self, choice: Choice) -> bool:
+        return self._kept is None and super().claims_nothing(choice)  # a kept container has its GPUs
+
+    async def claim(self, choice: Choice) -> Claim:
+        """The GPUs placed for ``choice``; a kept container (``remove = False``) claims exactly its own."""
+        if self._kept is None:
+            return await super().claim(choice)
+        uuids = self._kept_uuids()
         reading = await self.inventory.read()
         known = {g.uuid: g for g in reading.gpus}
-        self.ledger.release(self.gpu_owner)
         gone = [u for u in uuids if u not in known]
         try:
             if gone:
                 raise refuse("gpus_gone", {"gpus": ", ".join(gone)})
-            self.gpu_allocation = self.hold_exactly(tuple(known[u] for u in uuids)) if uuids else ()
-        except PlacementError as e:
-            message = (f"Your kept container {name} cannot start again: {e}. It runs only on the GPUs it was made "
-                       "with; try again when they are free, or ask an administrator to remove the container "
-                       "(the next start then places new GPUs).")
+            return Claim(gpus=self.hold_exactly(tuple(known[u] for u in uuids)) if uuids else ())
+        except PlacementError as e:  # the refusal, in the kept container's words
+            message = (f"Your kept container {self.object_name} cannot start again: {e}. It runs only on the GPUs "
+                       "it was made with; try again when they are free, or ask an administrator to remove the "
+                       "container (the next start then places new GPUs).")
             self.gpu_event(f"Refused: {message}", 100)
             raise user_error(409, message) from e
-        return self.gpu_allocation
 
     async def get_object(self):
         if getattr(self, "_absent", False):
@@ -557,24 +562,19 @@ class GPUDockerSpawner(GPUSpawnerMixin, DockerSpawner):
         self.gpu_event(f"Failed: {message}", 100)
         return user_error(500, message)
 
+    # a leftover container may still run when JupyterHub clears the state, or after a stop that failed:
+    # its GPUs go back once it is gone (a stop that worked, the next start, a reconciliation)
+    gpus_outlive_state = True
+
     def clear_state(self) -> None:
-        # JupyterHub clears state before every start, while a leftover container of this
-        # server may still run: its GPUs are released only once it is gone (stop() below,
-        # or the next start, which removes it before placing).
-        DockerSpawner.clear_state(self)
+        super().clear_state()
         self.gpu_allocation = ()
 
     async def stop(self, now: bool = False):
-        # Not the mixin's stop: if Docker cannot stop the container, it may still be
-        # running on its GPUs, so they stay held (a later reconciliation settles it).
-        with self.hub_state.flights.flying(self.gpu_owner):
-            try:
-                await DockerSpawner.stop(self, now=now)
-            except Exception as e:
-                if _is_unreachable(e):
-                    self.log.error(
-                        "%s: the Docker engine cannot be reached to stop %s; its GPUs stay held",
-                        self._log_name, self.object_name,
-                    )
-                raise
-            self.release_gpus()
+        try:
+            await super().stop(now=now)
+        except Exception as e:
+            if _is_unreachable(e):
+                self.log.error("%s: the Docker engine cannot be reached to stop %s; its GPUs stay held",
+                               self._log_name, self.object_name)
+            raise

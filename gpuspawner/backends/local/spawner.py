@@ -158,10 +158,10 @@ class _LocalGPUs(LocalStarts, LocalAccounts, GPUSpawnerMixin):
             self.port = int(state.get("port") or self.port)
             self.hub_state.cache(LocalCaches).local_starts[self.gpu_owner] = self.gpu_spawn_id
 
+    gpus_outlive_state = True  # its kernels may outlive the server: GPUs freed once all are gone (poll, stop)
+
     def clear_state(self) -> None:
-        # Not the mixin's: processes of this start may outlive the server (kernels), so its
-        # GPUs are released only once they are gone (poll and stop below).
-        LocalProcessSpawner.clear_state(self)
+        super().clear_state()
         self.gpu_spawn_id = ""
 
     # ------------------------------------------------------------ lifecycle
@@ -206,6 +206,7 @@ class _LocalGPUs(LocalStarts, LocalAccounts, GPUSpawnerMixin):
 
     async def stop(self, now: bool = False):
         spawn = self.gpu_spawn_id
+        # LocalProcessSpawner's, named: the mixin's (next in the MRO) would free the GPUs while kernels still run
         await LocalProcessSpawner.stop(self, now=now)
         await self._end_start(spawn)
 

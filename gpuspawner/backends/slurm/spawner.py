@@ -21,42 +21,34 @@ the server ``job/<id>`` of their user, their Slurm job id in the hub's job
 record. Once per hub start, jobs of this hub (``gpu_hub_id``) that neither a
 server's state nor an active notebook job's record names are cancelled, and the
 GPUs of those that are are counted again.
+
+The shared reservation path (:meth:`~gpuspawner.backends.base.GPUSpawnerMixin.reserve_gpus`)
+calls this backend's :meth:`~GPUSlurmSpawner.claim`: a :class:`~gpuspawner.backends.claim.Claim`
+of a counted cluster resource whose ``gres`` (``gpu:a100:2``) and node features
+:meth:`~GPUSlurmSpawner.apply_claim` put on the job. The job's submission and progress
+(:mod:`.submit`), the reading of Slurm (:mod:`.reading`) and the reconciliation with this
+hub's jobs (:mod:`.reconciling`) are mixins of their own.
 """
 
 from __future__ import annotations
 
 import math
 import re
-import shlex
-import time
 
-from batchspawner import JobStatus, SlurmSpawner, format_template
+from batchspawner import SlurmSpawner
 from traitlets import Bool, Dict, TraitError, Unicode, default, validate
 
-from ...accounts import AccountError, SystemAccounts, account_name
-from ...compat import min_cuda
-from ...form import form_context
-from ...gpu import GPU
-from ...inventory import InventoryReading
-from ...ledger import cluster_tokens
-from ...owner import Owner, OwnerError, user_of
+from ...accounts import SystemAccounts
 from ...placement import GPURequest, PlacementError
 from ...profiles import Choice, load_profiles
-from ...reconcile import Workload
-from ..base import GPUSpawnerMixin, checked_cuda_map, user_error
-from .caches import SlurmCaches
-from .capacity import UNTYPED, GresTypes, NeverFits, choose_type, cuda_constraint, gpu_availability, parse_gres
-from .commands import SlurmReader, prefixed, run_command_line
-from .cuda import CudaNeed, DriverCuda
-from .queue import ENDED, comment_start, job_comment, parse_comment, submit_refusal, wait_words
-from .settings import (
-    CHOICE_FLAGS,
-    join_gres,
-    lenient_render,
-    refused_settings,
-    sbatch_directives,
-    sbatch_options,
-)
+from ..base import GPUSpawnerMixin, checked_cuda_map
+from ..claim import Claim
+from .capacity import UNTYPED, NeverFits, choose_type, cuda_constraint
+from .cuda import DriverCuda
+from .reading import SlurmReadingMixin
+from .reconciling import SlurmReconcileMixin, ledger_resource
+from .settings import join_gres, lenient_render, refused_settings, sbatch_directives
+from .submit import SlurmJobMixin
 
 _GRES_TYPE = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 #: batchspawner traits a profile's ``slurm`` settings set
@@ -65,11 +57,6 @@ _SLURM_TRAITS = {"partition": "req_partition", "time": "req_runtime", "qos": "re
 _PROFILE_TRAITS = (*_SLURM_TRAITS.values(), "req_nprocs", "req_memory", "req_gres", "req_options")
 #: the batchspawner settings checked against the GPU choices when the spawner is configured
 _CHECKED_TRAITS = ("req_gres", "req_ngpus", "req_options", "req_cluster")
-
-
-def _ledger_resource(gres_type: str) -> str:
-    """The ledger's resource name for GPUs of a GRES type (no colon: see :func:`cluster_tokens`)."""
-    return f"slurm-gpu.{gres_type or 'untyped'}"
 
 
 def slurm_memory(limit: str | int) -> str:
@@ -82,7 +69,8 @@ def slurm_memory(limit: str | int) -> str:
     return f"{math.ceil(number * 1024 ** 'KMGT'.index(unit) / 1024)}M"  # "1.5G" -> "1536M"
 
 
-class GPUSlurmSpawner(GPUSpawnerMixin, SystemAccounts, SlurmSpawner):
+class GPUSlurmSpawner(SlurmJobMixin, SlurmReadingMixin, SlurmReconcileMixin, GPUSpawnerMixin, SystemAccounts,
+                      SlurmSpawner):
     """SlurmSpawner with gpuspawner's GPU profiles, Slurm's availability and its queue in words.
 
     Every batchspawner setting keeps working (``docs/compatibility.md``): the site's
@@ -289,117 +277,6 @@ class GPUSlurmSpawner(GPUSpawnerMixin, SystemAccounts, SlurmSpawner):
         env["HOME"] = self.req_homedir
         return env
 
-    def cmd_formatted_for_batch(self):
-        """What the batch script runs: the server, or a notebook GPU job's executor."""
-        if self.gpu_job_command:
-            return " ".join(shlex.quote(arg) for arg in self.gpu_job_command)
-        return super().cmd_formatted_for_batch()
-
-    def slurm_job_identity(self) -> tuple[str, str]:
-        """This job's name and comment: the hub, user and server (``job/<id>`` for a notebook job), and the
-        comment also this start's mark (how the hub recognizes its jobs, :mod:`gpuspawner.reconcile`)."""
-        server = Owner.parse(self.gpu_owner).label
-        return (f"jupyterhub-{self.gpu_hub_id}-{self.user.name}-{server}".rstrip("-"),
-                job_comment(self.gpu_hub_id, self.user.name, server, self.gpu_start_mark))
-
-    def get_req_subvars(self):
-        """batchspawner's values, and ``{job_name}``, ``{job_comment}`` (shell-quoted) for a site's templates."""
-        return self._with_job_identity(super().get_req_subvars())
-
-    def _with_job_identity(self, subvars: dict) -> dict:
-        name, comment = self.slurm_job_identity()
-        subvars["job_name"], subvars["job_comment"] = shlex.quote(name), shlex.quote(comment)
-        return subvars
-
-    # ------------------------------------------------------------ running Slurm's commands
-
-    def command_subvars(self) -> dict:
-        """:meth:`get_req_subvars` for a command run outside a start (a form's, a reconciliation's), without
-        fixing ``req_keepvars`` early: batchspawner computes its default once, from the server's environment
-        when first used, which before the start lacks the server's URL (the job would not export it)."""
-        if self.trait_has_value("req_keepvars"):
-            return self.get_req_subvars()
-        # batchspawner's get_req_subvars(), with req_keepvars' default computed but not kept
-        subvars = {name[4:]: self.trait_defaults(name) if name == "req_keepvars" else getattr(self, name)
-                   for name in self.trait_names() if name.startswith("req_")}
-        if subvars.get("keepvars_extra"):
-            subvars["keepvars"] += "," + subvars["keepvars_extra"]
-        return self._with_job_identity(subvars)
-
-    def filled_exec_prefix(self, **subvars: str) -> str:
-        """``exec_prefix`` filled in as batchspawner fills it for this user's commands (``subvars`` replace
-        some of its values: ``username`` for a command run as another user's account)."""
-        return format_template(self.exec_prefix, **{**self.command_subvars(), **subvars})
-
-    def account_of(self, hub_user: str) -> str:
-        """The system account hub user ``hub_user``'s jobs run as (batchspawner's ``{username}``)."""
-        return account_name(hub_user, self.system_user_prefix) if self.create_system_users else hub_user
-
-    async def slurm(self) -> SlurmReader:
-        """The hub's cached reader of sinfo and squeue through ``exec_prefix`` filled in for this user (or
-        ``slurm_query_user``); one per filled-in prefix. With ``create_system_users``, the account the
-        commands run as is made first."""
-        as_user = {"username": self.slurm_query_user} if self.slurm_query_user else {}
-        try:
-            if not as_user:
-                await self.ensure_account()
-        except AccountError as e:  # the commands say what is wrong, as unknown readings
-            self.log.warning("%s: %s", self._log_name, e)
-        try:
-            prefix = self.filled_exec_prefix(**as_user)
-        except Exception as e:  # e.g. batchspawner's req_homedir of a user this host does not know
-            why = f"exec_prefix cannot be filled in for {self.user.name}: {e!r}"
-            key, make = ("", why), lambda: SlurmReader(problem=why)
-        else:
-            key, make = ("prefix", prefix), lambda: SlurmReader(prefix, ttl=self.gpu_inventory_ttl)
-        readers = self.hub_state.cache(SlurmCaches).slurm_readers
-        if key not in readers:
-            readers[key] = make()
-        return readers[key]
-
-    @property
-    def gres_types(self) -> GresTypes:
-        return GresTypes(dict(self.slurm_gres_types))
-
-    def cuda_need(self, choice: Choice) -> CudaNeed | None:
-        """The CUDA version ``choice`` needs (``environment_cuda``: its image's entry, else its profile's)."""
-        if choice.image and choice.image in self.environment_cuda:
-            return CudaNeed(min_cuda(self.environment_cuda[choice.image]), f"Image {choice.image}", "an image")
-        if choice.profile.slug in self.environment_cuda:
-            return CudaNeed(min_cuda(self.environment_cuda[choice.profile.slug]),
-                            f"Profile '{choice.profile.slug}'", "a profile")
-        return None
-
-    def partitions(self, choice: Choice | None = None) -> tuple[str, ...]:
-        """The partitions a request of ``choice`` goes to (none named: Slurm's default, all nodes counted)."""
-        if choice is not None:
-            named = dict(choice.profile.slurm).get("partition")
-            if named:
-                return tuple(named.split(","))
-        configured = self._configured.get("req_partition") if hasattr(self, "_configured") else self.req_partition
-        return tuple(configured.split(",")) if configured else ()
-
-    def _form_partitions(self) -> tuple[str, ...]:
-        named = {part for p in self.profiles for part in self.partitions(Choice(p, 0))}
-        return tuple(sorted(named))
-
-    async def offered_models(self) -> set[str]:
-        reading = await (await self.slurm()).nodes()
-        if reading.unknown is not None:  # Slurm does not answer: accept the models profiles and the map name
-            named = {m for p in self.profiles for m in p.gpu_models if m != "any"}
-            return named | set(self.slurm_gres_types)
-        types = self.gres_types
-        return {types.slug(t) for node in reading.value for t in node.gpus}
-
-    async def options_form_context(self) -> dict:
-        reading = await (await self.slurm()).nodes()
-        availability = [] if reading.unknown else gpu_availability(reading.value, self.gres_types,
-                                                                    self._form_partitions())
-        unknown = f"Slurm does not answer: {reading.unknown}" if reading.unknown else None
-        # a request that does not fit now is submitted and waits in Slurm's queue
-        return form_context(self.profiles, InventoryReading(), (), self.user_options or {},
-                            availability=availability, unknown=unknown, waits=True)
-
     # ------------------------------------------------------------ applying a choice
 
     def apply_profile(self, choice: Choice) -> None:
@@ -431,31 +308,35 @@ class GPUSlurmSpawner(GPUSpawnerMixin, SystemAccounts, SlurmSpawner):
             return e
         return None
 
-    async def reserve_gpus(self) -> tuple[GPU, ...]:
-        """Check the request against Slurm's nodes, count it against the quotas, set ``--gres``.
+    # ------------------------------------------------------------ claiming: Slurm places
 
-        Slurm picks the GPUs; a request no node of the partition could ever run,
-        or over a hub quota, is refused with HTTP 409 and nothing is submitted.
-        """
-        choice = self.gpu_choice
-        if choice is None:
-            await self._apply_gpu_options(self.user_options or {})
-            choice = self.gpu_choice
-        self._gpu_events = []
+    async def choice_for_start(self) -> Choice:
+        """This start's choice; the words of the last start's job forgotten."""
+        choice = await super().choice_for_start()
         self._announced_job = self._last_words = self._gpu_gres = ""
-        self.gpu_allocation = ()
-        self.release_gpus()  # a failed earlier start of this server holds nothing
-        try:  # once per hub, before its first job: this hub's jobs counted, orphans cancelled
+        return choice
+
+    opening_words = ("Checking Slurm for {}", "Submitting {} to Slurm")
+
+    async def reconcile_before_claim(self, choice: Choice) -> None:
+        """Once per hub, before its first job: this hub's jobs counted, orphans cancelled. A failure is
+        logged and the start goes on (tried again next time; Slurm still enforces its own limits)."""
+        try:
             await self.ensure_reconciled()
-        except Exception as e:  # tried again next time; Slurm still enforces its own limits
+        except Exception as e:
             self.log.warning("%s: Slurm jobs of this hub not counted yet: %s", self._log_name, e)
-        if choice.gpus == 0:
-            self.gpu_event("Submitting a CPU-only server (no GPU) to Slurm", 10)
-            return ()
+
+    async def claim(self, choice: Choice) -> Claim:
+        """Check the request against Slurm's nodes and count it against the quotas: ``--gres=gpu:TYPE:N``.
+
+        Slurm picks the GPUs: the ledger counts ``N`` of the GRES type. A request no node of
+        the partition could ever run, or over a hub quota, is refused and nothing is submitted.
+        Where the image or profile needs a CUDA version, the claim names the node features
+        whose driver supports it.
+        """
         partitions = self.partitions(choice)
-        self.gpu_event(f"Checking Slurm for {self.describe_request(choice)}", 10)
         reading = await (await self.slurm()).nodes()
-        refusal = None
+        refusal, constraint = None, ""
         types = self.gres_types
         if reading.unknown is None:
             need, drivers = self.cuda_need(choice), DriverCuda(dict(self.slurm_driver_cuda))
@@ -466,24 +347,28 @@ class GPUSlurmSpawner(GPUSpawnerMixin, SystemAccounts, SlurmSpawner):
                 gres_type = UNTYPED
             else:
                 if need is not None:
-                    self._constrain(cuda_constraint(reading.value, types, gres_type, choice.gpus, partitions,
-                                                    need, drivers))
+                    constraint = cuda_constraint(reading.value, types, gres_type, choice.gpus, partitions, need,
+                                                 drivers)
         else:
             gres_type = types.gres_type(choice.models[0]) if choice.models else UNTYPED
             self.gpu_event(f"GPU availability unknown (Slurm does not answer: {reading.unknown}); "
                            "submitting to Slurm, which decides", 20)
+        resource = ledger_resource(gres_type)
         request = GPURequest(owner=self.gpu_owner, count=choice.gpus, models=choice.models)
-        try:
-            self.claim_cluster_gpus(request, {_ledger_resource(gres_type): choice.gpus}, refusal)
-        except PlacementError as e:
-            self.gpu_event(f"Refused: {e}", 100)
-            raise user_error(409, str(e)) from e
-        self._gpu_gres = f"gpu:{gres_type}:{choice.gpus}" if gres_type else f"gpu:{choice.gpus}"
-        self.req_gres = join_gres(self._configured["req_gres"], self._gpu_gres)  # the site's other GRES too
+        self.claim_cluster_gpus(request, {resource: choice.gpus}, refusal)
+        gres = f"gpu:{gres_type}:{choice.gpus}" if gres_type else f"gpu:{choice.gpus}"
+        name = types.slug(gres_type) if gres_type else "GPU"
         where = f" in partition {','.join(partitions)}" if partitions else ""
-        self.gpu_event(f"Asking Slurm for {choice.gpus} x {types.slug(gres_type) if gres_type else 'GPU'} "
-                       f"(--gres={self.req_gres}){where}", 30)
-        return ()
+        asked = join_gres(self._configured["req_gres"], gres)
+        return Claim(count=choice.gpus, resource=resource, name=name, gres=gres, constraint=constraint,
+                     progress=f"Asking Slurm for {choice.gpus} x {name} (--gres={asked}){where}")
+
+    def apply_claim(self, claim: Claim) -> None:
+        """The job's ``--gres`` (this claim's, with the site's other GRES) and its node features."""
+        self._gpu_gres = claim.gres
+        if claim.gres:
+            self.req_gres = join_gres(self._configured["req_gres"], claim.gres)
+        self._constrain(claim.constraint)
 
     def _constrain(self, features: str) -> None:
         """Add ``features`` (``"cuda12.4|cuda12.6"``) to the job's ``--constraint``, with the profile's own."""
@@ -495,96 +380,6 @@ class GPUSlurmSpawner(GPUSpawnerMixin, SystemAccounts, SlurmSpawner):
         elif "[" not in found.group(1):  # Slurm's brackets do not group: leave the profile's as it is
             combined = f"--constraint=({features})&({found.group(1)})"
             self.req_options = self.req_options.replace(found.group(0), combined)
-
-    # ------------------------------------------------------------ the job
-
-    def sbatch_options(self) -> str:
-        """What gpu-slurm adds to the site's sbatch command line for this job (shell-quoted): one node, the
-        job's name and comment (how the hub knows its jobs), and what this start's choice decided: the GPUs
-        (with the site's other GRES), the profile's partition, time, QOS, account, reservation, CPUs, memory
-        and node features. sbatch's command line wins over the script's ``#SBATCH`` lines, so these reach
-        the job whatever the site's ``batch_script`` says."""
-        name, comment = self.slurm_job_identity()
-        identity = ["--nodes=1", f"--job-name={name}", f"--comment={comment}"]
-        constraint = ""
-        if self.req_options != self._configured["req_options"]:
-            found = re.search(r"--constraint=(\S+)", self.req_options or "")
-            constraint = found.group(1) if found else ""
-        options = sbatch_options(identity, {t: getattr(self, t) for t, _ in CHOICE_FLAGS}, self._configured,
-                                 self.req_gres if self._gpu_gres else "", constraint)
-        return " ".join(shlex.quote(option) for option in options)
-
-    async def _submit_job(self) -> str:
-        """batchspawner's submission (``exec_prefix`` + ``batch_submit_cmd``, the ``batch_script`` on its
-        stdin, in the server's environment), with :meth:`sbatch_options` at the end of the command line."""
-        subvars = self.get_req_subvars()
-        cmd = " ".join((format_template(self.exec_prefix, **subvars),
-                        format_template(self.batch_submit_cmd, **subvars), self.sbatch_options()))
-        subvars["cmd"] = self.cmd_formatted_for_batch()
-        subvars.update(self.user_options or {})  # as batchspawner: a site's script may use {image}
-        script = await self._get_batch_script(**subvars)
-        self.log.info("Spawner submitting command: %s", cmd)
-        self.log.debug("Spawner submitting script:\n%s", script)
-        out = await self.run_command(cmd, input=script, env=self.get_env())
-        try:
-            self.job_id = self.parse_job_id(out)
-        except Exception:
-            self.log.error("Job submission failed. sbatch said: %s", out)
-            self.job_id = ""
-        return self.job_id
-
-    async def submit_batch_script(self):
-        """Submit the job (:meth:`_submit_job`); when sbatch fails, HTTP 409 (Slurm refused the job) or 503
-        (sbatch could not reach Slurm) saying what Slurm said.
-
-        Nothing stays held: the failed start releases this server's count of GPUs. With
-        ``create_system_users``, the user's account is made first (it submits the job).
-        """
-        try:
-            await self.ensure_account()
-        except AccountError as e:
-            raise user_error(503, f"This hub cannot start your server: {e}. Ask an admin.") from e
-        try:
-            job_id = await self._submit_job()
-        except RuntimeError as e:  # batchspawner's run_command: sbatch's stderr
-            constraint = re.search(r"--constraint=(\S+)", self.req_options or "")
-            status, message = submit_refusal(str(e), {
-                "partition": self.req_partition, "time": self.req_runtime, "gres": self.req_gres,
-                "qos": self.req_qos, "account": self.req_account, "cpus": self.req_nprocs,
-                "memory": self.req_memory, "constraint": constraint.group(1) if constraint else "",
-            })
-            self.log.warning("%s: sbatch failed: %s", self._log_name, str(e).strip())
-            self.gpu_event(f"Refused: {message}" if status == 409 else f"Failed: {message}", 100)
-            raise user_error(status, message) from e
-        if job_id:
-            self._submitted_job = job_id
-            self.gpu_event(f"Submitted Slurm job {job_id}", 35)
-            self.save_state()  # the job id is in the database before the job can start
-        return job_id
-
-    async def query_job_status(self):
-        """batchspawner's status; while pending, Slurm's reason and the queue in the progress."""
-        status = await super().query_job_status()
-        if status == JobStatus.PENDING and time.monotonic() - self._words_at >= 1.5:
-            self._words_at = time.monotonic()
-            await self._say_why_waiting()
-        elif status == JobStatus.RUNNING and self._announced_job != self.job_id:
-            self._announced_job = self.job_id
-            self.gpu_event(f"Slurm started job {self.job_id} on {self.state_gethost()}; "
-                           "waiting for the server to answer", 60)
-        return status
-
-    async def _say_why_waiting(self) -> None:
-        reading = await (await self.slurm()).jobs(max_age=1.0)
-        if reading.unknown is not None:
-            return
-        job = next((j for j in reading.value if j.id == self.job_id), None)
-        if job is None or not job.pending:
-            return
-        words = wait_words(job, reading.value)
-        if words != self._last_words:
-            self._last_words = words
-            self.gpu_event(words, 40)
 
     async def stop(self, now: bool = False):
         if not self.job_id and self._submitted_job:
@@ -607,73 +402,6 @@ class GPUSlurmSpawner(GPUSpawnerMixin, SystemAccounts, SlurmSpawner):
         except Exception as e:
             self.log.warning("%s: Slurm jobs of this hub not reconciled yet: %s", self._log_name, e)
         return await super().poll()
-
-    # ------------------------------------------------------------ the cluster's truth
-
-    reconciles_with_cluster = True
-    backend_name = "gpu-slurm"
-    workload_word = "Slurm job"
-
-    async def live_workloads(self) -> list[Workload]:
-        """This hub's jobs Slurm lists that have not ended and are not ending (``COMPLETING``: its
-        epilog runs), found by their comment (``gpu_hub_id``), each holding the GPUs its ``--gres``
-        asks for (as cluster tokens, as the hub's claims count them)."""
-        reading = await (await self.slurm()).jobs(max_age=0)
-        if reading.unknown is not None:
-            raise RuntimeError(reading.unknown)
-        live = []
-        for job in reading.value:
-            tag = parse_comment(job.comment)
-            if tag is None or tag[0] != self.gpu_hub_id or job.state in ENDED or job.state == "COMPLETING":
-                continue
-            try:
-                owner = str(Owner.from_parts(tag[1], tag[2]))
-            except OwnerError as e:  # a comment this hub never writes (another user's sbatch can say anything)
-                self.log.warning("Slurm job %s: its comment names no server or job of this hub (%s); not counted",
-                                 job.id, e)
-                continue
-            gpus = parse_gres(job.gpus.replace("gres:", ""))
-            holds = cluster_tokens(owner, {_ledger_resource(t): n for t, n in gpus.items()})
-            live.append(Workload(job.id, owner, holds, comment_start(job.comment), f"Slurm job {job.id}"))
-        return live
-
-    async def recorded_workloads(self) -> dict[str, set[str]] | None:
-        """Owner -> Slurm job ids of every server JupyterHub shows running or starting whose state names
-        a job (``user/server``), and of every active notebook GPU job (``user/job/<id>``)."""
-        if getattr(self, "db", None) is None:
-            return None
-        from jupyterhub import orm
-
-        from ...jobmodel.store import JobStore
-
-        owners: dict[str, set[str]] = {}
-        for row in self.db.query(orm.Spawner).filter(orm.Spawner.server != None).all():  # noqa: E711 (SQL)
-            job_id = (row.state or {}).get("job_id")
-            if job_id and row.user is not None:
-                owners.setdefault(str(Owner.of_server(row.user.name, row.name)), set()).add(str(job_id))
-        store = self.hub_state.cache(JobStore, lambda: JobStore(self.db.get_bind()))
-        for record in store.list(active_only=True, limit=100_000):
-            if record.handle.get("slurm_job"):
-                owners.setdefault(str(Owner.of_job(record.user, record.id)), set()).add(str(record.handle["slurm_job"]))
-        return owners
-
-    def stops_orphans(self) -> bool:
-        return self.slurm_cancel_orphans
-
-    async def end_orphan(self, workload: Workload) -> None:
-        """Cancel a job of this hub that no server's state and no active notebook job names, as batchspawner
-        cancels its jobs (``exec_prefix`` + ``batch_cancel_cmd``), as the account of the user its comment names."""
-        self.log.warning("gpu-slurm: cancelling Slurm job %s of %s: no server or notebook job of this hub's "
-                         "database names it (the hub stopped before saving it, or its server was stopped)",
-                         workload.id, workload.owner)
-        try:
-            subvars = {**self.command_subvars(), "username": self.account_of(user_of(workload.owner)),
-                       "job_id": workload.id}
-            line = prefixed(format_template(self.exec_prefix, **subvars),
-                            format_template(self.batch_cancel_cmd, **subvars))
-            await run_command_line(line, "batch_cancel_cmd")
-        except Exception as e:  # noqa: BLE001 (a filled-in template can fail in many ways; the next pass retries)
-            self.log.error("gpu-slurm: could not cancel Slurm job %s: %s", workload.id, e)
 
 
 __all__ = ["GPUSlurmSpawner", "slurm_memory"]

@@ -11,9 +11,12 @@ runtime maps to the visible devices with ``swarm-resource`` in its config).
 
 The hub's inventory is the nodes' generic resources; the ledger holds the GPUs
 Swarm assigned to this hub's live tasks (read from the tasks, so it survives a
-hub restart: the services carry the owner in their labels). Between placing
-and Swarm's assignment the ledger holds the hub's own pick of that model, so
-counts stay right; once the task is assigned it holds Swarm's.
+hub restart: the services carry the owner in their labels). The hub claims
+GPUs as gpu-docker does (its pick of the model, held in the ledger, so counts
+stay right); once Swarm has assigned the task its GPUs, the mixin's second step
+(:meth:`~gpuspawner.backends.base.GPUSpawnerMixin.correct_claim`) holds Swarm's
+instead, in the ledger, the admin's overview and the server's state, as soon as
+the task says (while it starts) and again once the service runs.
 """
 
 from __future__ import annotations
@@ -26,9 +29,9 @@ from jupyterhub.utils import random_port
 from traitlets import TraitError, Unicode, validate
 
 from ...inventory import InventoryReading
-from ..base import user_error
 from ..docker.objects import GPUS, HUB, allocation_labels
 from ..docker.spawner import GPUDockerSpawner
+from ..errors import user_error
 from .objects import (
     LIVE_STATES,
     MODEL_LABEL,
@@ -195,7 +198,7 @@ class GPUSwarmSpawner(GPUDockerSpawner, SwarmSpawner):
         not left pending on "insufficient resources".
         """
         tasks = await self.docker("tasks", filters={"service": self.object_id})
-        await SwarmSpawner.remove_object(self)
+        await super().remove_object()
         ids = [t["ID"] for t in tasks if (t.get("Status") or {}).get("State") in LIVE_STATES]
         deadline = time.monotonic() + TASK_SHUTDOWN_WAIT
         while ids:  # (a removed service's tasks are found by their own IDs only)
@@ -212,6 +215,7 @@ class GPUSwarmSpawner(GPUDockerSpawner, SwarmSpawner):
         gpus = len(self.gpu_allocation)
         what = f"{gpus} {self.gpu_allocation[0].name} GPU(s)" if gpus else "no GPU"
         self.gpu_event(f"Creating Swarm service {self.service_name} from {self.image} reserving {what}", 50)
+        # SwarmSpawner's, named: the next in the MRO is gpu-docker's, which makes a container (its CPUs, words, errors)
         return await SwarmSpawner.create_object(self)
 
     async def get_task(self):
@@ -249,39 +253,20 @@ class GPUSwarmSpawner(GPUDockerSpawner, SwarmSpawner):
         if words and words != getattr(self, "_last_wait", None):
             self._last_wait = words
             self.gpu_event(words, 55)
-        assigned = task_gpus(task)
-        if assigned and set(assigned) != set(self.gpu_uuids):
-            self._take_assigned(assigned)
+        self.correct_claim(task_gpus(task))  # as soon as Swarm says, while the task starts
 
-    def _take_assigned(self, assigned: tuple[str, ...]) -> None:
-        """Hold the GPUs Swarm gave the task instead of the hub's pick of the same model."""
-        reading = self.inventory.last_reading()
-        known = {g.uuid: g for g in (reading.gpus if reading else ())}
-        picked = self.gpu_uuids
-        self.ledger.release(self.gpu_owner)
-        refused = self.ledger.adopt(self.gpu_owner, assigned)
-        for uuid in refused:
-            # another server in flight holds the hub's pick that Swarm gave here: it gets ours
-            other = self.ledger.holder(uuid)
-            if other is None:
-                continue
-            theirs = [u for u in self.ledger.release(other) if u != uuid]
-            spare = [u for u in picked if u not in assigned and u not in theirs]
-            self.ledger.adopt(other, theirs + spare[:1])
-            self.ledger.adopt(self.gpu_owner, [uuid])
-        self.gpu_allocation = tuple(known[u] for u in assigned if u in known)
-        self.save_state()
-        names = ", ".join(assigned)
-        self.gpu_event(f"Swarm assigned GPU(s) {names}", 65)
+    #: Swarm picks the exact GPUs of the model and count the hub claimed (the mixin's correct_claim)
+    picked_by = "Swarm"
+
+    async def assigned_gpus(self) -> tuple[str, ...]:
+        """The GPUs Swarm gave the started service's task (``DOCKER_RESOURCE_NVIDIA-GPU``)."""
+        task = await super().get_task()  # SwarmSpawner's: the start is over, no start failure to look for
+        return task_gpus(task) if task is not None else ()
 
     async def start_object(self):
         self.gpu_event(f"Waiting for Swarm to start service {self.service_name}", 60)
+        # SwarmSpawner's, named: the next in the MRO is gpu-docker's, whose words and errors are a container's
         await SwarmSpawner.start_object(self)
-        task = await SwarmSpawner.get_task(self)
-        if task is not None:
-            assigned = task_gpus(task)
-            if assigned and set(assigned) != set(self.gpu_uuids):
-                self._take_assigned(assigned)
 
     async def start(self):
         if self.network_name == "host":
@@ -302,4 +287,4 @@ class GPUSwarmSpawner(GPUDockerSpawner, SwarmSpawner):
     async def get_ip_and_port(self):
         if self.network_name == "host":
             return self.host_ip, self.port
-        return await SwarmSpawner.get_ip_and_port(self)
+        return await super().get_ip_and_port()
