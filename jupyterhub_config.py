@@ -25,7 +25,7 @@ import os
 import sys
 from pathlib import Path
 
-from gpuspawner.backends.docker.spawner import reachable_engine
+from gpuspawner.backends.docker.engine import reachable_engine
 from gpuspawner.hub.setup import (
     RECOMMENDED_CULLER,
     RECOMMENDED_QUEUE_TIMEOUT,

@@ -34,3 +34,11 @@ def test_the_entry_points_name_the_moved_modules():
     for name, ep in spawners.items():
         assert ep.module.startswith("gpuspawner.backends."), name
         assert ep.load() is import_item(f"gpuspawner.spawners.{name.split('-')[1]}.{ep.attr}")
+
+
+def test_the_engine_probe_an_older_jupyterhub_config_imports_is_still_there():
+    # jupyterhub_config.py of earlier releases: from gpuspawner.spawners.docker import reachable_engine
+    from gpuspawner.backends.docker.engine import reachable_engine
+    from gpuspawner.spawners.docker import reachable_engine as old
+
+    assert old is reachable_engine

@@ -30,19 +30,17 @@ import os
 from typing import Any
 
 import docker.errors
-import requests
 from dockerspawner import DockerSpawner
 from tornado import web
 from traitlets import Bool, TraitError, default, observe, validate
 
-from ... import compat
 from ...cpus import Binding, cpu_binding, host_numa_nodes
 from ...placement import PlacementError
 from ...profiles import Choice, OfferedImages
-from ...reconcile import Workload
 from ...refusals import refuse
 from ..base import Claim, GPUSpawnerMixin, user_error
-from .caches import DockerCaches
+from .engine import ImageUnavailable, is_unreachable
+from .images import DockerImagesMixin
 from .objects import (
     HUB,
     OWNER,
@@ -51,48 +49,9 @@ from .objects import (
     allocation_labels,
     device_request,
     other_gpu_access,
-    reconcile,
     visible_devices_env,
 )
-
-
-def reachable_engine(timeout: float = 3.0) -> str | None:
-    """The URL of the Docker engine ``DOCKER_HOST`` (or the local socket) names, if it answers."""
-    url = os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
-    if url.startswith("unix://") and not os.path.exists(url[len("unix://"):]):
-        return None
-    try:
-        client = docker.DockerClient(base_url=url, version="auto", timeout=timeout)
-        try:
-            client.ping()
-        finally:
-            client.close()
-    except Exception:
-        return None
-    return url
-
-
-#: Errors that mean "the engine did not answer", as opposed to "the engine said no".
-UNREACHABLE = (requests.exceptions.ConnectionError, requests.exceptions.Timeout)
-
-
-def _is_unreachable(error: BaseException) -> bool:
-    if isinstance(error, UNREACHABLE):
-        return True
-    # docker-py wraps a failed version probe in a plain DockerException
-    return type(error) is docker.errors.DockerException
-
-
-class ImageUnavailable(docker.errors.NotFound):
-    """The engine has no such image: its registry said "not found", or ``pull_policy`` is
-    ``"never"`` and it is not on the host. Raised by ``pull_image`` where DockerSpawner
-    raises ``docker.errors.NotFound`` (so code calling it sees what it always saw); a spawn
-    answers it with 400 and :attr:`sentence` (DockerSpawner's own answer is a bare 500)."""
-
-    def __init__(self, cause: docker.errors.NotFound, sentence: str) -> None:
-        super().__init__(cause.args[0] if cause.args else sentence, response=cause.response,
-                         explanation=cause.explanation)
-        self.sentence = sentence
+from .reconciling import DockerReconcileMixin
 
 
 def add_gpus_to_create_kwargs(
@@ -126,7 +85,7 @@ def add_gpus_to_create_kwargs(
     return kwargs, dropped
 
 
-class GPUDockerSpawner(GPUSpawnerMixin, DockerSpawner):
+class GPUDockerSpawner(DockerReconcileMixin, DockerImagesMixin, GPUSpawnerMixin, DockerSpawner):
     """DockerSpawner whose containers get exactly their placed GPUs, by UUID."""
 
     gpu_job_runner = "gpuspawner.backends.docker.jobs.DockerJobs"
@@ -273,67 +232,6 @@ class GPUDockerSpawner(GPUSpawnerMixin, DockerSpawner):
         self.log.error("%s: %s: %s", self._log_name, message, error)
         return user_error(503, message)
 
-    # ------------------------------------------------------------ reconciliation
-
-    reconciles_with_cluster = True
-    backend_name = "gpu-docker"  # how this backend's log lines begin
-    workload_word = "container"
-
-    async def live_workloads(self) -> list[Workload]:
-        """This hub's running labelled servers, each holding the GPUs its labels name.
-
-        Every one is its owner's (adopted where the hub's database forgot it: a hub killed
-        mid-spawn); two claiming one GPU (which gpuspawner never does) are logged, the older
-        keeping it. The GPUs' records from the labels are kept for the servers (``found``).
-        """
-        try:
-            containers = await self._labelled_servers()
-        except Exception as e:
-            if _is_unreachable(e):
-                raise self._unreachable(e, "No GPU was reserved.") from e
-            raise
-        plan = reconcile(self.gpu_hub_id, containers, {})
-        said = self.hub_state.cache(DockerCaches).docker_conflicts.setdefault(self.backend_name, set())
-        for sentence in plan.conflicts:
-            if sentence not in said:  # once, not every pass
-                said.add(sentence)
-                self.log.error("%s: %s", self.backend_name, sentence)
-        self.hub_state.found = await self._found_gpus(plan)
-        checked = self.hub_state.cache(DockerCaches).inventory_checked
-        if self.backend_name not in checked:  # once per hub
-            self._check_inventory_source()
-            checked.add(self.backend_name)
-        return [Workload(plan.names[owner], owner, uuids, what=f"{self.workload_word} {plan.names[owner]}")
-                for owner, uuids in plan.holdings.items()]
-
-    async def _labelled_servers(self) -> list[dict]:
-        """This hub's containers (any state), as ``docker ps`` lists them."""
-        return await self.docker("containers", all=True, filters={"label": [f"{HUB}={self.gpu_hub_id}"]})
-
-    async def _found_gpus(self, plan) -> dict:
-        """Each found server's GPUs (as its labels describe them) that it still holds."""
-        return {
-            owner: tuple(g for g in alloc.gpus if g.uuid in plan.holdings.get(owner, ()))
-            for owner, alloc in plan.allocations.items()
-        }
-
-    def _check_inventory_source(self) -> None:
-        if self.gpu_inventory == "nvml" and not self.engine_url.startswith("unix://"):
-            self.log.warning(
-                "gpu-docker: the Docker engine %s may be on another host, but gpu_inventory is 'nvml' "
-                "(this host's GPUs); use gpu_inventory = 'static' for a remote engine",
-                self.engine_url,
-            )
-
-    def _adopt_reconciled_allocation(self) -> None:
-        """Take the GPUs the ledger holds for this server (from its container's labels)."""
-        held = self.ledger.allocations().get(self.gpu_owner, ())
-        if held == self.gpu_uuids:
-            return
-        from_labels = self.hub_state.found.get(self.gpu_owner, ())
-        by_uuid = {g.uuid: g for g in (*self.gpu_allocation, *from_labels)}
-        self.gpu_allocation = tuple(by_uuid[u] for u in held if u in by_uuid)
-
     # ------------------------------------------------------------ lifecycle
 
     async def poll(self):
@@ -366,7 +264,7 @@ class GPUDockerSpawner(GPUSpawnerMixin, DockerSpawner):
         except web.HTTPError:
             raise
         except Exception as e:
-            if _is_unreachable(e):
+            if is_unreachable(e):
                 raise self._unreachable(e, "No GPU was reserved.") from e
             raise
         try:
@@ -379,7 +277,7 @@ class GPUDockerSpawner(GPUSpawnerMixin, DockerSpawner):
             if isinstance(e, ImageUnavailable):
                 self.gpu_event(f"Failed: {e.sentence}", 100)
                 raise user_error(400, e.sentence) from e
-            if isinstance(e, Exception) and _is_unreachable(e):
+            if isinstance(e, Exception) and is_unreachable(e):
                 raise self._unreachable(e, "Its GPUs were released.") from e
             raise
         finally:
@@ -467,54 +365,6 @@ class GPUDockerSpawner(GPUSpawnerMixin, DockerSpawner):
             return
         self.object_id = ""
 
-    async def pull_image(self, image):
-        """DockerSpawner's pull, by its ``pull_policy``; then the image's CUDA check.
-
-        An image the engine does not have and cannot get (its registry says "not found", or
-        ``pull_policy`` is ``"never"``) raises :class:`ImageUnavailable`, the
-        ``docker.errors.NotFound`` DockerSpawner raises; a spawn answers it with 400.
-        """
-        self.gpu_event(f"Checking image {image}", 40)
-        try:
-            await super().pull_image(image)
-        except docker.errors.NotFound as e:
-            raise ImageUnavailable(e, self._missing_image(image, e)) from e
-        except docker.errors.APIError as e:
-            message = (f"Image {image} could not be pulled ({e.explanation or e}). "
-                       "Ask an administrator to check the registry.")
-            self.gpu_event(f"Failed: {message}", 100)
-            raise user_error(500, message) from e
-        await self._check_image_cuda(image)
-
-    def _missing_image(self, image: str, error: docker.errors.APIError) -> str:
-        if self.pull_policy.lower() == "never":
-            return (f"Image {image} is not on the Docker host, and pull_policy 'never' keeps the hub from pulling "
-                    "it. Choose another image, or ask an administrator to pull it.")
-        return (f"Image {image} does not exist: its registry says {error.explanation or 'not found'}. "
-                "Choose another image, or ask an administrator to publish it.")
-
-    async def _check_image_cuda(self, image: str) -> None:
-        """Refuse (409) an image needing a newer CUDA than the GPUs' driver; needs the image on this engine."""
-        if not (self.check_cuda_compatibility and self.gpu_allocation):
-            return
-        try:
-            info = await self.docker("inspect_image", image)
-        except docker.errors.NotFound:
-            # pull_policy "skip" (SwarmSpawner's default): the image may be only where the server runs
-            self.log.info("%s: image %s is not on the engine at %s (pull_policy %r); its CUDA version is not checked",
-                          self._log_name, image, self.engine_url, self.pull_policy)
-            return
-        config = info.get("Config") or {}
-        try:
-            requirements = compat.image_requirements(config.get("Env"), config.get("Labels"))
-        except ValueError as e:
-            self.log.warning("%s: image %s: %s; not checking its CUDA version", self._log_name, image, e)
-            return
-        problem = compat.check_image(image, requirements, compat.host_cuda(self.gpu_allocation))
-        if problem:
-            self.gpu_event(f"Refused: {problem}", 100)
-            raise user_error(409, problem)
-
     _cpu_binding: Binding | None = None
 
     async def _bind_cpus(self) -> Binding | None:
@@ -574,7 +424,7 @@ class GPUDockerSpawner(GPUSpawnerMixin, DockerSpawner):
         try:
             await super().stop(now=now)
         except Exception as e:
-            if _is_unreachable(e):
+            if is_unreachable(e):
                 self.log.error("%s: the Docker engine cannot be reached to stop %s; its GPUs stay held",
                                self._log_name, self.object_name)
             raise
