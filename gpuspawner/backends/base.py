@@ -69,7 +69,7 @@ class GPUSpawnerMixin(GPUOptionsMixin, GPUReconcileMixin, GPUStateMixin, GPUPoli
         - ``images``: images the user may pick from (default: none to pick; the
           spawner's own image). gpu-docker and gpu-swarm run the image, gpu-kube puts it
           in the pod, gpu-slurm gives it to the site's ``batch_script`` as ``{image}``;
-          gpu-local ignores it.
+          refused at hub start on gpu-local, which runs no image.
         - ``cpu_limit``: CPUs for the server (a number above 0; sets the spawner's
           ``cpu_limit``: a container's or pod's CPU limit, gpu-slurm's ``--cpus-per-task``,
           rounded up; JupyterHub's local process spawners do not enforce it).
@@ -142,6 +142,10 @@ class GPUSpawnerMixin(GPUOptionsMixin, GPUReconcileMixin, GPUStateMixin, GPUPoli
     #: (gpu-local, gpu-docker); where the cluster places (gpu-kube, gpu-slurm) it is refused.
     honours_interconnect = True
 
+    #: True where a server runs an image (gpu-docker, gpu-swarm, gpu-kube; gpu-slurm gives it to the
+    #: site's ``batch_script``); gpu-local runs none, so a profile's ``images`` is refused there.
+    honours_images = True
+
     @validate("gpu_profiles")
     def _check_profiles(self, proposal):
         try:
@@ -164,6 +168,12 @@ class GPUSpawnerMixin(GPUOptionsMixin, GPUReconcileMixin, GPUStateMixin, GPUPoli
                 raise TraitError(f"Invalid GPU profile configuration: profile '{linked[0]}': 'interconnect' "
                                  "needs a backend whose hub picks the GPUs (gpu-local, gpu-docker); here the "
                                  "cluster places them (see the README's topology section)")
+        if not self.honours_images:
+            imaged = [p.slug for p in profiles if p.images]
+            if imaged:
+                raise TraitError(f"Invalid GPU profile configuration: profile '{imaged[0]}': 'images' (or a "
+                                 "kubespawner_override 'image') needs a backend that runs images (gpu-docker, "
+                                 "gpu-swarm, gpu-kube, gpu-slurm's batch_script); gpu-local servers run on this host")
         return proposal["value"]
 
     # ------------------------------------------------------------ collaborators

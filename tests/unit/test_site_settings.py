@@ -136,3 +136,16 @@ def test_an_invalid_gpu_profile_is_refused_at_start_too():
     c.GPUSpawnerMixin.gpu_profiles = [{"display_name": "x", "gpus": 1}]
     assert refusal_at_start(GPULocalProcessSpawner, c).startswith(
         "GPULocalProcessSpawner: Invalid GPU profile configuration: gpu_profiles[0]: unknown keys ['gpus']")
+
+
+@pytest.mark.parametrize("profile", [
+    {"display_name": "Torch", "gpu_counts": [1], "images": ["pytorch/pytorch:2.3"]},
+    {"display_name": "Torch", "kubespawner_override": {"image": "pytorch/pytorch:2.3"}},
+])
+def test_gpu_local_refuses_a_profiles_images_which_it_could_not_run(profile):
+    from gpuspawner.backends.local.spawner import GPULocalProcessSpawner, GPUSimpleLocalProcessSpawner
+
+    for cls in (GPULocalProcessSpawner, GPUSimpleLocalProcessSpawner):
+        with pytest.raises(TraitError, match="profile 'torch': 'images' .* needs a backend that runs images"):
+            cls(gpu_profiles=[profile])
+    assert GPUDockerSpawner(gpu_profiles=[profile]).profiles[0].images == ("pytorch/pytorch:2.3",)

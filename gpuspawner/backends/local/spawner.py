@@ -61,6 +61,8 @@ class _LocalGPUs(LocalStarts, LocalAccounts, GPUSpawnerMixin):
     environment, the saved state and the lifecycle here; a start's fence, ending and the
     reconciliation in :class:`~.starts.LocalStarts`; whom it runs as in :class:`~.accounts.LocalAccounts`."""
 
+    honours_images = False  # servers run on this host, from no image: a profile's ``images`` is refused
+
     gpu_isolation = Unicode(
         "auto",
         help="""
