@@ -99,7 +99,7 @@ def start_hub(how: str, direct: bool, env: dict, log_path: Path) -> tuple[subpro
 
         with open(log_path, "ab") as log:
             proc = subprocess.Popen(command, cwd=REPO, env=env, stdin=subprocess.DEVNULL, stdout=log,
-                                    stderr=subprocess.STDOUT, preexec_fn=background_job)  # noqa: PLW1509
+                                    stderr=subprocess.STDOUT, preexec_fn=background_job)
         return proc, None
     master, slave = os.openpty()
 
@@ -107,7 +107,7 @@ def start_hub(how: str, direct: bool, env: dict, log_path: Path) -> tuple[subpro
         fcntl.ioctl(0, termios.TIOCSCTTY, 0)
 
     proc = subprocess.Popen(command, cwd=REPO, env=env, stdin=slave, stdout=slave, stderr=slave,
-                            start_new_session=True, preexec_fn=terminal_session)  # noqa: PLW1509
+                            start_new_session=True, preexec_fn=terminal_session)
     os.close(slave)
 
     def drain() -> None:  # until the master end is closed

@@ -122,7 +122,7 @@ def min_cuda(text: object) -> CudaVersion:
     """
     if not isinstance(text, str):  # configuration: callers catch ValueError
         kind = type(text).__name__
-        raise ValueError(f"CUDA requirement must be a string such as '12.4', not {kind}")  # noqa: TRY004
+        raise ValueError(f"CUDA requirement must be a string such as '12.4', not {kind}")
     plain = _PLAIN_VERSION.fullmatch(text)
     if plain:
         return int(plain.group(1)), int(plain.group(2) or 0)

@@ -26,7 +26,7 @@ def _profile_context(
     largest = {"any": max((fits(m) for m in offered), default=0)}
     largest.update({m.slug: fits(m) for m in offered})
     if unknown:  # nothing known: let every count through; the scheduler decides
-        largest = {key: profile.max_gpus for key in largest}
+        largest = dict.fromkeys(largest, profile.max_gpus)
     selected_model = chosen.get("gpu_model")
     if not isinstance(selected_model, str) or selected_model not in largest:
         selected_model = "any"

@@ -120,7 +120,7 @@ class StaticInventory:
         return InventoryReading(tuple(gpus_from_config(self.entries)))
 
 
-_GPU_KEYS = {f for f in GPU.__dataclass_fields__}
+_GPU_KEYS = set(GPU.__dataclass_fields__)
 
 
 def gpus_from_config(entries: Iterable[dict]) -> list[GPU]:

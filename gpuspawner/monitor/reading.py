@@ -305,7 +305,7 @@ def _gpu_sample(gpu: StaticGPU, attribute: Attribution, pcie: PCIe | None = None
     values: dict[str, Any] = dict.fromkeys(FIELDS)
     if gpu.handle is None:  # no handle at all: the GPU is lost or unreadable
         reason = gpu.na.get("gpu", "unknown")
-        na.update({k: reason for k in ("uuid", "name", "mig_mode", *FIELDS, "processes")})
+        na.update(dict.fromkeys(("uuid", "name", "mig_mode", *FIELDS, "processes"), reason))
         out.update(values, processes=[], mig=[], na=na)
         return out
     h = gpu.handle

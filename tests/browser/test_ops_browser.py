@@ -43,7 +43,7 @@ def test_admin_page_shows_holders_and_live_utilisation(tmp_path, fakenvml_libdir
         assert page.locator("#gpuspawner-gpu-table [data-field=holder]:has-text('free')").count() == 2
         sync_api.expect(page.locator("#gpuspawner-models")).to_contain_text("Tesla T4")
 
-        hub.set_utilization({u: 64 for u in alice})  # the page refreshes itself
+        hub.set_utilization(dict.fromkeys(alice, 64))  # the page refreshes itself
         first = sorted(alice)[0]
         sync_api.expect(page.locator(f"tr[data-uuid='{first}'] [data-field=util]")).to_have_text("64 %", timeout=60_000)
         ARTIFACTS.mkdir(exist_ok=True)

@@ -137,7 +137,7 @@ class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server: _Server
 
-    def log_message(self, format, *args):  # noqa: A002 (the base class's name)
+    def log_message(self, format, *args):  # the base class's name
         what = f"{getattr(self, 'command', '?')} {getattr(self, 'path', '?')}"
         self.server.registry.log.append(f"{what}: {format % args}")
 
@@ -155,7 +155,7 @@ class _Handler(BaseHTTPRequestHandler):
         body = json.dumps({"errors": [{"code": code, "message": message, "detail": None}]}).encode()
         self._send(status, body, {"Content-Type": "application/json"})
 
-    def do_CONNECT(self):  # noqa: N802 (http.server's name)
+    def do_CONNECT(self):  # http.server's name
         """A proxy's CONNECT: answer it, then speak TLS as Docker Hub on this very connection."""
         self.send_response(200, "Connection established")
         self.end_headers()
@@ -168,10 +168,10 @@ class _Handler(BaseHTTPRequestHandler):
         _Handler(tls, self.client_address, self.server)
         self.close_connection = True
 
-    def do_HEAD(self):  # noqa: N802
+    def do_HEAD(self):
         self.do_GET()
 
-    def do_GET(self):  # noqa: N802
+    def do_GET(self):
         images = self.server.registry.images
         path = self.path.split("?", 1)[0]
         if path in ("/v2", "/v2/"):

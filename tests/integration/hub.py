@@ -189,7 +189,7 @@ class Hub:
         self.proc = subprocess.Popen(
             [str(VENV_BIN / "jupyterhub"), "-f", str(self.config_file)],
             cwd=self.dir, env=self.env, stdout=log, stderr=subprocess.STDOUT,
-            preexec_fn=_ignore_sigint if background_job else None,  # noqa: PLW1509 (only signal dispositions)
+            preexec_fn=_ignore_sigint if background_job else None,  # only signal dispositions
         )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

@@ -165,9 +165,10 @@ def test_every_fault_is_na_with_its_reason(tmp_path, fakenvml_libdir, gpu_file, 
             faulty = json.loads(json.dumps(config))
             faulty["devices"][1]["faults"] = {function: "NOT_SUPPORTED"}
             fakenvml.write_config(path, faulty)
+            na = dict.fromkeys(fields, not_supported)
             sample = server.wait_for(
                 # cached facts (power limit, maximum clocks) follow within static_refresh (1 s here)
-                lambda s, na={f: not_supported for f in fields}: s["gpus"][1]["na"] == na,
+                lambda s, na=na: s["gpus"][1]["na"] == na,
                 what=f"N/A for {function} alone",
             )
             gpu = sample["gpus"][1]

@@ -43,7 +43,7 @@ def test_only_the_idle_server_is_warned_then_stopped_and_a_new_start_begins_clea
     hub.add_users("alice", "bob")
     alice_gpus = start(hub, "alice", TWO_GPUS)
     bob_gpus = start(hub, "bob", TWO_GPUS)
-    hub.set_utilization({**{u: 85 for u in alice_gpus}, **{u: 2 for u in bob_gpus}})
+    hub.set_utilization({**dict.fromkeys(alice_gpus, 85), **dict.fromkeys(bob_gpus, 2)})
     alice_token = user_token(hub, login(hub, "alice"), "alice")
     bob_token = user_token(hub, login(hub, "bob"), "bob")
 
@@ -64,7 +64,7 @@ def test_only_the_idle_server_is_warned_then_stopped_and_a_new_start_begins_clea
         assert wait_for(lambda: not hub.user("bob")["servers"], timeout=60, interval=0.1)
         restarted = time.time()
         bob_gpus = start(hub, "bob", TWO_GPUS)
-        hub.set_utilization({u: 2 for u in bob_gpus})
+        hub.set_utilization(dict.fromkeys(bob_gpus, 2))
     finally:
         os.kill(culler, signal.SIGCONT)
 

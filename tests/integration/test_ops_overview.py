@@ -54,7 +54,7 @@ def test_overview_shows_holders_live_numbers_and_access_rules(ops_hub):
     hub = ops_hub
     hub.add_users("alice", "bob")
     alice = start(hub, "alice", TWO_GPUS)
-    hub.set_utilization({u: 37 for u in alice})
+    hub.set_utilization(dict.fromkeys(alice, 37))
 
     def monitored():
         data = hub.overview().json()

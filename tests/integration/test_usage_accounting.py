@@ -64,7 +64,7 @@ def test_stopped_culled_and_failed_records_with_busy_and_idle_time(culled_hub):
     before = time.time()
     alice = start(hub, "alice", ONE_GPU)
     bob = start(hub, "bob", ONE_GPU)
-    hub.set_utilization({**{u: 80 for u in alice}, **{u: 1 for u in bob}})
+    hub.set_utilization({**dict.fromkeys(alice, 80), **dict.fromkeys(bob, 1)})
     scripted = time.time()  # before this, every GPU reads 0 %: idle
 
     # bob's idle GPU is culled; the record says so, and its time was idle, none busy

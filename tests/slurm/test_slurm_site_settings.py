@@ -116,8 +116,8 @@ VALUE = st.sampled_from(["", "gpu", "8:00:00", "4", "16G", "interactive"])
 
 
 @settings(max_examples=80, deadline=None)
-@given(configured=st.fixed_dictionaries({t: VALUE for t in TRAITS}),
-       chosen=st.fixed_dictionaries({t: VALUE for t in TRAITS}), gres=st.sampled_from(["", "gpu:t4:1"]))
+@given(configured=st.fixed_dictionaries(dict.fromkeys(TRAITS, VALUE)),
+       chosen=st.fixed_dictionaries(dict.fromkeys(TRAITS, VALUE)), gres=st.sampled_from(["", "gpu:t4:1"]))
 def test_sbatch_gets_exactly_what_the_choice_changed(configured, chosen, gres):
     options = sbatch_options(["--nodes=1"], chosen, configured, gres, "")
     flags = dict(o.split("=", 1) for o in options[1:])

@@ -292,10 +292,10 @@ def test_no_gpus_found_offers_the_profiles_that_run_without_one():
 
 
 def test_no_gpus_found_with_only_gpu_profiles_keeps_them_and_says_so():
-    profiles = load_profiles([p for p in [
+    profiles = load_profiles([
         {"slug": "gpu", "display_name": "GPU notebook", "gpu_counts": [1, 2]},
         {"slug": "hopper", "display_name": "Hopper only", "gpu_models": ["h100"], "gpu_counts": [1]},
-    ]])
+    ])
     context = form_context(profiles, InventoryReading(), set())
     assert [p["profile"].slug for p in context["profiles"]] == ["gpu", "hopper"]
     assert context["cpu_only"] is False and context["gpus_needed"] is True

@@ -23,7 +23,7 @@ from gpuspawner.labjobs.scheduler import HUB_JOB_FILE, GPUEnvironments, GPUSched
 
 
 class SlowHub(BaseHTTPRequestHandler):
-    def do_GET(self):  # noqa: N802 (http.server's name)
+    def do_GET(self):  # http.server's name
         self.server.arrived.set()
         if not self.server.loop_ran.wait(timeout=5):
             self.send_error(503, "the server's event loop never ran while the hub answered")

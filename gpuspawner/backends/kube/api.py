@@ -101,7 +101,7 @@ class ClusterCapacity:
                 return cached
             try:
                 nodes = await asyncio.wait_for(self._fetch(), self.timeout)
-            except Exception as e:  # noqa: BLE001 - any failure means "availability unknown"
+            except Exception as e:  # any failure means "availability unknown"
                 last = self._reading
                 self._failure = ClusterReading(last.nodes if last else (), why_failed(e), last.read_at if last else 0.0)
                 self._failed_at = time.monotonic()

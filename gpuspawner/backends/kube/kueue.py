@@ -226,7 +226,7 @@ class KueueReader:
         try:
             local = (await self._get(f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/localqueues")).get("items")
             cluster = (await self._get(f"/apis/{GROUP}/{VERSION}/clusterqueues")).get("items")
-        except Exception as e:  # noqa: BLE001 - the form still renders; it says why the line is missing
+        except Exception as e:  # the form still renders; it says why the line is missing
             return {q: f"queue {q}: GPU quota unknown ({why_failed(e)})" for q in queues}
         return quota_lines(local or [], cluster or [], queues)
 

@@ -130,7 +130,7 @@ def merge_overrides(configured: Mapping[str, Any], overrides: Mapping[str, Any])
     any spawn). GPU resources, the GPU node label and ``NVIDIA_VISIBLE_DEVICES``
     of the configured values are dropped first, so only this request's remain.
     """
-    product_keys = {k for k in overrides.get("node_selector", {})} | {PRODUCT_LABEL}
+    product_keys = set(overrides.get("node_selector", {})) | {PRODUCT_LABEL}
     tolerations = [copy.deepcopy(t) for t in configured.get("tolerations") or []]
     for t in overrides.get("tolerations", []):
         if t not in tolerations:

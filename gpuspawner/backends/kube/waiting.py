@@ -37,7 +37,7 @@ class KubeWaitingMixin(Configurable):
     """Kueue's queue and the pod's events in the spawn's progress (see the module's words)."""
 
     _kueue_queue: str | None = None
-    _kueue_messages: list[str] = []  # noqa: RUF012 - replaced per spawn, never appended to in place
+    _kueue_messages: list[str] = []  # replaced per spawn, never appended to in place
     _kueue_position_error: str | None = None
     _kueue_pod_uid: str | None = None
     _kueue_stale_uid: str | None = None
@@ -70,7 +70,7 @@ class KubeWaitingMixin(Configurable):
         if gated(pod):
             try:
                 position = queue_position(await reader.pending_workloads(self.namespace, queue), self.pod_name)
-            except Exception as e:  # noqa: BLE001 - still waiting in the queue, place unknown
+            except Exception as e:  # still waiting in the queue, place unknown
                 if why_failed(e) != self._kueue_position_error:  # once, not every poll
                     self._kueue_position_error = why_failed(e)
                     self.log.warning("%s: Kueue's queue positions not read: %s", self._log_name, why_failed(e))
@@ -95,7 +95,7 @@ class KubeWaitingMixin(Configurable):
             last = self._kueue_messages[-1] if self._kueue_messages else None
             try:
                 problem = await self._kueue_verdict(reader, queue, last)
-            except Exception as e:  # noqa: BLE001 - the pod still starts; Kueue's state is only shown
+            except Exception as e:  # the pod still starts; Kueue's state is only shown
                 self.log.warning("%s: Kueue state not read: %s", self._log_name, why_failed(e))
                 problem = None
             if problem:

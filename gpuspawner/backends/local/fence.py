@@ -49,7 +49,7 @@ from .fence_starts import RECORDS, StartRecord, StartRecords, cgroup_pids, kill_
 from .fence_systemd import SYSTEMD_DIR
 
 NVIDIA_MAJOR = 195
-GPU_MINORS = range(0, 254)  # 254: nvidia-modeset, 255: nvidiactl (both stay open)
+GPU_MINORS = range(254)  # 254: nvidia-modeset, 255: nvidiactl (both stay open)
 DEVICES_MOUNT = Path("/sys/fs/cgroup/devices")
 FREEZER_MOUNT = Path("/sys/fs/cgroup/freezer")
 FREEZE_WAIT = 1.0  # seconds to wait for a freezer group to report FROZEN (a task in the kernel may hold it)

@@ -95,7 +95,7 @@ def find_servers(hub_id: str, proc: str | Path = "/proc", spawn: str | None = No
         pids = {pid for pid, _, _ in members}
         roots = sorted(pid for pid, parent, _ in members if parent not in pids)
         leader = roots[0] if roots else min(pids)
-        gpus = dict((pid, g) for pid, _, g in members)[leader]
+        gpus = {pid: g for pid, _, g in members}[leader]
         uuids = tuple(u for u in gpus.decode().split(",") if u)
         found.append(ServerProcesses(owner.decode(), spawn_id.decode(), uuids, tuple(sorted(pids)), leader))
     return found

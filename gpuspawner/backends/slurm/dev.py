@@ -337,7 +337,7 @@ def watch(hub_pid: int, directory: Path, period: float = 0.5) -> None:
 
 def start_watcher(directory: Path) -> int:
     """A process that stops the cluster under ``directory`` when this process ends; its pid."""
-    log = open(Path(directory) / "watcher.log", "ab")  # noqa: SIM115 (the child keeps it)
+    log = open(Path(directory) / "watcher.log", "ab")  # the child keeps it
     proc = subprocess.Popen(
         [sys.executable, "-m", "gpuspawner.backends.slurm.dev", "watch", str(os.getpid()), str(directory)],
         stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,

@@ -79,7 +79,7 @@ def submit_refusal(said: str, job: Mapping[str, str]) -> tuple[int, str]:
     if any(words in last.lower() for words in _UNREACHABLE):
         return 503, (f"Slurm did not take the job: {core}. Try again in a while; if this goes on, ask an admin "
                      "whether Slurm's controller is up.")
-    fields = {key: "-" for key in ("time", "gres", "qos", "account", "constraint")}
+    fields = dict.fromkeys(("time", "gres", "qos", "account", "constraint"), "-")
     fields["partition"] = "(Slurm's default)"
     fields.update({k: v for k, v in job.items() if v})
     asks = (("cpus", "{} CPUs"), ("memory", "{} memory"), ("gres", "GPUs {}"), ("constraint", "features {}"))

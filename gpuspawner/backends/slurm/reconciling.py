@@ -89,6 +89,6 @@ class SlurmReconcileMixin(Configurable):
             line = prefixed(format_template(self.exec_prefix, **subvars),
                             format_template(self.batch_cancel_cmd, **subvars))
             await run_command_line(line, "batch_cancel_cmd")
-        except Exception as e:  # noqa: BLE001 (a filled-in template can fail in many ways; the next pass retries)
+        except Exception as e:  # a filled-in template can fail in many ways; the next pass retries
             self.log.error("gpu-slurm: could not cancel Slurm job %s: %s", workload.id, e)
 

@@ -387,7 +387,7 @@ def watch(pid: int, directory: Path, period: float = 0.5) -> None:
 
 def start_watcher(directory: Path) -> subprocess.Popen:
     """A process that stops the cluster under ``directory`` when this process ends (even by SIGKILL)."""
-    log = open(Path(directory) / "watcher.log", "ab")  # noqa: SIM115 (the child keeps it)
+    log = open(Path(directory) / "watcher.log", "ab")  # the child keeps it
     process = subprocess.Popen(
         [sys.executable, "-m", "gpuspawner.backends.kube.dev.cluster", "watch", str(os.getpid()), str(directory)],
         stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,

@@ -261,7 +261,7 @@ class Kueue:
     def _hold_visibility_port(self) -> None:
         """One Kueue per machine: its visibility server's port is fixed."""
         path = Path(tempfile.gettempdir()) / f"gpuspawner-kueue-{VISIBILITY_PORT}.lock"
-        lock = open(path, "w")  # noqa: SIM115 (held until stop)
+        lock = open(path, "w")  # held until stop
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

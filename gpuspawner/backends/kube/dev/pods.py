@@ -274,7 +274,7 @@ class ProcessRunner(PodRunner):
         plan = top / f"{c.name}.json"
         plan.write_text(json.dumps({"mounts": mounts, "upper": str(top / "overlay"), "user": list(entry.user),
                                     "cwd": workdir if workdir and os.path.isdir(workdir) else str(entry.home)}))
-        log = open(top.parent / f"{entry.uid}-{c.name}.log", "ab")  # noqa: SIM115 (the child keeps it)
+        log = open(top.parent / f"{entry.uid}-{c.name}.log", "ab")  # the child keeps it
         try:
             c.process = subprocess.Popen(devcontainer.command(plan, [program, *c.argv[1:]]), env=c.env,
                                          stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
