@@ -120,6 +120,19 @@ def test_swarm_gpu_reservations_in_configuration_are_refused():
         "GPUSwarmSpawner: SwarmSpawner.extra_resources_spec reserves GPUs (NVIDIA-GPU=1)")
 
 
+@pytest.mark.parametrize("section, label", [
+    ({}, "org.gpuspawner.gpu-model"),
+    ({"GPUSwarmSpawner": {"gpu_model_label": "gpu"}}, "gpu"),
+])
+def test_a_swarm_constraint_on_the_gpu_model_label_is_refused(section, label):
+    c = config(SwarmSpawner={"extra_placement_spec": {"constraints": [f"node.labels.{label} == NVIDIA A100",
+                                                                       "node.role == worker"]}}, **section)
+    refusal = refusal_at_start(GPUSwarmSpawner, c)
+    assert refusal is not None and f"constrains the GPU model label (node.labels.{label} == NVIDIA A100)" in refusal
+    fine = config(SwarmSpawner={"extra_placement_spec": {"constraints": ["node.role == worker"]}}, **section)
+    assert refusal_at_start(GPUSwarmSpawner, fine) is None
+
+
 def test_settings_the_gpu_classes_honour_pass():
     c = config(DockerSpawner={"extra_host_config": {"cpuset_cpus": "0-3", "device_requests": [{"Driver": "fpga"}]},
                               "environment": {"LANG": "C.UTF-8"}, "remove": False,

@@ -77,7 +77,8 @@ class GPUSwarmSpawner(GPUDockerSpawner, SwarmSpawner):
         The hub's GPUs are the ``NVIDIA-GPU`` generic resources (GPU UUIDs) of the swarm's
         ready, active nodes (this replaces ``gpu_inventory``), named by this label ("Unknown
         GPU" where a node lacks it); a service asking for GPUs is constrained to nodes whose
-        label is the chosen model (a constraint on this label from configuration is replaced).
+        label is the chosen model. A constraint on this label in SwarmSpawner's
+        ``extra_placement_spec`` is refused at hub start (the chosen model decides it).
         """,
     ).tag(config=True)
 
@@ -85,6 +86,28 @@ class GPUSwarmSpawner(GPUDockerSpawner, SwarmSpawner):
     #: no notebook GPU jobs on Swarm (yet): gpu-docker's runner makes a plain container, which Swarm
     #: gives no GPUs; the job API answers 501 with a sentence saying so, and nothing runs
     gpu_job_runner = None
+
+    @validate("extra_placement_spec")
+    def _refuse_model_constraints(self, proposal):
+        """A configured constraint on the model label would be replaced by the chosen model's: refused."""
+        self._check_model_constraints(proposal["value"], self.gpu_model_label)
+        return proposal["value"]
+
+    @validate("gpu_model_label")
+    def _check_model_label(self, proposal):
+        self._check_model_constraints(self.extra_placement_spec, proposal["value"])
+        return proposal["value"]
+
+    @staticmethod
+    def _check_model_constraints(placement: dict | None, label: str) -> None:
+        found = [c for c in (placement or {}).get("constraints") or []
+                 if isinstance(c, str) and c.replace(" ", "").startswith(f"node.labels.{label}")]
+        if found:
+            raise TraitError(
+                f"SwarmSpawner.extra_placement_spec constrains the GPU model label ({found[0]}): each GPU "
+                f"server is placed on nodes of the model its user chose (node.labels.{label}), so this "
+                "setting is refused rather than replaced. Remove it, and offer models through gpu_profiles."
+            )
 
     @validate("extra_resources_spec")
     def _refuse_gpu_reservations(self, proposal):
