@@ -46,6 +46,18 @@ from .startup import check_configuration_at_hub_start
 __all__ = ["Claim", "GPUSpawnerMixin", "checked_cuda_map", "user_error"]
 
 
+#: profile keys only some backends honour, each refused at hub start elsewhere rather than dropped:
+#: (the class attribute that says a backend honours it, the profile's field, the sentence)
+_HONOURED_ONLY_BY = (
+    ("honours_slurm_settings", "slurm", "'slurm' settings are only applied by gpu-slurm"),
+    ("honours_kueue", "kueue", "'kueue' queues are only used by gpu-kube"),
+    ("honours_interconnect", "interconnect", "'interconnect' needs a backend whose hub picks the GPUs (gpu-local, "
+     "gpu-docker); here the cluster places them (see the README's topology section)"),
+    ("honours_images", "images", "'images' (or a kubespawner_override 'image') needs a backend that runs images "
+     "(gpu-docker, gpu-swarm, gpu-kube, gpu-slurm's batch_script); gpu-local servers run on this host"),
+)
+
+
 class GPUSpawnerMixin(GPUOptionsMixin, GPUReconcileMixin, GPUStateMixin, GPUPolicyMixin, GPUHubSettings):
     """GPU profiles, placement and the GPU ledger for any JupyterHub spawner."""
 
@@ -152,28 +164,11 @@ class GPUSpawnerMixin(GPUOptionsMixin, GPUReconcileMixin, GPUStateMixin, GPUPoli
             profiles = load_profiles(proposal["value"], honour_all=self.honours_kubespawner_override)
         except OptionsError as e:
             raise TraitError(f"Invalid GPU profile configuration: {e}") from e
-        if not self.honours_slurm_settings:
-            slurm = [p.slug for p in profiles if p.slurm]
-            if slurm:
-                raise TraitError(f"Invalid GPU profile configuration: profile '{slurm[0]}': 'slurm' settings "
-                                 "are only applied by gpu-slurm")
-        if not self.honours_kueue:
-            queued = [p.slug for p in profiles if p.kueue]
-            if queued:
-                raise TraitError(f"Invalid GPU profile configuration: profile '{queued[0]}': 'kueue' queues "
-                                 "are only used by gpu-kube")
-        if not self.honours_interconnect:
-            linked = [p.slug for p in profiles if p.interconnect]
-            if linked:
-                raise TraitError(f"Invalid GPU profile configuration: profile '{linked[0]}': 'interconnect' "
-                                 "needs a backend whose hub picks the GPUs (gpu-local, gpu-docker); here the "
-                                 "cluster places them (see the README's topology section)")
-        if not self.honours_images:
-            imaged = [p.slug for p in profiles if p.images]
-            if imaged:
-                raise TraitError(f"Invalid GPU profile configuration: profile '{imaged[0]}': 'images' (or a "
-                                 "kubespawner_override 'image') needs a backend that runs images (gpu-docker, "
-                                 "gpu-swarm, gpu-kube, gpu-slurm's batch_script); gpu-local servers run on this host")
+        for flag, key, why in _HONOURED_ONLY_BY:
+            if not getattr(self, flag):
+                found = [p.slug for p in profiles if getattr(p, key)]
+                if found:
+                    raise TraitError(f"Invalid GPU profile configuration: profile '{found[0]}': {why}")
         return proposal["value"]
 
     # ------------------------------------------------------------ collaborators
