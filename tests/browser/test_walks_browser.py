@@ -64,10 +64,11 @@ def choose(page, profile: str, model: str | None = None, count: int | None = Non
         page.locator(f"select[name=gpus-{profile}]").select_option(str(count))
 
 
-def wait_for(what: str, predicate, timeout: float = 90):
+def wait_for(predicate, failure: str, hub=None, timeout: float = 90):
+    """Wait until ``predicate()`` holds; else fail saying ``failure`` (and the end of ``hub``'s log)."""
     deadline = time.monotonic() + timeout
     while not (value := predicate()):
-        assert time.monotonic() < deadline, what
+        assert time.monotonic() < deadline, failure + (f":\n{hub.log()}" if hub else "")
         time.sleep(0.3)
     return value
 
@@ -88,13 +89,13 @@ class Someone:
     def start(self, options: dict) -> None:
         r = self.call("POST", "/server", json=options)
         assert r.status_code in (201, 202), r.text
-        wait_for(f"{self.name}'s server did not start:\n{self.hub.log()}",
-                 lambda: self.call("GET").json()["servers"].get("", {}).get("ready"))
+        wait_for(lambda: self.call("GET").json()["servers"].get("", {}).get("ready"),
+                 f"{self.name}'s server did not start", self.hub)
         server_envs(self.hub, self.name)  # its pids, for the hub's close
 
     def stop(self) -> None:
         self.call("DELETE", "/server")
-        wait_for(f"{self.name}'s server did not stop", lambda: "" not in self.call("GET").json()["servers"])
+        wait_for(lambda: "" not in self.call("GET").json()["servers"], f"{self.name}'s server did not stop", self.hub)
 
     def run_job(self, options: dict, *cells: str) -> str:
         """A notebook GPU job of ``cells``, running: its id."""
@@ -105,12 +106,20 @@ class Someone:
         r = self.call("POST", "/gpu-jobs", json={**options, "notebook": "work.ipynb"})
         assert r.status_code == 201, r.text
         job = r.json()["id"]
-        wait_for(f"{self.name}'s job did not run:\n{self.hub.log()}",
-                 lambda: self.call("GET", f"/gpu-jobs/{job}").json()["state"] == "running")
+        wait_for(lambda: self.call("GET", f"/gpu-jobs/{job}").json()["state"] == "running",
+                 f"{self.name}'s job did not run", self.hub)
         return job
 
     def cancel_job(self, job: str) -> None:
         assert self.call("DELETE", f"/gpu-jobs/{job}").status_code == 200
+
+
+@pytest.fixture(autouse=True)
+def patient_expect():
+    """Each expectation waits up to a minute (JupyterLab opens a notebook in seconds, on a busy machine in more)."""
+    expect.set_options(timeout=60_000)
+    yield
+    expect.set_options(timeout=5_000)  # Playwright's default, for the other modules
 
 
 @pytest.fixture(scope="module")
@@ -155,6 +164,7 @@ def test_new_user_gets_gpus_is_pointed_to_the_queue_runs_a_job_and_reads_their_u
 
     # 4. a second server: no GPU is free, and the refusal names the profile that would queue her
     more = ada.context.new_page()
+    more.set_default_timeout(60_000)
     more.goto(hub.url + "/hub/spawn/ada/more")
     choose(more, "gpu", "any")
     more.click("#spawn_form button[type=submit]")
