@@ -5,8 +5,12 @@ from gpuspawner.hub.setup import configure
 configure(c, culler={"url": "http://127.0.0.1:8000", "idle_timeout": 3600})
 ```
 
-It registers the admin pages ``/hub/gpus`` and ``/hub/gpus/usage`` and APIs
-``/hub/api/gpus`` and ``/hub/api/gpus/usage`` (plus the culler's
+It registers the pages ``/hub/gpus`` and ``/hub/gpus/usage`` and APIs
+``/hub/api/gpus`` and ``/hub/api/gpus/usage`` (everyone's for admins, each user's own
+for them; linked from the hub's navigation bar by ``templates/page.html``, and
+JupyterHub's admin page gets a section of the GPUs each server holds from
+``templates/admin.html``; a site's own ``page.html`` or ``admin.html`` in a
+template folder listed before gpuspawner's wins) (plus the culler's
 ``/hub/api/gpus/usage/report``, scope ``custom:gpus:report``), defines
 the custom scope ``custom:gpus:read`` (grant it in a role to let a service or
 user read the overview; admins read it through their ``admin-ui`` scope,
@@ -63,7 +67,10 @@ def configure(c: Any, *, culler: dict | None = None, python: str = sys.executabl
     check_spawner(c)
     c.JupyterHub.extra_handlers.extend(usage.handlers() + handlers())
     c.JupyterHub.extra_handlers.extend(jobs.handlers())
-    c.JupyterHub.template_paths.append(TEMPLATES)
+    paths = c.JupyterHub.template_paths
+    if isinstance(paths, LazyConfigValue):  # a list of its own, so JupyterHub's folder comes after ours
+        paths = c.JupyterHub.template_paths = paths.get_value([])
+    paths.append(TEMPLATES)
     c.JupyterHub.custom_scopes.update({
         SCOPE: {"description": "Read the GPU overview and usage: every GPU, who holds it, live utilisation, "
                         "GPU-hours per user and group."},
