@@ -47,7 +47,7 @@ from ..recommended import (
     RECOMMENDED_QUEUE_TIMEOUT as RECOMMENDED_QUEUE_TIMEOUT,
     RECOMMENDED_QUOTA_PER_USER as RECOMMENDED_QUOTA_PER_USER,
 )
-from . import jobs, usage
+from . import jobs, usage, usage_page
 from .handlers import SCOPE, SETTINGS_KEY, handlers
 
 TEMPLATES = str(Path(__file__).resolve().parent / "templates")
@@ -65,7 +65,7 @@ CULLER_OPTIONS = {
 def configure(c: Any, *, culler: dict | None = None, python: str = sys.executable) -> None:
     """Add the GPU overview, its scope, and optionally the GPU idle culler, to config ``c``; check the spawner."""
     check_spawner(c)
-    c.JupyterHub.extra_handlers.extend(usage.handlers() + handlers())
+    c.JupyterHub.extra_handlers.extend(usage.handlers() + usage_page.handlers() + handlers())
     c.JupyterHub.extra_handlers.extend(jobs.handlers())
     paths = c.JupyterHub.template_paths
     if isinstance(paths, LazyConfigValue):  # a list of its own, so JupyterHub's folder comes after ours
