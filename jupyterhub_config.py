@@ -212,8 +212,9 @@ c.GPUSpawnerMixin.gpu_profiles = [
 if backend == "slurm":  # no hub queue on Slurm: a GPU job that must wait waits in Slurm's queue
     c.GPUSpawnerMixin.gpu_profiles = [p for p in c.GPUSpawnerMixin.gpu_profiles if not p.get("queue")]
 
-# Operating GPUs (README "Operating GPUs"): quotas, the queue's limit, the admin overview at
-# /hub/gpus and /hub/api/gpus (scope custom:gpus:read; admins have access), metrics at /hub/metrics,
+# Operating GPUs (README "Operating GPUs"): quotas, the queue's limit, the GPU overview at /hub/gpus and
+# usage at /hub/gpus/usage (in the navigation bar; users see their own, admins and scope custom:gpus:read
+# everyone's), a GPU section on /hub/admin, metrics at /hub/metrics,
 # and the GPU idle culler service. Call configure() last: it appends to services and load_roles.
 c.JupyterHub.allow_named_servers = True
 # The quota, the queue's limit and the culler's settings are those the replay chose
