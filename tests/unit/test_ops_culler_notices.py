@@ -86,6 +86,21 @@ def test_culler_arguments_are_checked():
             parse_args(bad)
 
 
+@pytest.mark.parametrize("settings, error, named", [
+    ({"kernel_activity": "yes"}, ValueError, "kernel_activity"),
+    ({"period": "soon"}, SystemExit, "--period"),
+    ({"idle_timeout": 60, "warn_before": 90}, SystemExit, "--warn-before"),
+])
+def test_bad_culler_settings_stop_the_hubs_start_naming_them(settings, error, named, capsys):
+    from traitlets.config import Config
+
+    from gpuspawner.hub.setup import configure
+
+    with pytest.raises(error) as e:
+        configure(Config(), culler=settings)
+    assert named in str(e.value) + capsys.readouterr().err
+
+
 def test_notices_replace_by_id_and_are_bounded():
     board = NoticeBoard(limit=3)
     board.post("one", notice_id="x")
