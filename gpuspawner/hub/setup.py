@@ -48,6 +48,7 @@ from ..recommended import (
     RECOMMENDED_QUOTA_PER_USER as RECOMMENDED_QUOTA_PER_USER,
 )
 from . import jobs, usage, usage_page
+from .culler import parse_args as culler_arguments
 from .handlers import SCOPE, SETTINGS_KEY, handlers
 
 TEMPLATES = str(Path(__file__).resolve().parent / "templates")
@@ -59,6 +60,7 @@ CULLER_SCOPES = ["list:users", "read:users", "read:servers", "servers", "access:
 CULLER_OPTIONS = {
     "url": "--url", "period": "--period", "threshold": "--threshold",
     "idle_timeout": "--idle-timeout", "warn_before": "--warn-before", "pid_file": "--pid-file",
+    "kernel_activity": "--kernel-activity",  # True/"on": a kernel running code counts as use
 }
 
 
@@ -94,9 +96,14 @@ def configure(c: Any, *, culler: dict | None = None, python: str = sys.executabl
             raise ValueError(f"configure(culler=...): unknown keys {sorted(unknown)}; known: {sorted(CULLER_OPTIONS)}")
         # JupyterHub loads its configuration in its own process, which then starts the culler
         command = [python, "-m", "gpuspawner.hub.culler", "--hub-pid", str(os.getpid())]
+        if culler.get("kernel_activity", "off") not in (True, False, "on", "off"):
+            raise ValueError(f"configure(culler=...): kernel_activity={culler['kernel_activity']!r}; "
+                             "use True or False")
         for key, flag in CULLER_OPTIONS.items():
             if key in culler:
-                command += [flag, str(culler[key])]
+                value = culler[key]
+                command += [flag, ("on" if value else "off") if isinstance(value, bool) else str(value)]
+        culler_arguments(command[3:])  # a bad setting stops the hub's start, naming it (not only the culler's)
         c.JupyterHub.services.append({"name": CULLER_SERVICE, "command": command})
         roles.append({"name": CULLER_SERVICE, "description": "Stop servers whose GPUs stay idle",
                       "scopes": CULLER_SCOPES, "services": [CULLER_SERVICE]})
