@@ -363,7 +363,7 @@ def _refusal_fields(survey: _Shortfall, request: GPURequest) -> tuple[str, dict[
     host_max = survey.most_on_one_host(survey.matching)
     if count > host_max:
         return "exceeds_host_size", {
-            "amount": _amount(count, subject), "was": _plural(count, "was", "were"), "most": host_max,
+            "amount": amount(count, subject), "was": _plural(count, "was", "were"), "most": host_max,
             "subjects": _plural(host_max, subject, _many(subject)), "one_model": _one_model(survey)}
     alternatives = _alternatives(survey, count)
     if survey.total == 0:
@@ -376,7 +376,7 @@ def _refusal_fields(survey: _Shortfall, request: GPURequest) -> tuple[str, dict[
                              "alternatives": alternatives, "next_step": _next_step(alternatives)}
     best = survey.largest(survey.matching)
     return "not_enough_on_one_host", {
-        "amount": _amount(count, subject), "best": best, "are": _plural(best, "is", "are"),
+        "amount": amount(count, subject), "best": best, "are": _plural(best, "is", "are"),
         "one_model": _one_model(survey), "free": survey.free, "total": survey.total, "broken": broken,
         "alternatives": alternatives, "next_step": _next_step(alternatives, fewer=best)}
 
