@@ -7,10 +7,12 @@ one for this module. Each walk goes through the pages a person would, in
 Chromium, clicking what they would click, and leaves a screenshot of every step
 in test-artifacts/ (walk-user-01-login.png, ..., walk-admin-05-usage.png).
 
-Steps marked NEW (issue 29) check what the issue's other parts add: the form's
-free/total on each card and counts that never fit, a refusal that names the
-queued profile, the queue's estimate (form37); the navbar links, the admin page's
-GPU section, each user's own usage view and end reasons in words (pages37).
+Steps marked "issue 29" check what that issue added: the form's free/total on
+each card and counts that never fit, a refusal that names the queued profile,
+the queue's estimate (its form part); the navbar links, the admin page's GPU
+section (JupyterHub's admin app has no place for a column: a section below it),
+each user's own usage view and end reasons in words (its pages part). Each walk
+fails where one of them is missing.
 """
 
 from __future__ import annotations
@@ -142,7 +144,7 @@ def test_new_user_gets_gpus_is_pointed_to_the_queue_runs_a_job_and_reads_their_u
     form = ada.locator("#gpuspawner-form")
     expect(form).to_contain_text("Simulated GPUs")
     card = form.locator("[data-profile=gpu]")
-    # NEW (issue 29, form37): free/total on the card itself, and a count that never fits says so and why
+    # issue 29: free/total on the card itself, and a count that never fits says so and why
     expect(card.locator(".gs-free")).to_have_text("NVIDIA A100-SXM4-80GB: 2 of 2 free · Tesla T4: 0 of 2 free")
     expect(card.locator("select[name=gpus-gpu] option[value='4']")).to_contain_text(
         "never fits here: needs 4 GPUs on one host; the largest here has 2")
@@ -170,7 +172,7 @@ def test_new_user_gets_gpus_is_pointed_to_the_queue_runs_a_job_and_reads_their_u
     more.click("#spawn_form button[type=submit]")
     refusal = more.locator(".spawn-error-msg")
     expect(refusal).to_contain_text("No GPU is free right now: 0 of 4 free. Try again later.")
-    # NEW (issue 29, form37): pointed to the queued profile
+    # issue 29: pointed to the queued profile
     expect(refusal).to_contain_text(f'Pick "{QUEUED}" to wait in the queue instead.')
     shot(more, "user", 4, "refused")
 
@@ -180,7 +182,7 @@ def test_new_user_gets_gpus_is_pointed_to_the_queue_runs_a_job_and_reads_their_u
     more.wait_for_url(re.compile(r"/hub/spawn-pending/ada/more"))
     message = more.locator("#progress-message")
     expect(message).to_contain_text("Waiting for a free GPU: number 1 in the queue")
-    # NEW (issue 29, form37): an estimate, and what it rests on, instead of "no estimate yet"
+    # issue 29: an estimate, and what it rests on, instead of "no estimate yet"
     expect(message).to_contain_text(re.compile(
         r"4 of 4 GPUs held\. The first could free by \d\d:\d\d UTC, when a notebook job holding one "
         r"reaches its time limit"))
@@ -214,7 +216,7 @@ def test_new_user_gets_gpus_is_pointed_to_the_queue_runs_a_job_and_reads_their_u
     expect(table).to_contain_text("Completed")
     shot(ada, "user", 7, "job-completed")
 
-    # 7. her own usage: the navbar's GPU usage link (NEW, issue 29, pages37), her GPU-hours, how each ended
+    # 7. her own usage: the navbar's GPU usage link (issue 29), her GPU-hours, how each ended
     ada.goto(hub.url + "/hub/home")
     ada.locator("#gpuspawner-nav-usage").click()
     expect(ada.locator("h1")).to_have_text("Your GPU usage")
@@ -244,7 +246,7 @@ def test_admin_finds_the_overview_the_admin_page_gpus_and_usage_with_end_reasons
     admin.click("#login_submit")
     admin.wait_for_url(lambda url: "/hub/login" not in url)
 
-    # 2. NEW (issue 29, pages37): the navbar links the GPU overview, on whatever hub page they land
+    # 2. issue 29: the navbar links the GPU overview, on whatever hub page they land
     link = admin.locator("#gpuspawner-nav-gpus")
     expect(link).to_have_text("GPUs")
     shot(admin, "admin", 2, "navbar")
@@ -258,7 +260,7 @@ def test_admin_finds_the_overview_the_admin_page_gpus_and_usage_with_end_reasons
     expect(held).to_contain_text("running")
     shot(admin, "admin", 3, "overview")
 
-    # 4. JupyterHub's admin page (its navbar link) lists carol, and NEW (issue 29, pages37) the GPUs she holds
+    # 4. JupyterHub's admin page (its navbar link) lists carol, and (issue 29) the GPUs she holds
     admin.get_by_role("link", name="Admin", exact=True).click()
     admin.wait_for_url(re.compile(r"/hub/admin"))
     expect(admin.locator("#react-admin-hook")).to_contain_text("carol")
@@ -267,7 +269,7 @@ def test_admin_finds_the_overview_the_admin_page_gpus_and_usage_with_end_reasons
     expect(row).to_contain_text("default server")
     shot(admin, "admin", 4, "admin-page")
 
-    # 5. carol stops her server; NEW (issue 29, pages37): the usage page says how each start ended
+    # 5. carol stops her server; issue 29: the usage page says how each start ended
     carol.stop()
     admin.locator("#gpuspawner-nav-usage").click()
     expect(admin.locator("h1")).to_have_text("GPU usage")
