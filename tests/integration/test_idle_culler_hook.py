@@ -1,0 +1,105 @@
+"""jupyterhub-idle-culler 2.0, run by a real hub as a managed service, made GPU-aware by
+gpuspawner's ``cull_arbiter_hook`` (:class:`gpuspawner.hub.arbiter.GPUCullArbiter`).
+
+The culler's own rule (inactive for ``--timeout`` seconds) would stop every server here:
+no user does anything after starting. With the hook, the server whose GPUs compute keeps
+running, the one whose GPUs idle is warned in JupyterLab, then stopped, and its usage
+record says it was culled; a server holding no GPU keeps the culler's own rule.
+Utilisation is scripted on the stand-in NVML library.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from datetime import datetime
+
+import pytest
+import requests
+
+from hub import login
+from ops_hub import OpsHub
+from test_local_hub import TWO_GPUS, start
+from test_ops_culler import notices
+from test_ops_overview import user_token, wait_for
+from test_usage_accounting import record
+
+pytestmark = pytest.mark.integration
+
+PROFILES = [{"slug": "gpu", "display_name": "GPU notebook", "gpu_models": ["any"], "gpu_counts": [1, 2],
+             "default_gpus": 1, "default": True},
+            {"slug": "cpu", "display_name": "CPU only", "gpu_counts": [0]}]
+TIMEOUT, CULL_EVERY, WARN_BEFORE = 14, 2, 6
+
+# what a site adds to its hub's configuration: the culler as a managed service, with its role
+SERVICE_CONFIG = """
+from gpuspawner.hub.arbiter import ARBITER_SCOPES
+c.JupyterHub.services.append({{"name": "idle-culler", "command": {command!r}}})
+c.JupyterHub.load_roles.append({{
+    "name": "idle-culler", "services": ["idle-culler"],
+    "scopes": ["list:users", "read:users:activity", "read:servers", "delete:servers", *ARBITER_SCOPES],
+}})
+"""
+# ... and to the culler's configuration file
+CULLER_CONFIG = """
+from gpuspawner.hub.arbiter import GPUCullArbiter
+c.IdleCuller.cull_arbiter_hook = GPUCullArbiter({url!r}, threshold=10, warn_before={warn_before})
+"""
+
+
+@pytest.fixture
+def culler_hub(tmp_path, fakenvml_libdir):
+    hub = OpsHub(tmp_path, fakenvml_libdir, PROFILES, server_args=["--GPUMonitor.interval=0.5"])
+    culler_config = tmp_path / "idle_culler_config.py"
+    culler_config.write_text(CULLER_CONFIG.format(url=hub.url, warn_before=WARN_BEFORE))
+    command = [sys.executable, "-m", "jupyterhub_idle_culler", f"--timeout={TIMEOUT}",
+               f"--cull-every={CULL_EVERY}", f"--config={culler_config}"]
+    with open(hub.config_file, "a") as f:
+        f.write(SERVICE_CONFIG.format(command=command))
+    hub.start()
+    try:
+        yield hub
+    finally:
+        hub.close()
+
+
+def test_idle_culler_keeps_the_gpu_busy_server_and_culls_the_idle_one_after_a_warning(culler_hub):
+    hub = culler_hub
+    hub.add_users("alice", "bob", "carol")
+    r = hub.spawn("carol", {"profile": "cpu", "gpus": 0})
+    assert r.status_code in (201, 202), r.text
+    hub.wait_ready("carol")
+    alice_gpus = start(hub, "alice", TWO_GPUS)
+    bob_gpus = start(hub, "bob", TWO_GPUS)
+    hub.set_utilization({**dict.fromkeys(alice_gpus, 85), **dict.fromkeys(bob_gpus, 2)})
+    alice_token = user_token(hub, login(hub, "alice"), "alice")
+    bob_token = user_token(hub, login(hub, "bob"), "bob")
+
+    warning = wait_for(lambda: notices(hub, "bob", bob_token), timeout=120, interval=0.2)
+    assert warning, hub.log()
+    assert warning[0]["level"] == "warning" and warning[0]["source"] == "idle-culler"
+    assert warning[0]["message"].startswith(f"This server will be stopped in {WARN_BEFORE} seconds or a little "
+                                            "later because its GPUs are idle (below 10% utilisation for ")
+    assert hub.user("bob")["servers"][""]["ready"], "warned first, still running"
+
+    assert wait_for(lambda: not hub.user("bob")["servers"], timeout=120), hub.log()
+    bob_record = wait_for(lambda: record(hub, "bob/"), timeout=30)
+    assert bob_record and bob_record["end_reason"] == "culled", bob_record
+    log = hub.log_path.read_text()
+    culled = [line for line in log.splitlines() if "gpuspawner: culling bob/" in line]
+    assert len(culled) == 1 and all(u in culled[0] for u in bob_gpus), log
+
+    # carol holds no GPU: the culler's own rule stopped her inactive server, as before
+    assert wait_for(lambda: not hub.user("carol")["servers"], timeout=60), hub.log()
+
+    # alice has not touched her server for longer than the culler's timeout, but her GPUs compute
+    wait_for(lambda: False, timeout=3 * CULL_EVERY)
+    alice = hub.user("alice")["servers"][""]
+    assert alice["ready"], hub.log()
+    assert notices(hub, "alice", alice_token) == []
+    inactive = time.time() - datetime.fromisoformat(alice["last_activity"].replace("Z", "+00:00")).timestamp()
+    assert inactive >= TIMEOUT, f"alice looks active to the hub ({inactive:.0f} s): the test proves nothing"
+    log = hub.log_path.read_text()
+    assert "alice/" not in "".join(line for line in log.splitlines() if "gpuspawner: " in line)
+    r = requests.get(f"{hub.url}/user/alice/api/gpus", headers={"Authorization": f"token {alice_token}"}, timeout=30)
+    assert r.status_code == 200 and {g["uuid"] for g in r.json()["gpus"]} == alice_gpus
