@@ -68,11 +68,13 @@ class GPUCullArbiter:
     """
 
     def __init__(self, url: str | None = None, *, threshold: float = 5.0, warn_before: float = 600.0) -> None:
+        # SystemExit, not ValueError: the idle culler logs an Exception raised in its configuration file
+        # and goes on culling by its own rule (GPU-busy servers too); a bad setting must stop it instead
         if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not 0 < threshold <= 100:
-            raise ValueError(f"GPUCullArbiter(threshold={threshold!r}): must be a GPU utilisation in percent, "
-                             "above 0 and at most 100")
+            raise SystemExit(f"gpuspawner: GPUCullArbiter(threshold={threshold!r}): must be a GPU utilisation "
+                             "in percent, above 0 and at most 100")
         if isinstance(warn_before, bool) or not isinstance(warn_before, (int, float)) or not warn_before >= 0:
-            raise ValueError(f"GPUCullArbiter(warn_before={warn_before!r}): must be seconds, 0 or more")
+            raise SystemExit(f"gpuspawner: GPUCullArbiter(warn_before={warn_before!r}): must be seconds, 0 or more")
         self.url = (url or os.environ.get("JUPYTERHUB_PUBLIC_URL") or "http://127.0.0.1:8000").rstrip("/")
         self.threshold = float(threshold)
         self.warn_before = float(warn_before)
@@ -165,26 +167,28 @@ class GPUCullArbiter:
         now = time.time()
         tracker = self._tracker(idle_timeout)
         action, idle_for = tracker.observe(key, samples, now)
-        if action == "warn":
-            message = (f"This server will be stopped in {_duration(self.warn_before)} or a little later because its "
-                       f"GPUs are idle (below {self.threshold:g}% utilisation for {_duration(idle_for)}). "
-                       "Use them, or stop the server yourself to give them to others.")
-            notice = {"id": NOTICE_ID, "level": "warning", "message": message, "source": "idle-culler"}
-            code, _ = await self._call("POST", f"{base}/api/gpus/notices", notice)
-            if 200 <= code < 300:
-                tracker.warned(key, now)
-                _log().warning("gpuspawner: warned %s: its GPUs (%s) stayed below %g%% for %s",
-                               owner, ", ".join(holder["uuids"]), self.threshold, _duration(idle_for))
-            else:
-                _log().warning("gpuspawner: %s: its server did not take the warning (HTTP %s)", owner, code)
-            return False
+        what = (f"its GPUs ({', '.join(holder['uuids'])}) stayed below {self.threshold:g}% utilisation "
+                f"for {_duration(idle_for)}")
+        if action == "warn" and await self._warn(base, owner, idle_for):
+            tracker.warned(key, now)
+            _log().warning("gpuspawner: warned %s: %s", owner, what)
         if action != "stop":
             return False
         await self._report(owner, [], end_reason="culled")
-        _log().warning("gpuspawner: culling %s: its GPUs (%s) stayed below %g%% utilisation for %s (warned %s before)",
-                       owner, ", ".join(holder["uuids"]), self.threshold, _duration(idle_for),
-                       _duration(self.warn_before))
+        _log().warning("gpuspawner: culling %s: %s (warned %s before)", owner, what, _duration(self.warn_before))
         return True
+
+    async def _warn(self, base: str, owner: str, idle_for: float) -> bool:
+        """Post the warning to the server's notices (JupyterLab shows it); whether the server took it."""
+        why = f"its GPUs are idle (below {self.threshold:g}% utilisation for {_duration(idle_for)})"
+        when = f"{_duration(self.warn_before)} or a little later"  # the idle culler decides every --cull-every
+        notice = {"id": NOTICE_ID, "level": "warning", "source": "idle-culler",
+                  "message": f"This server will be stopped in {when} because {why}. "
+                             "Use them, or stop the server yourself to give them to others."}
+        code, _ = await self._call("POST", f"{base}/api/gpus/notices", notice)
+        if not 200 <= code < 300:
+            _log().warning("gpuspawner: %s: its server did not take the warning (HTTP %s)", owner, code)
+        return 200 <= code < 300
 
     async def _report(self, owner: str, samples: list, end_reason: str | None = None) -> None:
         body: dict = {"owner": owner, "threshold": self.threshold, "samples": [list(s) for s in samples]}

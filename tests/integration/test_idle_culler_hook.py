@@ -17,11 +17,9 @@ from datetime import datetime
 import pytest
 import requests
 
-from hub import login
 from ops_hub import OpsHub
-from test_local_hub import TWO_GPUS, start
-from test_ops_culler import notices
-from test_ops_overview import user_token, wait_for
+from test_ops_culler import busy_alice_idle_bob, notices
+from test_ops_overview import wait_for
 from test_usage_accounting import record
 
 pytestmark = pytest.mark.integration
@@ -65,15 +63,11 @@ def culler_hub(tmp_path, fakenvml_libdir):
 
 def test_idle_culler_keeps_the_gpu_busy_server_and_culls_the_idle_one_after_a_warning(culler_hub):
     hub = culler_hub
-    hub.add_users("alice", "bob", "carol")
+    hub.add_users("carol")
     r = hub.spawn("carol", {"profile": "cpu", "gpus": 0})
     assert r.status_code in (201, 202), r.text
     hub.wait_ready("carol")
-    alice_gpus = start(hub, "alice", TWO_GPUS)
-    bob_gpus = start(hub, "bob", TWO_GPUS)
-    hub.set_utilization({**dict.fromkeys(alice_gpus, 85), **dict.fromkeys(bob_gpus, 2)})
-    alice_token = user_token(hub, login(hub, "alice"), "alice")
-    bob_token = user_token(hub, login(hub, "bob"), "bob")
+    alice_gpus, bob_gpus, alice_token, bob_token = busy_alice_idle_bob(hub)
 
     warning = wait_for(lambda: notices(hub, "bob", bob_token), timeout=120, interval=0.2)
     assert warning, hub.log()

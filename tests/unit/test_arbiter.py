@@ -1,6 +1,10 @@
-"""Settings of the jupyterhub-idle-culler hook that a site gets wrong are refused, naming the setting."""
+"""Settings of the jupyterhub-idle-culler hook that a site gets wrong stop the culler, naming the setting."""
 
 from __future__ import annotations
+
+import os
+import subprocess
+import sys
 
 import pytest
 
@@ -12,7 +16,7 @@ from gpuspawner.hub.arbiter import GPUCullArbiter
     ("warn_before", -1), ("warn_before", float("nan")), ("warn_before", None),
 ])
 def test_bad_settings_are_refused_naming_the_setting(setting, value):
-    with pytest.raises(ValueError, match=rf"GPUCullArbiter\({setting}="):
+    with pytest.raises(SystemExit, match=rf"GPUCullArbiter\({setting}="):
         GPUCullArbiter("http://127.0.0.1:8000", **{setting: value})
 
 
@@ -21,3 +25,16 @@ def test_the_proxy_url_defaults_to_the_public_url(monkeypatch):
     assert GPUCullArbiter().url == "https://hub.example.org"
     monkeypatch.delenv("JUPYTERHUB_PUBLIC_URL")
     assert GPUCullArbiter(threshold=100, warn_before=0).url == "http://127.0.0.1:8000"
+
+
+def test_the_real_idle_culler_stops_at_start_on_a_bad_setting_instead_of_culling_by_its_own_rule(tmp_path):
+    config = tmp_path / "idle_culler_config.py"
+    config.write_text("from gpuspawner.hub.arbiter import GPUCullArbiter\n"
+                      "c.IdleCuller.cull_arbiter_hook = GPUCullArbiter(threshold=500)\n")
+    env = {**os.environ, "JUPYTERHUB_API_TOKEN": "unused"}
+    # the culler would first reach its hub (none at port 1) only after loading its configuration
+    done = subprocess.run([sys.executable, "-m", "jupyterhub_idle_culler", "--url=http://127.0.0.1:1/hub/api",
+                           f"--config={config}"], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1, done.stderr
+    assert done.stderr.strip().endswith("gpuspawner: GPUCullArbiter(threshold=500): must be a GPU utilisation "
+                                        "in percent, above 0 and at most 100"), done.stderr
