@@ -57,6 +57,13 @@ def _log() -> logging.Logger:
     return Application.instance().log if Application.initialized() else logging.getLogger(__name__)
 
 
+def _culler_timeout() -> float | None:
+    """The running idle culler's ``--timeout``, where this is loaded by one."""
+    from traitlets.config import Application
+
+    return getattr(Application.instance(), "timeout", None) if Application.initialized() else None
+
+
 class GPUCullArbiter:
     """``c.IdleCuller.cull_arbiter_hook``: the GPU rule of gpuspawner's culler (see the module's docstring).
 
@@ -75,6 +82,10 @@ class GPUCullArbiter:
                              "in percent, above 0 and at most 100")
         if isinstance(warn_before, bool) or not isinstance(warn_before, (int, float)) or not warn_before >= 0:
             raise SystemExit(f"gpuspawner: GPUCullArbiter(warn_before={warn_before!r}): must be seconds, 0 or more")
+        timeout = _culler_timeout()  # set on its command line (one set later in its file is checked at each call)
+        if timeout is not None and warn_before >= timeout:
+            raise SystemExit(f"gpuspawner: GPUCullArbiter(warn_before={warn_before!r}): must be less than the idle "
+                             f"culler's --timeout ({timeout})")
         self.url = (url or os.environ.get("JUPYTERHUB_PUBLIC_URL") or "http://127.0.0.1:8000").rstrip("/")
         self.threshold = float(threshold)
         self.warn_before = float(warn_before)
@@ -128,6 +139,13 @@ class GPUCullArbiter:
         return self._trackers[idle_timeout]
 
     async def __call__(self, *, inactive: timedelta | None, inactive_limit: float, server: dict, **_) -> bool:
+        try:
+            return await self._decide(inactive, inactive_limit, server)
+        except Exception:  # a failure on one server must not end the culler's round, nor cull it
+            _log().exception("gpuspawner: deciding on %s failed; not culling it", server.get("full_name"))
+            return False
+
+    async def _decide(self, inactive: timedelta | None, inactive_limit: float, server: dict) -> bool:
         classic = inactive is not None and inactive.total_seconds() >= inactive_limit
         holders = await self._holders()
         if holders is None:
@@ -141,11 +159,7 @@ class GPUCullArbiter:
             _log().error("gpuspawner: GPUCullArbiter(warn_before=%g) must be less than the idle culler's "
                          "--timeout (%s); culling no GPU server", self.warn_before, inactive_limit)
             return False
-        try:
-            return await self._judge(holder, float(inactive_limit))
-        except Exception:  # a bad answer from one server must not end the culler's round
-            _log().exception("gpuspawner: judging %s failed; not culling it", holder["owner"])
-            return False
+        return await self._judge(holder, float(inactive_limit))
 
     async def _judge(self, holder: dict, idle_timeout: float) -> bool:
         owner, key = holder["owner"], start_key(holder)

@@ -27,14 +27,25 @@ def test_the_proxy_url_defaults_to_the_public_url(monkeypatch):
     assert GPUCullArbiter(threshold=100, warn_before=0).url == "http://127.0.0.1:8000"
 
 
-def test_the_real_idle_culler_stops_at_start_on_a_bad_setting_instead_of_culling_by_its_own_rule(tmp_path):
+def run_culler(tmp_path, hook: str, *args: str) -> subprocess.CompletedProcess:
+    """The real jupyterhub-idle-culler with ``hook`` in its configuration file, its hub nowhere (port 1): it
+    loads its configuration before it first calls the hub."""
     config = tmp_path / "idle_culler_config.py"
-    config.write_text("from gpuspawner.hub.arbiter import GPUCullArbiter\n"
-                      "c.IdleCuller.cull_arbiter_hook = GPUCullArbiter(threshold=500)\n")
-    env = {**os.environ, "JUPYTERHUB_API_TOKEN": "unused"}
-    # the culler would first reach its hub (none at port 1) only after loading its configuration
-    done = subprocess.run([sys.executable, "-m", "jupyterhub_idle_culler", "--url=http://127.0.0.1:1/hub/api",
-                           f"--config={config}"], env=env, capture_output=True, text=True, timeout=120)
+    config.write_text(f"from gpuspawner.hub.arbiter import GPUCullArbiter\nc.IdleCuller.cull_arbiter_hook = {hook}\n")
+    return subprocess.run([sys.executable, "-m", "jupyterhub_idle_culler", "--url=http://127.0.0.1:1/hub/api",
+                           *args, f"--config={config}"], env={**os.environ, "JUPYTERHUB_API_TOKEN": "unused"},
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_the_real_idle_culler_stops_at_start_on_a_bad_setting_instead_of_culling_by_its_own_rule(tmp_path):
+    done = run_culler(tmp_path, "GPUCullArbiter(threshold=500)")
     assert done.returncode == 1, done.stderr
     assert done.stderr.strip().endswith("gpuspawner: GPUCullArbiter(threshold=500): must be a GPU utilisation "
                                         "in percent, above 0 and at most 100"), done.stderr
+
+
+def test_the_real_idle_culler_stops_at_start_when_the_warning_would_not_come_before_its_timeout(tmp_path):
+    done = run_culler(tmp_path, "GPUCullArbiter(warn_before=600)", "--timeout=300")
+    assert done.returncode == 1, done.stderr
+    assert done.stderr.strip().endswith("gpuspawner: GPUCullArbiter(warn_before=600): must be less than the idle "
+                                        "culler's --timeout (300)"), done.stderr
