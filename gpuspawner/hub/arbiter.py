@@ -6,18 +6,22 @@ and stops the server when it answers True. In the culler's configuration file
 (``idle_culler_config.py`` in its working directory, or the file ``--config`` names)::
 
     from gpuspawner.hub.arbiter import GPUCullArbiter
-    c.IdleCuller.cull_arbiter_hook = GPUCullArbiter(url="https://hub.example.org", threshold=5, warn_before=600)
+    c.IdleCuller.cull_arbiter_hook = GPUCullArbiter("https://hub.example.org", threshold=5, warn_before=600,
+                                                    kernel_activity=True)
 
 :class:`GPUCullArbiter` answers as gpuspawner's own culler (:mod:`gpuspawner.hub.culler`) would:
 
-- A server holding GPUs (``GET /hub/api/gpus``) is judged by its GPUs alone, with the
-  built-in culler's rule (:class:`gpuspawner.idle.IdleTracker`), the idle culler's
-  ``--timeout`` being the idle timeout: once all its GPUs have stayed below ``threshold`` %
-  for ``timeout - warn_before`` seconds its user gets the warning notice in JupyterLab, and
-  it is culled when they are still idle ``timeout`` seconds in, ``warn_before`` seconds or
-  more after that warning. A busy GPU keeps it running, however long since the user was
-  active; hub activity does not keep idle GPUs. A server whose monitor cannot be read, or
-  that did not take the warning, is not culled that round.
+- A server holding GPUs (``GET /hub/api/gpus``) is judged by its GPUs, with the built-in
+  culler's rule (:class:`gpuspawner.idle.IdleTracker`), the idle culler's ``--timeout``
+  being the idle timeout: once all its GPUs have stayed below ``threshold`` % for
+  ``timeout - warn_before`` seconds its user gets the warning notice in JupyterLab, and it
+  is culled when they are still idle ``timeout`` seconds in, ``warn_before`` seconds or more
+  after that warning. A busy GPU keeps it running, however long since the user was active;
+  hub activity (an open browser tab) does not keep idle GPUs. With ``kernel_activity=True``
+  its kernels count too, as with the built-in culler's ``--kernel-activity on``: a kernel
+  running code, or active since the last look (``GET {server}/api/kernels``), is use. A
+  server whose monitor (or kernels) cannot be read, or that did not take the warning, is not
+  culled that round.
 - A notebook GPU job is never culled (it ends by itself); a server holding no GPU gets the
   idle culler's own rule (``inactive >= inactive_limit``).
 
@@ -41,7 +45,7 @@ from datetime import timedelta
 from tornado.httpclient import AsyncHTTPClient, HTTPRequest
 
 from ..idle import IdleTracker
-from .culler import NOTICE_ID, _duration, highest_utilization, start_key
+from .culler import NOTICE_ID, _duration, highest_utilization, idle_summary, kernel_activity, start_key, warning_message
 from .handlers import SCOPE
 from .usage import REPORT_SCOPE
 
@@ -70,11 +74,14 @@ class GPUCullArbiter:
     ``url``: the proxy's URL, through which the servers' monitors are reached (default
     ``$JUPYTERHUB_PUBLIC_URL``, else ``http://127.0.0.1:8000``); ``threshold``: GPU
     utilisation (%) below which a GPU is idle; ``warn_before``: seconds between the
-    warning and the cull (less than the culler's ``--timeout``). The hub's API URL and
-    token are the culler's own (``JUPYTERHUB_API_URL``, ``JUPYTERHUB_API_TOKEN``).
+    warning and the cull (less than the culler's ``--timeout``); ``kernel_activity``: a
+    kernel running code, or active since the last look, counts as use, as a busy GPU does.
+    The hub's API URL and token are the culler's own (``JUPYTERHUB_API_URL``,
+    ``JUPYTERHUB_API_TOKEN``).
     """
 
-    def __init__(self, url: str | None = None, *, threshold: float = 5.0, warn_before: float = 600.0) -> None:
+    def __init__(self, url: str | None = None, *, threshold: float = 5.0, warn_before: float = 600.0,
+                 kernel_activity: bool = False) -> None:
         # SystemExit, not ValueError: the idle culler logs an Exception raised in its configuration file
         # and goes on culling by its own rule (GPU-busy servers too); a bad setting must stop it instead
         if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not 0 < threshold <= 100:
@@ -86,6 +93,9 @@ class GPUCullArbiter:
         if timeout is not None and warn_before >= timeout:
             raise SystemExit(f"gpuspawner: GPUCullArbiter(warn_before={warn_before!r}): must be less than the idle "
                              f"culler's --timeout ({timeout})")
+        if not isinstance(kernel_activity, bool):
+            raise SystemExit(f"gpuspawner: GPUCullArbiter(kernel_activity={kernel_activity!r}): must be True or False")
+        self.kernel_activity = kernel_activity
         self.url = (url or os.environ.get("JUPYTERHUB_PUBLIC_URL") or "http://127.0.0.1:8000").rstrip("/")
         self.threshold = float(threshold)
         self.warn_before = float(warn_before)
@@ -172,6 +182,13 @@ class GPUCullArbiter:
             return False
         samples = [(s["time"], highest_utilization(s)) for s in sample.get("history", [])]
         samples.append((sample["time"], highest_utilization(sample)))
+        activity: list[float] = []
+        if self.kernel_activity:
+            code, kernels = await self._call("GET", f"{base}/api/kernels")
+            if code != 200:
+                _log().warning("gpuspawner: %s: cannot read its kernels (HTTP %s); not culling it now", owner, code)
+                return False
+            activity = kernel_activity(kernels, sample["time"])
         await self._report(owner, samples)
         oldest, newest = min(at for at, _ in samples), max(at for at, _ in samples)
         seen = self._newest.get(key)
@@ -180,9 +197,8 @@ class GPUCullArbiter:
         self._newest[key] = max(newest, seen or newest)
         now = time.time()
         tracker = self._tracker(idle_timeout)
-        action, idle_for = tracker.observe(key, samples, now)
-        what = (f"its GPUs ({', '.join(holder['uuids'])}) stayed below {self.threshold:g}% utilisation "
-                f"for {_duration(idle_for)}")
+        action, idle_for = tracker.observe(key, samples, now, activity=activity)
+        what = idle_summary(holder["uuids"], self.threshold, idle_for, self.kernel_activity)
         if action == "warn" and await self._warn(base, owner, idle_for):
             tracker.warned(key, now)
             _log().warning("gpuspawner: warned %s: %s", owner, what)
@@ -194,11 +210,9 @@ class GPUCullArbiter:
 
     async def _warn(self, base: str, owner: str, idle_for: float) -> bool:
         """Post the warning to the server's notices (JupyterLab shows it); whether the server took it."""
-        why = f"its GPUs are idle (below {self.threshold:g}% utilisation for {_duration(idle_for)})"
-        when = f"{_duration(self.warn_before)} or a little later"  # the idle culler decides every --cull-every
+        when = f"in {_duration(self.warn_before)} or a little later"  # the idle culler decides every --cull-every
         notice = {"id": NOTICE_ID, "level": "warning", "source": "idle-culler",
-                  "message": f"This server will be stopped in {when} because {why}. "
-                             "Use them, or stop the server yourself to give them to others."}
+                  "message": warning_message(when, self.threshold, idle_for, self.kernel_activity)}
         code, _ = await self._call("POST", f"{base}/api/gpus/notices", notice)
         if not 200 <= code < 300:
             _log().warning("gpuspawner: %s: its server did not take the warning (HTTP %s)", owner, code)

@@ -2,14 +2,16 @@
 gpuspawner's ``cull_arbiter_hook`` (:class:`gpuspawner.hub.arbiter.GPUCullArbiter`).
 
 The culler's own rule (inactive for ``--timeout`` seconds) would stop every server here:
-no user does anything after starting. With the hook, the server whose GPUs compute keeps
-running, the one whose GPUs idle is warned in JupyterLab, then stopped, and its usage
-record says it was culled; a server holding no GPU keeps the culler's own rule.
+no user touches their server after starting it. With the hook (``kernel_activity=True``),
+the server whose GPUs compute keeps running, and so does the one whose kernel computes on
+the CPU; the one whose GPUs and kernels idle is warned in JupyterLab, then stopped, and its
+usage record says it was culled; a server holding no GPU keeps the culler's own rule.
 Utilisation is scripted on the stand-in NVML library.
 """
 
 from __future__ import annotations
 
+import asyncio
 import sys
 import time
 from datetime import datetime
@@ -17,9 +19,14 @@ from datetime import datetime
 import pytest
 import requests
 
+from gpuspawner.simulation import simulated_config
+from hub import login
+from kernels import execute, start_kernel
 from ops_hub import OpsHub
+from test_default_culler import LOOP
+from test_local_hub import start
 from test_ops_culler import busy_alice_idle_bob, notices
-from test_ops_overview import wait_for
+from test_ops_overview import user_token, wait_for
 from test_usage_accounting import record
 
 pytestmark = pytest.mark.integration
@@ -41,13 +48,14 @@ c.JupyterHub.load_roles.append({{
 # ... and to the culler's configuration file
 CULLER_CONFIG = """
 from gpuspawner.hub.arbiter import GPUCullArbiter
-c.IdleCuller.cull_arbiter_hook = GPUCullArbiter({url!r}, threshold=10, warn_before={warn_before})
+c.IdleCuller.cull_arbiter_hook = GPUCullArbiter({url!r}, threshold=10, warn_before={warn_before}, kernel_activity=True)
 """
 
 
 @pytest.fixture
 def culler_hub(tmp_path, fakenvml_libdir):
-    hub = OpsHub(tmp_path, fakenvml_libdir, PROFILES, server_args=["--GPUMonitor.interval=0.5"])
+    hub = OpsHub(tmp_path, fakenvml_libdir, PROFILES, devices=simulated_config(a100=3, t4=3),
+                 server_args=["--GPUMonitor.interval=0.5"])
     culler_config = tmp_path / "idle_culler_config.py"
     culler_config.write_text(CULLER_CONFIG.format(url=hub.url, warn_before=WARN_BEFORE))
     command = [sys.executable, "-m", "jupyterhub_idle_culler", f"--timeout={TIMEOUT}",
@@ -63,17 +71,25 @@ def culler_hub(tmp_path, fakenvml_libdir):
 
 def test_idle_culler_keeps_the_gpu_busy_server_and_culls_the_idle_one_after_a_warning(culler_hub):
     hub = culler_hub
-    hub.add_users("carol")
+    hub.add_users("carol", "dave")
     r = hub.spawn("carol", {"profile": "cpu", "gpus": 0})
     assert r.status_code in (201, 202), r.text
     hub.wait_ready("carol")
     alice_gpus, bob_gpus, alice_token, bob_token = busy_alice_idle_bob(hub)
+    dave_gpus = start(hub, "dave", {"profile": "gpu", "gpus": 1, "gpu_model": "any"})
+    # dave's GPU idles while his notebook computes on the CPU: with kernel_activity, that is use
+    dave, dave_token = f"{hub.url}/user/dave/", user_token(hub, login(hub, "dave"), "dave")
+    kernel = start_kernel(dave, dave_token)
+    with pytest.raises((asyncio.TimeoutError, TimeoutError)):  # still running: it goes on without us
+        execute(dave, dave_token, kernel, LOOP, timeout=2)
+    hub.set_utilization(dict.fromkeys(dave_gpus, 2))
 
     warning = wait_for(lambda: notices(hub, "bob", bob_token), timeout=120, interval=0.2)
     assert warning, hub.log()
     assert warning[0]["level"] == "warning" and warning[0]["source"] == "idle-culler"
     assert warning[0]["message"].startswith(f"This server will be stopped in {WARN_BEFORE} seconds or a little "
-                                            "later because its GPUs are idle (below 10% utilisation for ")
+                                            "later because its GPUs and kernels are idle (GPUs below 10% "
+                                            "utilisation, no code run, for "), warning
     assert hub.user("bob")["servers"][""]["ready"], "warned first, still running"
 
     assert wait_for(lambda: not hub.user("bob")["servers"], timeout=120), hub.log()
@@ -97,3 +113,9 @@ def test_idle_culler_keeps_the_gpu_busy_server_and_culls_the_idle_one_after_a_wa
     assert "alice/" not in "".join(line for line in log.splitlines() if "gpuspawner: " in line)
     r = requests.get(f"{hub.url}/user/alice/api/gpus", headers={"Authorization": f"token {alice_token}"}, timeout=30)
     assert r.status_code == 200 and {g["uuid"] for g in r.json()["gpus"]} == alice_gpus
+
+    # dave's kernel ran all along: never warned, still running
+    assert hub.user("dave")["servers"][""]["ready"], hub.log()
+    assert notices(hub, "dave", dave_token) == []
+    assert "dave/" not in "".join(line for line in log.splitlines() if "gpuspawner: " in line)
+    requests.post(f"{dave}api/kernels/{kernel}/interrupt", headers={"Authorization": f"token {dave_token}"}, timeout=30)

@@ -39,7 +39,9 @@ def notices(hub, name: str, token: str) -> list[dict]:
 
 
 def busy_alice_idle_bob(hub) -> tuple[set[str], set[str], str, str]:
-    """Start alice's and bob's servers on two GPUs each, alice's busy, bob's idle: their GPUs and tokens."""
+    """Start alice's and bob's servers on two GPUs each, alice's busy, bob's idle: their GPUs and tokens.
+    Every GPU reads busy until then, so that no server idles before the test says so."""
+    hub.set_utilization({device["uuid"]: 85 for device in hub.gpus_config["devices"]})
     hub.add_users("alice", "bob")
     alice_gpus = start(hub, "alice", TWO_GPUS)
     bob_gpus = start(hub, "bob", TWO_GPUS)

@@ -14,6 +14,7 @@ from gpuspawner.hub.arbiter import GPUCullArbiter
 @pytest.mark.parametrize(("setting", "value"), [
     ("threshold", 0), ("threshold", 101), ("threshold", "5"), ("threshold", True),
     ("warn_before", -1), ("warn_before", float("nan")), ("warn_before", None),
+    ("kernel_activity", "on"), ("kernel_activity", 1),
 ])
 def test_bad_settings_are_refused_naming_the_setting(setting, value):
     with pytest.raises(SystemExit, match=rf"GPUCullArbiter\({setting}="):
