@@ -116,6 +116,21 @@ def kernel_activity(kernels: list, now: float) -> list[float]:
     return times
 
 
+def idle_summary(uuids: list[str], threshold: float, idle_for: float, kernels: bool) -> str:
+    """What kept a server idle, for the log: its GPUs (and, where they count, its kernels)."""
+    kernels_too = " and its kernels ran no code" if kernels else ""
+    return (f"its GPUs ({', '.join(uuids)}) stayed below {threshold:g}% utilisation{kernels_too} "
+            f"for {_duration(idle_for)}")
+
+
+def warning_message(when: str, threshold: float, idle_for: float, kernels: bool) -> str:
+    """The notice a server gets before it is stopped ``when`` (words: "in 10 minutes")."""
+    below = f"below {threshold:g}% utilisation"
+    why = ("its GPUs and kernels are idle (GPUs " if kernels else "its GPUs are idle (") + below
+    return (f"This server will be stopped {when} because {why}{', no code run,' if kernels else ''} "
+            f"for {_duration(idle_for)}). Use them, or stop the server yourself to give them to others.")
+
+
 def highest_utilization(sample: dict) -> float | None:
     values = [g.get("utilization_gpu") for g in sample.get("gpus", [])]
     values = [v for v in values if isinstance(v, (int, float))]
@@ -188,14 +203,10 @@ class Culler:
             activity = kernel_activity(kernels, sample["time"])
         await self.report(owner, samples=samples)
         action, idle_for = self.tracker.observe(key, samples, now, activity=activity)
-        below = f"below {self.args.threshold:g}% utilisation"
-        kernels_too = " and its kernels ran no code" if self.args.kernel_activity == "on" else ""
-        what = f"its GPUs ({', '.join(holder['uuids'])}) stayed {below}{kernels_too} for {_duration(idle_for)}"
+        kernels = self.args.kernel_activity == "on"
+        what = idle_summary(holder["uuids"], self.args.threshold, idle_for, kernels)
         if action == "warn":
-            why = ("its GPUs and kernels are idle (GPUs " if kernels_too else "its GPUs are idle (") + below
-            message = (f"This server will be stopped in {_duration(self.args.warn_before)} because {why}"
-                       f"{', no code run,' if kernels_too else ''} for {_duration(idle_for)}). "
-                       "Use them, or stop the server yourself to give them to others.")
+            message = warning_message(f"in {_duration(self.args.warn_before)}", self.args.threshold, idle_for, kernels)
             notice = {"id": NOTICE_ID, "level": "warning", "message": message, "source": "gpu-culler"}
             code, _ = await self._call("POST", f"{base}/api/gpus/notices", notice)
             if not 200 <= code < 300:  # not warned: no stop until a warning got through
