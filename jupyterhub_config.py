@@ -56,6 +56,8 @@ c.JupyterHub.bind_url = os.environ.get("GPUSPAWNER_BIND_URL", "http://127.0.0.1:
 # the hub's internal API and the proxy's API (change them to run two hubs on one machine)
 c.JupyterHub.hub_bind_url = os.environ.get("GPUSPAWNER_HUB_BIND_URL", "http://127.0.0.1:8081")
 c.ConfigurableHTTPProxy.api_url = os.environ.get("GPUSPAWNER_PROXY_API_URL", "http://127.0.0.1:8001")
+# what this hub's servers carry (it adopts or stops only its own): another id for a second hub on this host
+c.GPUSpawnerMixin.gpu_hub_id = os.environ.get("GPUSPAWNER_HUB_ID", "jupyterhub")
 # the hub's database holds every user's tokens: the hub's alone (servers run on this host as other users)
 c.JupyterHub.db_url = f"sqlite:///{private_database(state / 'jupyterhub.sqlite')}"
 # WAL, commits that do not wait for the disk: JupyterHub commits ~10 times per spawn on its event
