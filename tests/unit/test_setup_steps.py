@@ -84,8 +84,9 @@ def feed(lines: list[str], total: int | None = None) -> str:
 
 def test_progress_read_from_each_tool_s_own_output():
     assert feed(["#7 [base 4/12] RUN apt-get update"]) == "step 4/12: RUN apt-get update"  # BuildKit
-    assert feed(["Obtaining file:///repo", "Collecting tornado>=6", "  Using cached tornado.whl",
-                 "Collecting traitlets"]) == "2 packages collected: traitlets"  # pip
+    assert feed(["Obtaining file:///repo", "Collecting tornado>=6", "Collecting pyyaml[extra]<7",
+                 "  Using cached tornado.whl", "Collecting traitlets"]) == "3 packages collected: traitlets"  # pip
+    assert feed(["Collecting jinja2>=3.1"]) == "1 packages collected: jinja2"
     assert feed(["Installing collected packages: a, b, c"]) == "installing 3 packages"
     assert feed(["npm http fetch GET 200 https://registry.npmjs.org/uplot 12ms (cache hit)",
                  "npm http fetch GET 200 https://registry.npmjs.org/uplot/-/uplot-1.6.30.tgz 3ms (cache hit)"],
