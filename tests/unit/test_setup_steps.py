@@ -5,8 +5,6 @@ login page answers."""
 from __future__ import annotations
 
 import http.server
-import importlib.machinery
-import importlib.util
 import io
 import os
 import subprocess
@@ -15,19 +13,13 @@ import threading
 import time
 from pathlib import Path
 
+from scriptmodule import load_script
+
 REPO = Path(__file__).resolve().parents[2]
 STEP = REPO / "scripts" / "step"
 
 
-def _module():
-    loader = importlib.machinery.SourceFileLoader("scripts_step", str(STEP))
-    spec = importlib.util.spec_from_loader("scripts_step", loader)
-    module = importlib.util.module_from_spec(spec)
-    loader.exec_module(module)
-    return module
-
-
-step = _module()
+step = load_script(STEP, "scripts_step")
 
 
 def run_step(what: str, program: str, *args: str, **env: str) -> subprocess.CompletedProcess:
