@@ -76,6 +76,7 @@ def feed(lines: list[str], total: int | None = None) -> str:
 
 def test_progress_read_from_each_tool_s_own_output():
     assert feed(["#7 [base 4/12] RUN apt-get update"]) == "step 4/12: RUN apt-get update"  # BuildKit
+    assert feed(["Step 4/9 : RUN pip install x", "Collecting six"]) == "step 4/9, 1 packages collected: six"
     assert feed(["Obtaining file:///repo", "Collecting tornado>=6", "Collecting pyyaml[extra]<7",
                  "  Using cached tornado.whl", "Collecting traitlets"]) == "3 packages collected: traitlets"  # pip
     assert feed(["Collecting jinja2>=3.1"]) == "1 packages collected: jinja2"
