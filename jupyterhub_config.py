@@ -56,8 +56,6 @@ c.JupyterHub.bind_url = os.environ.get("GPUSPAWNER_BIND_URL", "http://127.0.0.1:
 # the hub's internal API and the proxy's API (change them to run two hubs on one machine)
 c.JupyterHub.hub_bind_url = os.environ.get("GPUSPAWNER_HUB_BIND_URL", "http://127.0.0.1:8081")
 c.ConfigurableHTTPProxy.api_url = os.environ.get("GPUSPAWNER_PROXY_API_URL", "http://127.0.0.1:8001")
-# what this hub's servers carry (it adopts or stops only its own): another id for a second hub on this host
-c.GPUSpawnerMixin.gpu_hub_id = os.environ.get("GPUSPAWNER_HUB_ID", "jupyterhub")
 # the hub's database holds every user's tokens: the hub's alone (servers run on this host as other users)
 c.JupyterHub.db_url = f"sqlite:///{private_database(state / 'jupyterhub.sqlite')}"
 # WAL, commits that do not wait for the disk: JupyterHub commits ~10 times per spawn on its event
@@ -65,6 +63,9 @@ c.JupyterHub.db_url = f"sqlite:///{private_database(state / 'jupyterhub.sqlite')
 c.JupyterHub.db_kwargs = sqlite_db_kwargs(os.environ.get("GPUSPAWNER_SQLITE_SYNCHRONOUS", "NORMAL"))
 c.JupyterHub.cookie_secret_file = str(state / "jupyterhub_cookie_secret")
 c.ConfigurableHTTPProxy.pid_file = str(state / "proxy.pid")
+# the hub's id on its servers: after a restart it adopts, or stops, only what carries it (give each
+# hub on one host its own)
+c.GPUSpawnerMixin.gpu_hub_id = os.environ.get("GPUSPAWNER_HUB_ID", "jupyterhub")
 
 # Login: any name, one shared password; "admin" administers the hub.
 c.JupyterHub.authenticator_class = "dummy"
@@ -214,17 +215,26 @@ c.GPUSpawnerMixin.gpu_profiles = [
 if backend == "slurm":  # no hub queue on Slurm: a GPU job that must wait waits in Slurm's queue
     c.GPUSpawnerMixin.gpu_profiles = [p for p in c.GPUSpawnerMixin.gpu_profiles if not p.get("queue")]
 
-# Operating GPUs (README "Operating GPUs"): quotas, the queue's limit, the admin overview at
-# /hub/gpus and /hub/api/gpus (scope custom:gpus:read; admins have access), metrics at /hub/metrics,
+# Operating GPUs (README "Operating GPUs"): quotas, the queue's limit, the GPU overview at /hub/gpus and
+# usage at /hub/gpus/usage (in the navigation bar; users see their own, admins and scope custom:gpus:read
+# everyone's), a GPU section on /hub/admin, metrics at /hub/metrics,
 # and the GPU idle culler service. Call configure() last: it appends to services and load_roles.
 c.JupyterHub.allow_named_servers = True
 # The quota, the queue's limit and the culler's settings are those the replay chose
-# (python -m gpuspawner.replay; README "Choosing settings with the replay"): every 60 s, stop
-# a server whose GPUs stayed below 5 % for 15 minutes, after warning its user 5 minutes before.
+# (python -m gpuspawner.replay; README "Choosing settings with the replay"; RECOMMENDED_CULLER in
+# gpuspawner/recommended.py): every 60 s, stop a server whose GPUs stayed below 5 % and whose
+# kernels ran no code for 8 minutes, after warning its user 3 minutes before. Kernel activity
+# counts as use (a kernel running code, or answering completions as its user types): simulated
+# GPUs read 0 % whatever a notebook does, and on real GPUs it keeps a server whose user is at work
+# (a CPU step between GPU cells). Set it False to let the GPUs alone decide, as a site that wants
+# its GPUs back from CPU-only work would. GPUSPAWNER_CULLER_<SETTING> (PERIOD, THRESHOLD,
+# IDLE_TIMEOUT, WARN_BEFORE, in seconds and %) overrides one, e.g. to watch it work in a demo.
 c.GPUSpawnerMixin.gpu_quota_per_user = int(os.environ.get("GPUSPAWNER_QUOTA_PER_USER", str(RECOMMENDED_QUOTA_PER_USER)))
 c.GPUSpawnerMixin.gpu_queue_timeout = RECOMMENDED_QUEUE_TIMEOUT
 configure(c, culler={
     "url": c.JupyterHub.bind_url,  # the servers' monitors are read through the proxy
-    **RECOMMENDED_CULLER,          # period, threshold, idle_timeout, warn_before
+    **{key: os.environ.get(f"GPUSPAWNER_CULLER_{key.upper()}", value)  # period, threshold,
+       for key, value in RECOMMENDED_CULLER.items()},                  # idle_timeout, warn_before
+    "kernel_activity": True,
     "pid_file": str(state / "gpu-culler.pid"),  # one culler per hub, also across restarts
 })

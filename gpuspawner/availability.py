@@ -45,14 +45,27 @@ class ModelAvailability:
 
     @property
     def label(self) -> str:
-        """How the spawn form names this model: ``"Tesla T4 - 1 of 2 free"``."""
-        name = f"{self.name} ({self.note})" if self.note else self.name
+        """How the spawn form's model menu names this model: ``"Tesla T4 - 1 of 2 free"``."""
+        return f"{self.full_name} - {self.counts}"
+
+    @property
+    def card(self) -> str:
+        """How a profile card of the spawn form names it, beside the others: ``"Tesla T4: 1 of 2 free"``."""
+        return f"{self.full_name}: {self.counts}"
+
+    @property
+    def full_name(self) -> str:
+        return f"{self.name} ({self.note})" if self.note else self.name
+
+    @property
+    def counts(self) -> str:
+        """``"1 of 2 free"``, ``"1 of 2 free, 1 more unavailable"``, ``"availability unknown"``."""
         if not self.known:
-            return f"{name} - availability unknown"
+            return "availability unknown"
         if self.total == 0 and self.unavailable:
-            return f"{name} - none usable: {self.unavailable} of {self.unavailable} unavailable"
+            return f"none usable: {self.unavailable} of {self.unavailable} unavailable"
         more = f", {self.unavailable} more unavailable" if self.unavailable else ""
-        return f"{name} - {self.free} of {self.total} free{more}"
+        return f"{self.free} of {self.total} free{more}"
 
 
 class Tally:

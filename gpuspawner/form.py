@@ -14,11 +14,37 @@ from typing import Any
 from .availability import ModelAvailability, model_availability
 from .inventory import InventoryReading
 from .profiles import OfferedImages, Profile, default_profile, without_gpus
+from .refusals import amount, words
+
+
+def _count_notes(
+    profile: Profile, offered: list[ModelAvailability], largest: Mapping[str, int], host: str, unknown: bool,
+) -> dict[str, dict[int, str]]:
+    """Model slug (or "any") -> GPU count -> why that count is offered disabled ("" where it is not).
+
+    A count more than any one host has of a model never fits here and says why; one that fits a
+    host but not the free GPUs now is "not free now" (a wait would cure it).
+    """
+    most = {"any": max((m.most_on_one_host for m in offered), default=0)}
+    most.update({m.slug: m.most_on_one_host for m in offered})
+    names = {"any": "GPU"} | {m.slug: m.name for m in offered}
+    notes: dict[str, dict[int, str]] = {}
+    for slug, fits in largest.items():
+        notes[slug] = {}
+        for n in profile.gpu_counts:
+            if unknown or n <= fits:
+                note = ""
+            elif n > most[slug]:
+                note = words("form_never_fits", amount=amount(n, names[slug]), host=host, most=most[slug] or "none")
+            else:
+                note = words("form_not_free")
+            notes[slug][n] = note
+    return notes
 
 
 def _profile_context(
     profile: Profile, models: list[ModelAvailability], chosen: Mapping[str, Any], unknown: bool = False,
-    waits: bool = False, offered_images: OfferedImages = None, default_image: str | None = None,
+    waits: bool = False, offered_images: OfferedImages = None, default_image: str | None = None, host: str = "host",
 ) -> dict:
     offered = [m for m in models if profile.allows_model(m.slug)]
     # the most GPUs one request may ask for: free on one host now, or (waits) on one host ever
@@ -27,6 +53,7 @@ def _profile_context(
     largest.update({m.slug: fits(m) for m in offered})
     if unknown:  # nothing known: let every count through; the scheduler decides
         largest = dict.fromkeys(largest, profile.max_gpus)
+    notes = _count_notes(profile, offered, largest, host, unknown)
     selected_model = chosen.get("gpu_model")
     if not isinstance(selected_model, str) or selected_model not in largest:
         selected_model = "any"
@@ -42,6 +69,7 @@ def _profile_context(
             "value": n,
             "label": "no GPU" if n == 0 else f"{n} GPU" + ("s" if n > 1 else ""),
             "disabled": n > largest[selected_model],
+            "note": notes[selected_model][n],
             "selected": n == selected_gpus,
         }
         for n in profile.gpu_counts
@@ -59,6 +87,9 @@ def _profile_context(
         "options": [],  # KubeSpawner profile_options (gpu-kube)
         "gpu_choice": profile.max_gpus > 0,
         "models": offered,
+        # free/total of each model the profile can use, shown on its card without opening a menu
+        "free_line": " \u00b7 ".join(m.card for m in offered),
+        "notes": notes,
         "selected_model": selected_model,
         "largest": largest,
         "counts": counts,
@@ -79,6 +110,7 @@ def form_context(
     waits: bool = False,
     offered_images: OfferedImages = None,
     default_image: str | None = None,
+    host: str = "host",
 ) -> dict:
     """Everything form.html needs. ``previous`` pre-selects the user's last choice.
 
@@ -90,6 +122,8 @@ def form_context(
     ``offered_images``: the images a profile without ``images`` offers (gpu-docker:
     DockerSpawner's ``allowed_images``; a picker when there are two or more, preselecting
     the one that is ``default_image``, the spawner's configured image, as DockerSpawner's does).
+    ``host``: what one place GPUs are on is called here ("host", "node"), in the words that say
+    a GPU count never fits ("needs 4 GPUs on one host; the largest here has 2").
 
     Where no GPU was found at all (``no_gpus``), only the profiles that run without a
     GPU are shown, each with no GPU preselected (:func:`~gpuspawner.profiles.without_gpus`),
@@ -107,7 +141,7 @@ def form_context(
     return {
         "profiles": [
             _profile_context(p, models, previous if remembered and p.slug == last else {}, unknown is not None,
-                             waits, offered_images, default_image)
+                             waits, offered_images, default_image, host)
             for p in shown
         ],
         "selected_profile": selected,
@@ -117,8 +151,6 @@ def form_context(
         "cpu_only": no_gpus and shown != profiles and any(p.max_gpus for p in profiles),
         "gpus_needed": no_gpus and all(p.max_gpus for p in shown),  # no profile here runs without one
         "availability_unknown": unknown,
-        # why a disabled GPU count is disabled, after its label
-        "disabled_note": "more than any node has" if waits else "not free now",
     }
 
 

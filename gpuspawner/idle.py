@@ -1,13 +1,17 @@
 """The GPU culler's pure idle decision: :class:`IdleTracker` (no I/O, no clock of its own).
 
 Fed (sample time, highest GPU utilisation) pairs per server start, it says how long that
-start's GPUs have stayed below the threshold and what to do now: nothing, warn, or stop.
-The culler service (:mod:`gpuspawner.hub.culler`) feeds it what the servers' monitors read;
-the replay (:mod:`gpuspawner.replay`) feeds it a simulated day.
+start has stayed unused and what to do now: nothing, warn, or stop. A start is in use at a
+moment when any of its GPUs is at or above the threshold, or, where the caller passes them,
+at the moments its kernels were active (running code, or answering the user's editor):
+the culler passes those only with ``--kernel-activity on``, so by default the rule is the
+GPUs' alone. The culler service (:mod:`gpuspawner.hub.culler`) feeds it what the servers'
+monitors (and kernels) read; the replay (:mod:`gpuspawner.replay`) feeds it a simulated day.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 
@@ -16,6 +20,7 @@ class _Idle:
     idle_since: float | None = None  # sample time when the current idle stretch began
     last_sample: float = float("-inf")  # newest sample seen (known or not)
     last_known: float = float("-inf")  # newest sample with a utilisation value
+    last_active: float = float("-inf")  # newest kernel activity seen
     warned_at: float | None = None  # wall time of the warning
 
 
@@ -29,14 +34,24 @@ class IdleTracker:
     warn_before: float
     _servers: dict[str, _Idle] = field(default_factory=dict)
 
-    def observe(self, key: str, samples: list[tuple[float, float | None]], now: float) -> tuple[str, float]:
-        """Feed (sample time, highest GPU utilisation) pairs; return (action, seconds idle).
+    def observe(self, key: str, samples: list[tuple[float, float | None]], now: float,
+                activity: Iterable[float] = ()) -> tuple[str, float]:
+        """Feed (sample time, highest GPU utilisation) pairs, and optionally the times the server's
+        kernels were active; return (action, seconds idle).
 
-        Actions: ``"busy"``, ``"idle"`` (not long enough yet), ``"warn"`` (warn now)
-        and ``"stop"`` (warned long enough ago and still idle).
+        Each activity time counts as a busy sample at that moment (the idle count starts again
+        after it), whatever the GPUs read. Actions: ``"busy"``, ``"idle"`` (not long enough yet),
+        ``"warn"`` (warn now) and ``"stop"`` (warned long enough ago and still idle).
         """
         state = self._servers.setdefault(key, _Idle())
-        for at, utilization in sorted(samples):
+        events = [(at, utilization, False) for at, utilization in samples]
+        events += [(at, None, True) for at in activity]
+        for at, utilization, active in sorted(events, key=lambda e: (e[0], e[2])):
+            if active:
+                if at > state.last_active:
+                    state.last_active = at
+                    state.idle_since, state.warned_at = None, None
+                continue
             if at <= state.last_sample:
                 continue
             state.last_sample = at

@@ -75,6 +75,17 @@ class Owner:
         """The owner of ``user`` and :attr:`label` (a server name or ``job/<id>``), as marks keep them apart."""
         return cls.parse(f"{user}{SEP}{label}")
 
+    def leftover(self, start: str) -> Owner:
+        """The owner of a start of this owner's that the hub did not record and is stopping.
+
+        Its GPUs stay held, and count against the same user, until its processes are gone; the
+        label ``<server or job id>~stopping-<start>`` keeps it apart from the owner's live start.
+        """
+        mark = f"~stopping-{start}"
+        if self.is_job:
+            return Owner(self.user, "", f"{self.job}{mark}")
+        return Owner(self.user, f"{self.server}{mark}")
+
     @property
     def is_job(self) -> bool:
         return self.job is not None

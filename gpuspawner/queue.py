@@ -29,9 +29,10 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 from .gpu import GPU, model_slug, slug_matches
+from .profiles import Choice, Profile
 from .refusals import WAITABLE, PlacementError, refuse  # WAITABLE: codes a wait can cure; others end the wait
 
-__all__ = ["GPUQueue", "QueueTimeout", "Waiter", "WAITABLE"]
+__all__ = ["WAITABLE", "WORDS", "GPUQueue", "Known", "QueueTimeout", "Waiter", "known_for", "queue_alternatives"]
 
 
 T = TypeVar("T")
@@ -87,6 +88,64 @@ def _minutes(seconds: float) -> str:
     if seconds < 90:
         return f"{max(1, round(seconds))} seconds"
     return f"{round(seconds / 60)} minutes"
+
+
+#: Every sentence the queue says to a waiting user (their spawn's progress), key -> template.
+WORDS: dict[str, str] = {
+    "waiting": "Waiting for a free GPU: number {position} in the queue ({position} of {waiting} waiting for "
+               "these GPUs); {gpus}. {when}.",
+    "gpus": "{held} of {total} {what} held",
+    "pace": "About {minutes}, at the pace of the last {served} requests served from the queue",
+    "job_ends": "The first could free by {time} UTC, when a notebook job holding one reaches its time limit",
+    "no_end": "No server here has a time limit, so no end time is known",
+}
+
+
+def queue_alternatives(profiles: Iterable[Profile], choice: Choice) -> list[Choice]:
+    """The choices of ``profiles`` that wait in the queue for what ``choice`` asks: the same GPU count,
+    of the model asked for (a profile of any model where any was asked for), in ``profiles``' order.
+
+    Whether one could ever be served here is the backend's to say (its ``never_fits``).
+    """
+    found = []
+    for profile in profiles:
+        if not profile.queue or profile == choice.profile or choice.gpus not in profile.gpu_counts:
+            continue
+        wanted = choice.models or ("any",)
+        model = next((m for m in wanted if profile.allows_model(m)), None)
+        if model is not None:
+            found.append(Choice(profile, choice.gpus, model))
+    return found
+
+
+@dataclass(frozen=True)
+class Known:
+    """What the queue knows about the GPUs a waiting request wants, as its words say it.
+
+    ``total``: those GPUs in service; ``held``: of them, held now; ``what``: "GPUs" or a model's
+    name; ``ends``: the earliest a holder of one must give it back (seconds since the epoch: a
+    notebook job's start plus its time limit), None when no holder has a time limit.
+    """
+
+    total: int = 0
+    held: int = 0
+    what: str = "GPUs"
+    ends: float | None = None
+
+
+def known_for(
+    waiter: Waiter, gpus: Iterable[GPU], holders: dict[str, str], limits: dict[str, float],
+) -> Known:
+    """:class:`Known` for ``waiter`` from the inventory, ``holders`` (GPU UUID -> owner) and ``limits``
+    (owner -> the latest time it gives its GPUs back, for owners that have a time limit)."""
+    gpus = tuple(gpus)
+    wanted = _Wanted(gpus)(waiter.models)
+    mine = [g for g in gpus if g.healthy and _slug(g.name) in wanted]
+    names = {g.name for g in mine}
+    held = [holders[g.uuid] for g in mine if g.uuid in holders]
+    ends = [limits[owner] for owner in held if owner in limits]
+    what = next(iter(names)) if len(names) == 1 else "GPUs"
+    return Known(len(mine), len(held), what, min(ends, default=None))
 
 
 class GPUQueue:
@@ -151,10 +210,22 @@ class GPUQueue:
         gap = (self._served[-1] - self._served[0]) / (len(self._served) - 1)
         return max(gap, 1.0) * position
 
-    def describe(self, position: int) -> str:
+    def describe(self, position: int, waiting: int = 0, known: Known | None = None) -> str:
+        """What a request at ``position`` of ``waiting`` (for the same GPUs) is told, and what it rests on.
+
+        The pace of the last serves when the queue has served two or more; else when the first of
+        those GPUs must come back (``known.ends``: a job's time limit), or that no end is known.
+        """
+        known = known or Known()
         estimate = self.estimate(position)
-        guess = f"about {_minutes(estimate)}" if estimate is not None else "no estimate yet"
-        return f"Waiting for a free GPU: number {position} in the queue ({guess})"
+        if estimate is not None:
+            when = WORDS["pace"].format(minutes=_minutes(estimate), served=len(self._served))
+        elif known.ends is not None:
+            when = WORDS["job_ends"].format(time=time.strftime("%H:%M", time.gmtime(known.ends)))
+        else:
+            when = WORDS["no_end"]
+        gpus = WORDS["gpus"].format(held=known.held, total=known.total, what=known.what)
+        return WORDS["waiting"].format(position=position, waiting=max(waiting, position), gpus=gpus, when=when)
 
     # ------------------------------------------------------------ waiting
 
@@ -166,13 +237,15 @@ class GPUQueue:
         timeout: float,
         report: Callable[[int, str], None] = lambda position, text: None,
         recheck: float = 5.0,
+        known: Callable[[Waiter, tuple[GPU, ...]], Known] | None = None,
     ) -> T:
         """Wait until ``waiter`` is first among its competitors and ``place`` succeeds.
 
         ``place`` runs synchronously right after the order was checked (no
         await in between); a :class:`PlacementError` whose code is not in
         :data:`WAITABLE` ends the wait. Raises :class:`QueueTimeout` after
-        ``timeout`` seconds. Always leaves the queue, also when cancelled.
+        ``timeout`` seconds. Always leaves the queue, also when cancelled. ``known`` says what
+        the progress ``report`` rests on (:func:`known_for`).
         """
         deadline = self._clock() + timeout
         last_report: tuple[int, str] | None = None
@@ -190,7 +263,8 @@ class GPUQueue:
                         self._served.append(self._clock())
                         return result
                 position = self.position(waiter, gpus)
-                text = self.describe(position)
+                waiting = len(self.ahead(waiter.models, gpus))  # every request for these GPUs, this one too
+                text = self.describe(position, waiting, known(waiter, gpus) if known else None)
                 if (position, text) != last_report:
                     report(position, text)
                     last_report = (position, text)

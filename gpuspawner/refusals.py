@@ -25,8 +25,8 @@ from gpuspawner.availability import ModelAvailability, by_model
 from gpuspawner.gpu import GPU, model_rank
 from gpuspawner.request import GPURequest
 
-__all__ = ["SENTENCES", "WAITABLE", "PlacementError", "Refusal", "explain_interconnect", "explain_refusal",
-           "refuse", "words"]
+__all__ = ["SENTENCES", "WAITABLE", "PlacementError", "Refusal", "amount", "explain_interconnect",
+           "explain_refusal", "refuse", "words"]
 
 
 class Refusal(str, Enum):
@@ -118,6 +118,11 @@ SENTENCES: dict[str, tuple[Refusal | None, str]] = {
     "queue_timeout": (R.QUEUE_TIMEOUT, "No GPU became free within {minutes}, the queue's limit "
                                        "(you were number {position} in the queue). "
                                        "Try again later or ask for fewer GPUs."),
+    # a refusal a wait would cure, where a profile this user may pick waits in the queue for it
+    "queue_instead": (None, ' Pick "{profile}" to wait in the queue instead.'),
+    # the spawn form: why a GPU count is offered disabled, after its label ("4 GPUs (not free now)")
+    "form_not_free": (None, "not free now"),
+    "form_never_fits": (None, "never fits here: needs {amount} on one {host}; the largest here has {most}"),
 }
 del R
 
@@ -256,8 +261,8 @@ def _subject(request: GPURequest, survey: _Shortfall) -> str:
     return " or ".join(survey.names[slug] for slug in sorted(survey.matching))
 
 
-def _amount(count: int, subject: str) -> str:
-    """``"2 GPUs"`` or ``"2 x Tesla T4"``."""
+def amount(count: int, subject: str) -> str:
+    """``"2 GPUs"`` or ``"2 x Tesla T4"`` (``subject``: ``"GPU"`` or a model's name)."""
     if subject == "GPU":
         return f"{count} {_plural(count, 'GPU', 'GPUs')}"
     return f"{count} x {subject}"
@@ -328,9 +333,9 @@ def explain_interconnect(
     count = request.count  # only for 2 or more GPUs: one GPU needs no link
     if not anywhere:
         return _error(survey, request, "no_nvlink_host",
-                      {"amount": _amount(count, subject), "count": count, "many": _many(subject)})
+                      {"amount": amount(count, subject), "count": count, "many": _many(subject)})
     return _error(survey, request, "no_nvlink_set",
-                  {"amount": _amount(count, subject), "count": count, "free": survey.free, "total": survey.total})
+                  {"amount": amount(count, subject), "count": count, "free": survey.free, "total": survey.total})
 
 
 def _error(survey: _Shortfall, request: GPURequest, key: str, fields: Mapping[str, object]) -> PlacementError:
@@ -358,7 +363,7 @@ def _refusal_fields(survey: _Shortfall, request: GPURequest) -> tuple[str, dict[
     host_max = survey.most_on_one_host(survey.matching)
     if count > host_max:
         return "exceeds_host_size", {
-            "amount": _amount(count, subject), "was": _plural(count, "was", "were"), "most": host_max,
+            "amount": amount(count, subject), "was": _plural(count, "was", "were"), "most": host_max,
             "subjects": _plural(host_max, subject, _many(subject)), "one_model": _one_model(survey)}
     alternatives = _alternatives(survey, count)
     if survey.total == 0:
@@ -371,7 +376,7 @@ def _refusal_fields(survey: _Shortfall, request: GPURequest) -> tuple[str, dict[
                              "alternatives": alternatives, "next_step": _next_step(alternatives)}
     best = survey.largest(survey.matching)
     return "not_enough_on_one_host", {
-        "amount": _amount(count, subject), "best": best, "are": _plural(best, "is", "are"),
+        "amount": amount(count, subject), "best": best, "are": _plural(best, "is", "are"),
         "one_model": _one_model(survey), "free": survey.free, "total": survey.total, "broken": broken,
         "alternatives": alternatives, "next_step": _next_step(alternatives, fewer=best)}
 

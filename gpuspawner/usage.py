@@ -59,13 +59,24 @@ from sqlalchemy.orm import Session
 from .db import Base
 from .owner import Owner
 
-__all__ = ["Allocation", "UsageRecorder", "migrate", "END_REASONS", "SCHEMA_VERSION"]
+__all__ = ["Allocation", "UsageRecorder", "migrate", "END_REASONS", "END_REASON_WORDS", "SCHEMA_VERSION"]
 
 log = logging.getLogger("gpuspawner.usage")
 
 SCHEMA_VERSION = 1
 #: why an allocation ended: servers' reasons, then notebook jobs' (a job's final state)
 END_REASONS = ("stopped", "culled", "failed", "crashed", "completed", "cancelled", "timed_out")
+#: how the usage page says each end reason (None: still held): (words, what it means)
+END_REASON_WORDS: dict[str | None, tuple[str, str]] = {
+    None: ("Running", "still holds its GPUs"),
+    "stopped": ("Stopped", "stopped by its user, an administrator or the REST API"),
+    "culled": ("Stopped: GPUs idle", "stopped by the GPU idle culler because its GPUs stayed idle"),
+    "failed": ("Failed", "its start failed or it exited on its own; for a job, its notebook or its process failed"),
+    "crashed": ("Lost", "the hub found it gone when it came back after a crash or restart"),
+    "completed": ("Completed", "the job ran to its end"),
+    "cancelled": ("Cancelled", "the job was cancelled by its user, an administrator or the REST API"),
+    "timed_out": ("Timed out", "the job was stopped at its time limit"),
+}
 #: Longest gap (seconds) between two utilisation samples that still counts as busy or idle.
 MAX_GAP = 300.0
 #: Seconds a reason told before a stop (the culler's) stays valid for that owner's release.

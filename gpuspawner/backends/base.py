@@ -269,7 +269,8 @@ class GPUSpawnerMixin(GPUOptionsMixin, GPUReconcileMixin, GPUStateMixin, GPUPoli
         3. The claim: nothing for a CPU-only choice (:meth:`claims_nothing`), else the
            backend's hook :meth:`claim`. A :class:`~gpuspawner.placement.PlacementError` (no
            room, a quota, a model the cluster lacks) is refused with HTTP 409 and its sentence,
-           in the progress too, and nothing is held.
+           in the progress too, and nothing is held; one a wait would cure names a profile
+           that would queue instead, if there is one (:meth:`queue_pointer`).
         4. The claim applied to the workload (:meth:`apply_claim`); its sentence in the progress.
 
         Returns the exact GPUs held (none where the cluster places). Where the runtime then
@@ -284,8 +285,9 @@ class GPUSpawnerMixin(GPUOptionsMixin, GPUReconcileMixin, GPUStateMixin, GPUPoli
         try:
             claim = Claim() if self.claims_nothing(choice) else await self.claim(choice)
         except PlacementError as e:
-            self.gpu_event(f"Refused: {e}", 100)
-            raise user_error(409, str(e)) from e
+            said = str(e) + await self.queue_pointer(choice, e)
+            self.gpu_event(f"Refused: {said}", 100)
+            raise user_error(409, said) from e
         self.gpu_allocation = claim.gpus
         self.apply_claim(claim)
         if claim.progress:

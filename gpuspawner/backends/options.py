@@ -47,6 +47,10 @@ class GPUOptionsMixin(Configurable):
     #: drawn even with nothing to choose, as the parent draws its own.
     form_is_the_parents = False
 
+    #: what one place GPUs are on is called on this backend, in the form's words ("the largest
+    #: host here has 2"): "host" (a machine), "node" (a cluster's)
+    host_word = "host"
+
     @default("options_form")
     def _gpu_default_options_form(self):
         return self._render_options_form
@@ -80,7 +84,8 @@ class GPUOptionsMixin(Configurable):
         """What the form shows; backends that count GPUs their own way override this."""
         reading = await self.inventory.read()
         return form_context(self.profiles, reading, self.ledger.held(), self.user_options or {},
-                            offered_images=self.offered_images(), default_image=self.default_image())
+                            offered_images=self.offered_images(), default_image=self.default_image(),
+                            host=self.host_word)
 
     async def offered_models(self) -> set[str]:
         """The model slugs users may pick (``gpu_model``); backends override with their inventory."""

@@ -22,10 +22,12 @@ from traitlets.config import Configurable
 
 from ..gpu import GPU
 from ..inventory import InventoryReading
+from ..owner import Owner, OwnerError
 from ..placement import GPURequest, PlacementError, never_fits
 from ..profiles import Choice, Profile
+from ..queue import Known, Waiter, known_for, queue_alternatives
 from ..quota import Quota, check
-from ..refusals import refuse
+from ..refusals import WAITABLE, Refusal, refuse, words
 from .errors import user_error
 
 T = TypeVar("T")
@@ -189,8 +191,12 @@ class GPUPolicyMixin(Configurable):
         profile: str,
         read: Callable[[], Awaitable[tuple[GPU, ...]]],
         place: Callable[[tuple[GPU, ...]], T],
+        known: Callable[[Waiter, tuple[GPU, ...]], Known] | None = None,
     ) -> T:
         """Wait in the hub's queue until ``place`` succeeds (``queue: true`` profiles), progress in words.
+
+        ``known``: what the progress says about the GPUs waited for (:meth:`queue_known`, the
+        ledger's, unless the backend counts them otherwise).
 
         The quota is checked first, counting what this user's and group's queued requests
         ask for, so a request that could never be admitted is refused at once.
@@ -203,7 +209,31 @@ class GPUPolicyMixin(Configurable):
         def report(position: int, text: str) -> None:
             self.gpu_event(text, 20)
 
-        return await queue.serve(waiter, read, place, self.gpu_queue_timeout, report, recheck=self.gpu_queue_recheck)
+        return await queue.serve(waiter, read, place, self.gpu_queue_timeout, report, recheck=self.gpu_queue_recheck,
+                                 known=known or self.queue_known)
+
+    def queue_known(self, waiter: Waiter, gpus: tuple[GPU, ...]) -> Known:
+        """What the queue tells a waiting request about its GPUs (the hub's own, held in the ledger):
+        how many are held, and the earliest a notebook job holding one reaches its time limit."""
+        ledger = self.ledger
+        holders = {uuid: owner for owner, uuids in ledger.allocations().items() for uuid in uuids}
+        limits = {}
+        for owner in set(holders.values()):
+            since = ledger.since(owner)
+            if since is not None and _is_job(owner):
+                limits[owner] = since + self.gpu_job_time_limit
+        return known_for(waiter, gpus, holders, limits)
+
+    async def queue_pointer(self, choice: Choice, refusal: PlacementError) -> str:
+        """The words that point a refused user to a profile that would wait in the queue for what they
+        asked (``' Pick "GPU, queued" to wait in the queue instead.'``), where this user may pick one
+        and it could ever be served here; ``""`` otherwise, or where a wait would not cure ``refusal``."""
+        if choice.profile.queue or refusal.code not in WAITABLE | {Refusal.QUEUED_AHEAD}:
+            return ""
+        for other in queue_alternatives(self.profiles, choice):
+            if await self.never_fits(other) is None:
+                return words("queue_instead", profile=other.profile.display_name)
+        return ""
 
     def queued_gpus(self, owner: str) -> dict[str, int]:
         """user -> GPUs asked for by their spawns waiting in the hub's queue, ``owner``'s own left out.
@@ -266,3 +296,11 @@ def _groups_of(user: Any) -> list:
         return list(groups or ())
     except TypeError:
         return []
+
+
+def _is_job(owner: str) -> bool:
+    """Whether the ledger's ``owner`` is a notebook job (which has a time limit); servers have none."""
+    try:
+        return Owner.parse(owner).is_job
+    except OwnerError:
+        return False

@@ -8,8 +8,13 @@ Run by the hub as a managed service (``gpuspawner.hub.setup.configure(c, culler=
 Every ``period`` seconds it lists the servers holding GPUs (``GET /hub/api/gpus``),
 reads each server's monitor with history (``GET {server}/api/gpus?history=...``,
 through the proxy at ``--url``) and tracks how long all of the server's GPUs
-stayed below ``threshold`` % utilisation, whatever its kernels do. After
-``idle-timeout - warn-before`` seconds idle it posts a notice to the server
+stayed below ``threshold`` % utilisation. By default that is all it looks at,
+whatever the kernels do; with ``--kernel-activity on`` it also reads the
+server's kernels (``GET {server}/api/kernels``, Jupyter Server's own API) and
+counts a kernel running code (``execution_state`` busy) or active since the
+last round (``last_activity``: code run, completions and inspections as the
+user types) as use, as a busy GPU is (:class:`gpuspawner.idle.IdleTracker`).
+After ``idle-timeout - warn-before`` seconds idle it posts a notice to the server
 (``POST {server}/api/gpus/notices``), which JupyterLab shows; when the server
 is still idle ``idle-timeout`` seconds in and at least ``warn-before`` seconds
 after the warning, it stops the server and logs why. Any GPU at or above the
@@ -66,6 +71,7 @@ import os
 import signal
 import sys
 import time
+from datetime import datetime
 from urllib.parse import quote
 
 from tornado.httpclient import AsyncHTTPClient, HTTPRequest
@@ -93,6 +99,36 @@ def start_key(holder: dict) -> str:
     """One start of one server: its owner and when it took its GPUs (``since`` on the overview)."""
     since = holder.get("since")
     return f"{holder['owner']}@{since!r}"
+
+
+def kernel_activity(kernels: list, now: float) -> list[float]:
+    """When a server's kernels (``GET /api/kernels``) were last active; ``now`` for one running code."""
+    times = []
+    for kernel in kernels if isinstance(kernels, list) else []:
+        if not isinstance(kernel, dict):
+            continue
+        if kernel.get("execution_state") in ("busy", "starting"):
+            times.append(now)
+        try:
+            times.append(datetime.fromisoformat(str(kernel["last_activity"]).replace("Z", "+00:00")).timestamp())
+        except (KeyError, ValueError):
+            pass
+    return times
+
+
+def idle_summary(uuids: list[str], threshold: float, idle_for: float, kernels: bool) -> str:
+    """What kept a server idle, for the log: its GPUs (and, where they count, its kernels)."""
+    kernels_too = " and its kernels ran no code" if kernels else ""
+    return (f"its GPUs ({', '.join(uuids)}) stayed below {threshold:g}% utilisation{kernels_too} "
+            f"for {_duration(idle_for)}")
+
+
+def warning_message(when: str, threshold: float, idle_for: float, kernels: bool) -> str:
+    """The notice a server gets before it is stopped ``when`` (words: "in 10 minutes")."""
+    below = f"below {threshold:g}% utilisation"
+    why = ("its GPUs and kernels are idle (GPUs " if kernels else "its GPUs are idle (") + below
+    return (f"This server will be stopped {when} because {why}{', no code run,' if kernels else ''} "
+            f"for {_duration(idle_for)}). Use them, or stop the server yourself to give them to others.")
 
 
 def highest_utilization(sample: dict) -> float | None:
@@ -158,14 +194,19 @@ class Culler:
             return
         samples = [(s["time"], highest_utilization(s)) for s in sample.get("history", [])]
         samples.append((sample["time"], highest_utilization(sample)))
+        activity: list[float] = []
+        if self.args.kernel_activity == "on":
+            code, kernels = await self._call("GET", f"{base}/api/kernels")
+            if code != 200:
+                log.warning("%s: cannot read its kernels (HTTP %s); not judging it this time", owner, code)
+                return
+            activity = kernel_activity(kernels, sample["time"])
         await self.report(owner, samples=samples)
-        action, idle_for = self.tracker.observe(key, samples, now)
-        what = (f"its GPUs ({', '.join(holder['uuids'])}) stayed below {self.args.threshold:g}% utilisation "
-                f"for {_duration(idle_for)}")
+        action, idle_for = self.tracker.observe(key, samples, now, activity=activity)
+        kernels = self.args.kernel_activity == "on"
+        what = idle_summary(holder["uuids"], self.args.threshold, idle_for, kernels)
         if action == "warn":
-            message = (f"This server will be stopped in {_duration(self.args.warn_before)} because its GPUs are idle "
-                       f"(below {self.args.threshold:g}% utilisation for {_duration(idle_for)}). "
-                       "Use them, or stop the server yourself to give them to others.")
+            message = warning_message(f"in {_duration(self.args.warn_before)}", self.args.threshold, idle_for, kernels)
             notice = {"id": NOTICE_ID, "level": "warning", "message": message, "source": "gpu-culler"}
             code, _ = await self._call("POST", f"{base}/api/gpus/notices", notice)
             if not 200 <= code < 300:  # not warned: no stop until a warning got through
@@ -201,8 +242,10 @@ class Culler:
         await asyncio.gather(*(self.check(k, h, now) for k, h in holders.items()), return_exceptions=False)
 
     async def run(self) -> None:
-        log.info("GPU idle culler: every %ss, stop servers whose GPUs stay below %s%% for %ss (warning %ss before)",
-                 self.args.period, self.args.threshold, self.args.idle_timeout, self.args.warn_before)
+        log.info("GPU idle culler: every %ss, stop servers whose GPUs stay below %s%%%s for %ss (warning %ss before)",
+                 self.args.period, self.args.threshold,
+                 " and whose kernels run no code" if self.args.kernel_activity == "on" else "",
+                 self.args.idle_timeout, self.args.warn_before)
         while True:
             try:
                 await self.once()
@@ -219,6 +262,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--threshold", type=float, default=5.0, help="GPU utilisation (%%) below which a GPU is idle")
     parser.add_argument("--idle-timeout", type=float, default=3600.0, help="seconds idle before the server is stopped")
     parser.add_argument("--warn-before", type=float, default=600.0, help="seconds between the warning and the stop")
+    parser.add_argument("--kernel-activity", choices=("on", "off"), default="off",
+                        help="on: a kernel running code, or active since the last round, counts as use, as a "
+                             "busy GPU does (read from the server's /api/kernels); off: the GPUs alone decide")
     parser.add_argument("--pid-file", default=PID_FILE,
                         help="file locked while this culler runs, holding its pid; a new culler stops the "
                              "one that holds it (one per hub; relative paths are in the working directory)")

@@ -1,9 +1,16 @@
-"""The admin GPU overview: ``/hub/gpus`` (page) and ``/hub/api/gpus`` (JSON).
+"""The GPU overview: ``/hub/gpus`` (page) and ``/hub/api/gpus`` (JSON).
 
-Both need the custom scope ``custom:gpus:read`` (defined by
+Every GPU and its holder needs the custom scope ``custom:gpus:read`` (defined by
 :mod:`gpuspawner.hub.setup`; grant it with a role) or ``admin-ui``, which
-JupyterHub's admin role holds (its scopes cannot be changed), so admins can
-read the overview by default; anyone else gets 403.
+JupyterHub's admin role holds (its scopes cannot be changed), so admins read
+everything by default. Any other logged-in user (whose request may read their
+own servers, ``read:servers!user=NAME``, as their browser session and default
+tokens may) sees their own: free/total per model and the GPUs, cluster holdings
+and queue places of their own servers and jobs. Anyone else gets 403.
+
+``/hub/gpus?fragment=admin`` (readers of everything only) is the section
+``admin.html`` loads into JupyterHub's admin page: each server or job holding
+GPUs, with their count and model.
 """
 
 from __future__ import annotations
@@ -20,7 +27,7 @@ from ..jobs.manager import JobManager
 from ..owner import Owner
 from ..state import HubState, hub_state_of_app
 from .live import LiveStats
-from .overview import Holder, build
+from .overview import Holder, build, held_by_owner, own_view
 
 SCOPE = "custom:gpus:read"
 ADMIN_SCOPE = "admin-ui"  # in JupyterHub's admin role
@@ -34,6 +41,22 @@ class _Overview:
             raise web.HTTPError(403, "Missing or invalid credentials.")
         if SCOPE not in self.expanded_scopes and ADMIN_SCOPE not in self.expanded_scopes:
             raise web.HTTPError(403, f"The GPU overview needs the scope {SCOPE} (administrators have it).")
+
+    def viewer(self) -> str | None:
+        """Whose GPUs this request may see: None for everyone's, else the requesting user's name (their own).
+
+        403 for a request without credentials, a service without :data:`SCOPE`, and a
+        token that may not read its own user's servers.
+        """
+        user = self.current_user
+        if not user:
+            raise web.HTTPError(403, "Missing or invalid credentials.")
+        if SCOPE in self.expanded_scopes or ADMIN_SCOPE in self.expanded_scopes:
+            return None
+        if getattr(user, "kind", "") == "user" and self.has_scope(f"read:servers!user={user.name}"):
+            return user.name
+        raise web.HTTPError(403, f"The GPU overview needs the scope {SCOPE} (administrators have it), "
+                                 "or a user's own read:servers scope for their own GPUs.")
 
     def _holders(self, allocations: dict, ledger) -> tuple[dict, dict]:
         holders, targets = {}, {}
@@ -70,12 +93,15 @@ class _Overview:
         """The GPU state this hub's spawners share."""
         return hub_state_of_app(self.settings)
 
-    async def overview(self) -> dict:
+    async def overview(self, viewer: str | None = None) -> dict:
+        """Every GPU (``viewer`` None), or what user ``viewer`` sees of them (:func:`own_view`)."""
         state = self.hub_state
         ledger = state.ledger
         reading = await state.inventory.read()
         allocations = ledger.allocations()
         holders, targets = self._holders(allocations, ledger)
+        if viewer is not None:  # read only the viewer's own servers' monitors
+            targets = {owner: url for owner, url in targets.items() if Owner.parse(owner).user == viewer}
         live_stats = state.cache(LiveStats)
         live = {}
         if state.inventory_source == "nvml":
@@ -88,7 +114,7 @@ class _Overview:
                 live[uuid] = numbers
         data = build(reading, allocations, holders, live, problems, state.queue.waiters(), time.time())
         data["isolation"] = self.isolation()
-        return data
+        return data if viewer is None else own_view(data, viewer)
 
     def isolation(self) -> dict | None:
         """How this hub's backend keeps servers off each other's GPUs, where it says (gpu-local)."""
@@ -103,9 +129,9 @@ class GPUsAPIHandler(_Overview, APIHandler):
     """``GET /hub/api/gpus``: the overview as JSON."""
 
     async def get(self) -> None:
-        self.require_scope()
+        viewer = self.viewer()
         self.set_header("Cache-Control", "no-store")
-        self.finish(dumps(await self.overview()))
+        self.finish(dumps(await self.overview(viewer)))
 
 
 def _ago(seconds: float | None) -> str:
@@ -129,16 +155,26 @@ def _gib(value: int | None) -> str:
     return "N/A" if value is None else f"{value / 2**30:.1f}"
 
 
+#: ``?fragment=`` of the overview page -> the template it renders
+FRAGMENTS = {"": "gpuspawner_gpus.html", "1": "gpuspawner_gpus_tables.html", "admin": "gpuspawner_admin_gpus.html"}
+
+
 class GPUsPageHandler(_Overview, BaseHandler):
-    """``GET /hub/gpus``: the overview page (``?fragment=1``: only the tables, for the page's refresh)."""
+    """``GET /hub/gpus``: the overview page (``?fragment=1``: only the tables, for the page's refresh;
+    ``?fragment=admin``: the admin page's section, for readers of everyone's GPUs)."""
 
     @web.authenticated
     async def get(self) -> None:
-        self.require_scope()
-        data = await self.overview()
+        fragment = self.get_argument("fragment", "")
+        if fragment not in FRAGMENTS:
+            raise web.HTTPError(400, "fragment=%s: use 1 or admin, or leave it out", fragment[:40])
+        if fragment == "admin":
+            self.require_scope()
+        viewer = self.viewer()
+        data = await self.overview(viewer)
         now = data["time"]
-        namespace = dict(gpus=data, ago=_ago, when=_when, gib=_gib, now=now)
-        name = "gpuspawner_gpus_tables.html" if self.get_argument("fragment", "") else "gpuspawner_gpus.html"
+        namespace = dict(gpus=data, ago=_ago, when=_when, gib=_gib, now=now, held=held_by_owner(data))
+        name = FRAGMENTS[fragment]
         self.set_header("Cache-Control", "no-store")
         self.finish(await self.render_template(name, **namespace))
 

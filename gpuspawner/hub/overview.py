@@ -112,3 +112,37 @@ def build(
         "queue": queue,
         "stale_after": STALE_AFTER,
     }
+
+
+def own_view(data: dict, user: str) -> dict:
+    """What ``user`` (no reader of everyone's GPUs) sees of an overview: free/total per model, and only
+    the GPUs, cluster holdings and queue places of their own servers and jobs."""
+    def mine(holder: dict | None) -> bool:
+        return holder is not None and holder["user"] == user
+
+    return {**data, "gpus": [g for g in data["gpus"] if mine(g["holder"])],
+            "cluster": [h for h in data["cluster"] if mine(h)],
+            "queue": [q for q in data["queue"] if q["user"] == user],
+            "isolation": None, "viewer": user}
+
+
+def held_by_owner(data: dict) -> list[dict]:
+    """One row per server or job holding GPUs (by user, then server): its holder's fields, the GPU
+    count and ``held``, the count per model in words (``"2 x NVIDIA A100-SXM4-80GB"``)."""
+    rows: dict[str, dict] = {}
+    for gpu in data["gpus"]:
+        if gpu["holder"]:
+            row = rows.setdefault(gpu["holder"]["owner"], {**gpu["holder"], "gpus": 0, "per_model": {}})
+            row["gpus"] += 1
+            row["per_model"][gpu["name"]] = row["per_model"].get(gpu["name"], 0) + 1
+    for holding in data["cluster"]:
+        row = rows.setdefault(holding["owner"], {**holding, "gpus": 0, "per_model": {}})
+        row["gpus"] += holding["gpus"]
+        for resource, count in holding["resources"].items():
+            row["per_model"][resource] = row["per_model"].get(resource, 0) + count
+    out = []
+    for row in sorted(rows.values(), key=lambda r: (r["user"], r["server"])):
+        per_model = row.pop("per_model")
+        row.pop("resources", None)
+        out.append({**row, "held": ", ".join(f"{n} x {name}" for name, n in sorted(per_model.items()))})
+    return out

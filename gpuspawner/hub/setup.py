@@ -5,8 +5,12 @@ from gpuspawner.hub.setup import configure
 configure(c, culler={"url": "http://127.0.0.1:8000", "idle_timeout": 3600})
 ```
 
-It registers the admin pages ``/hub/gpus`` and ``/hub/gpus/usage`` and APIs
-``/hub/api/gpus`` and ``/hub/api/gpus/usage`` (plus the culler's
+It registers the pages ``/hub/gpus`` and ``/hub/gpus/usage`` and APIs
+``/hub/api/gpus`` and ``/hub/api/gpus/usage`` (everyone's for admins, each user's own
+for them; linked from the hub's navigation bar by ``templates/page.html``, and
+JupyterHub's admin page gets a section of the GPUs each server holds from
+``templates/admin.html``; a site's own ``page.html`` or ``admin.html`` in a
+template folder listed before gpuspawner's wins) (plus the culler's
 ``/hub/api/gpus/usage/report``, scope ``custom:gpus:report``), defines
 the custom scope ``custom:gpus:read`` (grant it in a role to let a service or
 user read the overview; admins read it through their ``admin-ui`` scope,
@@ -43,7 +47,8 @@ from ..recommended import (
     RECOMMENDED_QUEUE_TIMEOUT as RECOMMENDED_QUEUE_TIMEOUT,
     RECOMMENDED_QUOTA_PER_USER as RECOMMENDED_QUOTA_PER_USER,
 )
-from . import jobs, usage
+from . import jobs, usage, usage_page
+from .culler import parse_args as culler_arguments
 from .handlers import SCOPE, SETTINGS_KEY, handlers
 
 TEMPLATES = str(Path(__file__).resolve().parent / "templates")
@@ -55,15 +60,19 @@ CULLER_SCOPES = ["list:users", "read:users", "read:servers", "servers", "access:
 CULLER_OPTIONS = {
     "url": "--url", "period": "--period", "threshold": "--threshold",
     "idle_timeout": "--idle-timeout", "warn_before": "--warn-before", "pid_file": "--pid-file",
+    "kernel_activity": "--kernel-activity",  # True/"on": a kernel running code counts as use
 }
 
 
 def configure(c: Any, *, culler: dict | None = None, python: str = sys.executable) -> None:
     """Add the GPU overview, its scope, and optionally the GPU idle culler, to config ``c``; check the spawner."""
     check_spawner(c)
-    c.JupyterHub.extra_handlers.extend(usage.handlers() + handlers())
+    c.JupyterHub.extra_handlers.extend(usage.handlers() + usage_page.handlers() + handlers())
     c.JupyterHub.extra_handlers.extend(jobs.handlers())
-    c.JupyterHub.template_paths.append(TEMPLATES)
+    paths = c.JupyterHub.template_paths
+    if isinstance(paths, LazyConfigValue):  # a list of its own, so JupyterHub's folder comes after ours
+        paths = c.JupyterHub.template_paths = paths.get_value([])
+    paths.append(TEMPLATES)
     c.JupyterHub.custom_scopes.update({
         SCOPE: {"description": "Read the GPU overview and usage: every GPU, who holds it, live utilisation, "
                         "GPU-hours per user and group."},
@@ -87,9 +96,14 @@ def configure(c: Any, *, culler: dict | None = None, python: str = sys.executabl
             raise ValueError(f"configure(culler=...): unknown keys {sorted(unknown)}; known: {sorted(CULLER_OPTIONS)}")
         # JupyterHub loads its configuration in its own process, which then starts the culler
         command = [python, "-m", "gpuspawner.hub.culler", "--hub-pid", str(os.getpid())]
+        if culler.get("kernel_activity", "off") not in (True, False, "on", "off"):
+            raise ValueError(f"configure(culler=...): kernel_activity={culler['kernel_activity']!r}; "
+                             "use True or False")
         for key, flag in CULLER_OPTIONS.items():
             if key in culler:
-                command += [flag, str(culler[key])]
+                value = culler[key]
+                command += [flag, ("on" if value else "off") if isinstance(value, bool) else str(value)]
+        culler_arguments(command[3:])  # a bad setting stops the hub's start, naming it (not only the culler's)
         c.JupyterHub.services.append({"name": CULLER_SERVICE, "command": command})
         roles.append({"name": CULLER_SERVICE, "description": "Stop servers whose GPUs stay idle",
                       "scopes": CULLER_SCOPES, "services": [CULLER_SERVICE]})

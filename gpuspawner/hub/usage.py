@@ -1,9 +1,11 @@
-"""GPU usage reports: ``/hub/gpus/usage`` (page), ``/hub/api/gpus/usage`` (JSON, CSV) and the
-culler's ``POST /hub/api/gpus/usage/report``.
+"""GPU usage reports: ``/hub/api/gpus/usage`` (JSON, CSV) and the culler's
+``POST /hub/api/gpus/usage/report`` (the page, ``/hub/gpus/usage``, is in :mod:`.usage_page`).
 
-Reading needs what the overview needs (``custom:gpus:read``, or ``admin-ui``
-which admins hold). Reporting needs ``custom:gpus:report`` (the culler's role
-has it) or ``admin:servers``. The rows come from :mod:`gpuspawner.usage`.
+Reading follows the overview's rule (:meth:`~.handlers._Overview.viewer`): readers of
+everyone's GPUs (``custom:gpus:read``, or ``admin-ui`` which admins hold) read everyone's
+usage, or one user's with ``user=``; any other user reads their own only (naming someone
+else in ``user=`` is a 403, whoever it names). Reporting needs ``custom:gpus:report``
+(the culler's role has it) or ``admin:servers``. The rows come from :mod:`gpuspawner.usage`.
 
 An allocation counts in a period for the part of it inside the period: GPU
 count x overlap. Its busy and idle time are spread evenly over its duration
@@ -15,7 +17,6 @@ held counts up to now.
 from __future__ import annotations
 
 import csv
-import html
 import io
 import json
 import math
@@ -26,7 +27,6 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 
 from jupyterhub.apihandlers import APIHandler
-from jupyterhub.handlers import BaseHandler
 from sqlalchemy import or_, select
 from tornado import web
 
@@ -38,7 +38,7 @@ from .handlers import _Overview
 
 REPORT_SCOPE = "custom:gpus:report"
 REPORT_ADMIN_SCOPE = "admin:servers"
-GROUPINGS = ("user", "group", "model", "allocation")
+GROUPINGS = ("user", "group", "model", "server", "allocation")  # server: each server or job (its owner)
 DEFAULT_PERIOD = 7 * 24 * 3600.0
 NO_GROUP = "(no group)"
 TOP_IDLE = 10
@@ -123,6 +123,8 @@ def _keys(row: Allocation, by: str) -> list[str]:
         return [row.user]
     if by == "model":
         return [row.model or "unknown"]
+    if by == "server":
+        return [row.owner]
     return json.loads(row.groups or "[]") or [NO_GROUP]  # a member of several groups counts in each
 
 
@@ -178,6 +180,18 @@ def top_idle(parts: list[Share], limit: int = TOP_IDLE) -> list[dict]:
 class _Usage(_Overview):
     """Shared by the usage page and API handler."""
 
+    def whose(self) -> str | None:
+        """The user whose usage this request reads (``user=``, or the viewer's own); None: everyone's."""
+        viewer = self.viewer()
+        asked = self.get_argument("user", "")
+        if viewer is not None:
+            if asked and asked != viewer:
+                raise web.HTTPError(403, "You can see your own GPU usage only: leave user= out.")
+            return viewer
+        if len(asked) > 255:
+            raise BadParameter(f"user={shown(asked, 40)}: a user name has at most 255 characters")
+        return asked or None
+
     def period(self) -> tuple[float, float]:
         now = time.time()
         until_text = self.get_argument("until", "")
@@ -188,24 +202,32 @@ class _Usage(_Overview):
             raise BadParameter(f"since ({iso(since)}) must be before until ({iso(until)})")
         return since, until
 
-    def usage(self, by: str) -> dict:
-        if by not in GROUPINGS:
-            raise BadParameter(f"by={shown(by, 40)}: use one of {', '.join(GROUPINGS)}")
+    def parts(self, user: str | None) -> tuple[float, float, list[Share]]:
+        """The period asked for and each allocation's part of it (only ``user``'s, unless None)."""
         since, until = self.period()
-        state = self.hub_state
-        state.usage.attach(self.db)
-        now = time.time()
+        self.hub_state.usage.attach(self.db)
         query = select(Allocation).where(Allocation.started < until,
                                          or_(Allocation.ended.is_(None), Allocation.ended >= since))
-        parts = shares(list(self.db.execute(query).scalars()), since, until, now)
-        total = summarise(parts, "user")
-        summary = {k: round(sum(r[k] for r in total), 4) for k in SUMMARY_FIELDS[1:]}
-        return {
-            "since": iso(since), "until": iso(until), "by": by,
-            "rows": allocation_rows(parts) if by == "allocation" else summarise(parts, by),
-            "total": summary,
-            "top_idle": top_idle(parts),
-        }
+        if user is not None:
+            query = query.where(Allocation.user == user)
+        return since, until, shares(list(self.db.execute(query).scalars()), since, until, time.time())
+
+
+def check_grouping(by: str) -> str:
+    if by not in GROUPINGS:
+        raise BadParameter(f"by={shown(by, 40)}: use one of {', '.join(GROUPINGS)}")
+    return by
+
+
+def answer(since: float, until: float, by: str, parts: list[Share], user: str | None) -> dict:
+    """The usage answer (JSON) for a period: ``rows`` grouped ``by``, totals, top idle holders."""
+    total = summarise(parts, "user")
+    return {
+        "since": iso(since), "until": iso(until), "by": by, "user": user,
+        "rows": allocation_rows(parts) if by == "allocation" else summarise(parts, by),
+        "total": {k: round(sum(r[k] for r in total), 4) for k in SUMMARY_FIELDS[1:]},
+        "top_idle": top_idle(parts),
+    }
 
 
 def to_csv(data: dict) -> str:
@@ -223,14 +245,16 @@ class UsageAPIHandler(_Usage, APIHandler):
     """``GET /hub/api/gpus/usage?since=&until=&by=&format=``."""
 
     async def get(self) -> None:
-        self.require_scope()
         fmt = self.get_argument("format", "json")
         try:
+            user = self.whose()
             if fmt not in ("json", "csv"):
                 raise BadParameter(f"format={shown(fmt, 40)}: use json or csv")
-            data = self.usage(self.get_argument("by", "user"))
+            by = check_grouping(self.get_argument("by", "user"))
+            since, until, parts = self.parts(user)
+            data = answer(since, until, by, parts, user)
         except BadParameter as e:
-            raise web.HTTPError(400, str(e)) from e
+            raise web.HTTPError(400, "%s", str(e)) from e
         self.set_header("Cache-Control", "no-store")
         if fmt == "csv":
             self.set_header("Content-Type", "text/csv; charset=utf-8")
@@ -329,55 +353,6 @@ class UsageReportHandler(_Overview, APIHandler):
         self.finish(dumps({"owner": report.owner, "recorded": known}))
 
 
-def _svg_bars(rows: list[dict], width: int = 640) -> str:
-    """A horizontal stacked bar per row (busy, idle, unsampled GPU-hours), as inline SVG."""
-    rows = rows[:15]
-    top = max((r["gpu_hours"] for r in rows), default=0) or 1.0
-    label_w, bar_h, gap = 140, 18, 6
-    scale = (width - label_w - 70) / top
-    height = len(rows) * (bar_h + gap) + 30
-    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" role="img" '
-             'aria-label="GPU-hours per user: busy, idle, unsampled" class="gpuspawner-usage-chart">']
-    colours = (("busy_gpu_hours", "#2e7d32"), ("idle_gpu_hours", "#e65100"), ("unsampled_gpu_hours", "#9e9e9e"))
-    for i, row in enumerate(rows):
-        y = i * (bar_h + gap)
-        key = html.escape(str(row["key"])[:24])
-        parts.append(f'<text x="{label_w - 6}" y="{y + 13}" text-anchor="end" font-size="12">{key}</text>')
-        x = float(label_w)
-        for field, colour in colours:
-            w = row[field] * scale
-            if w > 0:
-                parts.append(f'<rect x="{x:.1f}" y="{y}" width="{w:.1f}" height="{bar_h}" fill="{colour}">'
-                             f'<title>{field.replace("_gpu_hours", "")}: {row[field]:.2f} GPU-hours</title></rect>')
-                x += w
-        parts.append(f'<text x="{x + 4:.1f}" y="{y + 13}" font-size="12">{row["gpu_hours"]:.2f}</text>')
-    y = len(rows) * (bar_h + gap) + 12
-    for i, (field, colour) in enumerate(colours):
-        parts.append(f'<rect x="{label_w + i * 110}" y="{y}" width="12" height="12" fill="{colour}"/>'
-                     f'<text x="{label_w + i * 110 + 16}" y="{y + 11}" font-size="12">'
-                     f'{field.replace("_gpu_hours", "")}</text>')
-    parts.append("</svg>")
-    return "".join(parts)
-
-
-class UsagePageHandler(_Usage, BaseHandler):
-    """``GET /hub/gpus/usage``: GPU-hours per user and group for a period, with a chart."""
-
-    @web.authenticated
-    async def get(self) -> None:
-        self.require_scope()
-        try:
-            by_user = self.usage("user")
-            by_group = self.usage("group")
-        except BadParameter as e:
-            raise web.HTTPError(400, str(e)) from e
-        self.set_header("Cache-Control", "no-store")
-        self.finish(await self.render_template(
-            "gpuspawner_usage.html", by_user=by_user, by_group=by_group, chart=_svg_bars(by_user["rows"]),
-            since=self.get_argument("since", ""), until=self.get_argument("until", ""),
-        ))
-
-
 def attach_recorder(settings: dict) -> None:
     """Record usage in the hub's database from now on (``settings``: the hub's tornado settings).
 
@@ -388,5 +363,4 @@ def attach_recorder(settings: dict) -> None:
 
 
 def handlers() -> list[tuple[str, type]]:
-    return [(r"/gpus/usage", UsagePageHandler), (r"/api/gpus/usage", UsageAPIHandler),
-            (r"/api/gpus/usage/report", UsageReportHandler)]
+    return [(r"/api/gpus/usage", UsageAPIHandler), (r"/api/gpus/usage/report", UsageReportHandler)]

@@ -34,12 +34,22 @@ from pathlib import Path
 
 from jupyter_scheduler.environments import CondaEnvironmentManager
 from jupyter_scheduler.exceptions import SchedulerError
-from jupyter_scheduler.models import CreateJob, DescribeJob, Status, UpdateJob
+from jupyter_scheduler.models import CreateJob, CreateJobDefinition, DescribeJob, Status, UpdateJob
 from jupyter_scheduler.orm import Job
 from jupyter_scheduler.scheduler import Scheduler
 from traitlets import default
 
 HUB_JOB_FILE = ".gpuspawner-job"  # in a job's staging folder: the hub's id of the job
+_AGAIN = "Select the notebook in the file browser, right-click it and choose Create Job."
+#: What the Create Job form says when it cannot create a job (jupyter-scheduler shows the sentence).
+#: Its Input file is read-only and filled from the file browser's selection, even by the Create a
+#: job button of a notebook's toolbar: with nothing selected there, the form sends it empty.
+MESSAGES = {
+    "no_input": "No notebook to run: the form's Input file is empty (JupyterLab fills it from the file "
+                "browser's selection, and nothing was selected there). " + _AGAIN,
+    "missing_input": "The input file {path} does not exist in your files (moved, renamed or deleted?). " + _AGAIN,
+    "unknown_compute_type": "Unknown compute type {chosen!r}; choose one the dialog lists.",
+}
 _STATUS = {"queued": Status.QUEUED, "starting": Status.IN_PROGRESS, "running": Status.IN_PROGRESS,
            "completed": Status.COMPLETED, "failed": Status.FAILED, "timed_out": Status.FAILED,
            "cancelled": Status.STOPPED}
@@ -144,6 +154,17 @@ class GPUScheduler(Scheduler):
             raise SchedulerError(f"The scheduler's staging area {path} is outside your files ({self.root_dir}).")
         return relative
 
+    def _check_input(self, input_uri: str | None) -> None:
+        """Refuse a job (or job definition) whose notebook is not given, or not in the user's files."""
+        if not (input_uri or "").strip():
+            raise SchedulerError(MESSAGES["no_input"])
+        if not self.file_exists(input_uri):
+            raise SchedulerError(MESSAGES["missing_input"].format(path=input_uri))
+
+    def create_job_definition(self, model: CreateJobDefinition) -> str:
+        self._check_input(model.input_uri)  # jupyter-scheduler's own sentence names no file when it is empty
+        return super().create_job_definition(model)
+
     def create_job(self, model: CreateJob) -> str:
         hub = self.hub
         types = hub.compute_types()
@@ -151,9 +172,9 @@ class GPUScheduler(Scheduler):
             return super().create_job(model)
         chosen = find_compute_type(types, model.compute_type)
         if chosen is None:
-            raise SchedulerError(f"Unknown compute type {model.compute_type!r}; choose one the dialog lists.")
-        if not model.job_definition_id and not self.file_exists(model.input_uri):
-            raise SchedulerError(f"{model.input_uri} does not exist.")
+            raise SchedulerError(MESSAGES["unknown_compute_type"].format(chosen=model.compute_type))
+        if not model.job_definition_id:  # a definition's run reads the definition's own staged copy
+            self._check_input(model.input_uri)
         with self.db_session() as session:
             offered = [f for f in (model.output_formats or ["ipynb"]) if f in ("ipynb", "html")]
             model.output_formats = offered or ["ipynb"]

@@ -1,10 +1,13 @@
-"""In real Chromium: the admin GPU page of a real hub, and the culler's notice in real JupyterLab.
+"""In real Chromium: the admin GPU page and the admin page's GPU section of a real hub, and the
+culler's notice in real JupyterLab.
 
 Debian's Chromium (/usr/bin/chromium) through Playwright, launched as in
 test_monitor_lab.py; Playwright's own browsers are never downloaded.
 """
 
 from __future__ import annotations
+
+import re
 
 import pytest
 import requests
@@ -48,6 +51,16 @@ def test_admin_page_shows_holders_and_live_utilisation(tmp_path, fakenvml_libdir
         sync_api.expect(page.locator(f"tr[data-uuid='{first}'] [data-field=util]")).to_have_text("64 %", timeout=60_000)
         ARTIFACTS.mkdir(exist_ok=True)
         page.screenshot(path=str(ARTIFACTS / "ops-admin-gpus.png"), full_page=True)
+
+        # JupyterHub's admin page, with gpuspawner's section filled by its script; then the navbar's link
+        page.goto(hub.url + "/hub/admin")
+        held = page.locator("#gpuspawner-admin-gpus tr[data-owner='alice/'] [data-field=gpus]")
+        sync_api.expect(held).to_have_text(re.compile(r"^2 x (NVIDIA A100-SXM4-80GB|Tesla T4)$"))
+        sync_api.expect(page.locator("#react-admin-hook")).to_contain_text("alice")  # the React app still draws
+        page.screenshot(path=str(ARTIFACTS / "ops-admin-page-gpus.png"), full_page=True)
+        page.locator("#gpuspawner-nav-usage").click()
+        sync_api.expect(page.locator("h1")).to_have_text("GPU usage")
+        page.screenshot(path=str(ARTIFACTS / "ops-admin-usage.png"), full_page=True)
     finally:
         hub.close()
 

@@ -137,7 +137,8 @@ def test_three_users_two_gpus_each_on_four_then_hub_killed(swarm_hub):
 
     r = hub.spawn("carol", GPU)
     assert r.status_code == 409, r.text
-    assert r.json()["message"] == "No NVIDIA A100-SXM4-80GB is free right now: 0 of 4 free. Try again later."
+    assert r.json()["message"] == ("No NVIDIA A100-SXM4-80GB is free right now: 0 of 4 free. Try again later. "
+                                   'Pick "GPU notebook, waits its turn" to wait in the queue instead.')
     assert hub.user("carol")["servers"] == {}
     assert services(hub) == [f"{hub.prefix}-alice", f"{hub.prefix}-bob"]
 

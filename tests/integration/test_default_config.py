@@ -19,6 +19,7 @@ import signal
 import sqlite3
 import subprocess
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -49,9 +50,10 @@ NVML_VIEW = (
 )
 
 
-@pytest.fixture(scope="module")
-def default_hub(tmp_path_factory, fakenvml_libdir):
-    tmp_path = tmp_path_factory.mktemp("default-config")
+@contextmanager
+def runnable_default(tmp_path: Path, fakenvml_libdir: Path, env: dict[str, str] | None = None):
+    """A hub of the repository's jupyterhub_config.py on a fresh machine (no NVML variables), with
+    ``env`` on top; yields (hub, state folder), and stops it and deletes its accounts after."""
     state = tmp_path / "state"
     hub = Hub(tmp_path / "hub", {}, config_file=REPO / "jupyterhub_config.py")
     hub.env.update({
@@ -62,7 +64,8 @@ def default_hub(tmp_path_factory, fakenvml_libdir):
         "GPUSPAWNER_PROXY_API_URL": hub.settings["proxy_api_url"],
         "GPUSPAWNER_PASSWORD": "test-password",
         "GPUSPAWNER_ACCOUNT_PREFIX": "d" + secrets.token_hex(3) + "-",  # this test's accounts alone
-        "GPUSPAWNER_HUB_ID": hub.settings["hub_id"],  # this test's servers alone (another hub may run)
+        "GPUSPAWNER_HUB_ID": hub.settings["hub_id"],  # this hub stops no other runnable default's servers
+        **(env or {}),
     })
     for name in ("LD_LIBRARY_PATH", "FAKENVML_CONFIG"):  # as on a fresh machine
         hub.env.pop(name, None)
@@ -76,6 +79,12 @@ def default_hub(tmp_path_factory, fakenvml_libdir):
                 for pid in uid_pids(entry.pw_uid):
                     os.kill(pid, signal.SIGKILL)
                 subprocess.run(["userdel", "--remove", entry.pw_name], capture_output=True, timeout=60)
+
+
+@pytest.fixture(scope="module")
+def default_hub(tmp_path_factory, fakenvml_libdir):
+    with runnable_default(tmp_path_factory.mktemp("default-config"), fakenvml_libdir) as hub_and_state:
+        yield hub_and_state
 
 
 def server_envs(hub: Hub, user: str) -> list[dict[str, str]]:

@@ -38,14 +38,21 @@ def notices(hub, name: str, token: str) -> list[dict]:
     return r.json()["notices"] if r.status_code == 200 else []
 
 
-def test_only_the_idle_server_is_warned_then_stopped_and_a_new_start_begins_clean(ops_hub):
-    hub = ops_hub
+def busy_alice_idle_bob(hub) -> tuple[set[str], set[str], str, str]:
+    """Start alice's and bob's servers on two GPUs each, alice's busy, bob's idle: their GPUs and tokens.
+    Every GPU reads busy until then, so that no server idles before the test says so."""
+    hub.set_utilization({device["uuid"]: 85 for device in hub.gpus_config["devices"]})
     hub.add_users("alice", "bob")
     alice_gpus = start(hub, "alice", TWO_GPUS)
     bob_gpus = start(hub, "bob", TWO_GPUS)
     hub.set_utilization({**dict.fromkeys(alice_gpus, 85), **dict.fromkeys(bob_gpus, 2)})
-    alice_token = user_token(hub, login(hub, "alice"), "alice")
-    bob_token = user_token(hub, login(hub, "bob"), "bob")
+    alice_token, bob_token = (user_token(hub, login(hub, name), name) for name in ("alice", "bob"))
+    return alice_gpus, bob_gpus, alice_token, bob_token
+
+
+def test_only_the_idle_server_is_warned_then_stopped_and_a_new_start_begins_clean(ops_hub):
+    hub = ops_hub
+    alice_gpus, bob_gpus, alice_token, bob_token = busy_alice_idle_bob(hub)
 
     warning = wait_for(lambda: notices(hub, "bob", bob_token), timeout=120, interval=0.2)
     assert warning, hub.log()

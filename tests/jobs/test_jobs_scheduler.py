@@ -13,6 +13,7 @@ import pytest
 import requests
 
 import fakenvml
+from gpuspawner.labjobs.scheduler import MESSAGES
 from gpuspawner.simulation import simulated_config
 from hub import Hub, process_env
 from jobnotebooks import GPU_REPORT, JOBS_CONFIG, PROFILES, holders, outputs_text, write
@@ -92,10 +93,14 @@ def test_create_job_runs_on_its_own_gpu_and_outlives_the_server(hub):
     assert output["display_name"]
 
 
-def test_a_refused_job_shows_the_hubs_sentence(hub):
+def ensure_server(hub: Hub) -> None:
     if not hub.user("dana")["servers"]:
         hub.spawn("dana", {"profile": "cpu", "gpus": 0})
         hub.wait_ready("dana")
+
+
+def test_a_refused_job_shows_the_hubs_sentence(hub):
+    ensure_server(hub)
     write(hub.home("dana") / "bench.ipynb", GPU_REPORT, parameters="seconds = 0")
     env = scheduler(hub, "GET", "runtime_environments").json()[0]
     r = scheduler(hub, "POST", "jobs", json={
@@ -104,3 +109,27 @@ def test_a_refused_job_shows_the_hubs_sentence(hub):
     })
     assert r.status_code >= 400 and "Unknown compute type" in r.text
     assert not [j for j in scheduler(hub, "GET", "jobs").json()["jobs"] if j["name"] == "big"]
+
+
+def test_a_job_without_its_notebook_is_refused_naming_what_is_missing(hub):
+    """The Create Job form fills its read-only Input file from the file browser's selection (its
+    notebook toolbar button too): with nothing selected it sends it empty (jupyter-scheduler#503)."""
+    ensure_server(hub)
+    env = scheduler(hub, "GET", "runtime_environments").json()[0]
+    t4 = next(t for t in env["compute_types"] if t.startswith("1 x Tesla T4"))
+    form = {"runtime_environment_name": env["name"], "name": "nothing", "compute_type": t4,
+            "output_formats": ["ipynb"], "parameters": {}}
+    hub_jobs = len(hub.api("GET", "/users/dana/gpu-jobs").json()["jobs"])
+
+    empty = scheduler(hub, "POST", "jobs", json={**form, "input_uri": ""})
+    assert empty.status_code == 500 and empty.json()["message"] == MESSAGES["no_input"], empty.text
+    assert "Input file is empty" in empty.json()["message"]
+    gone = scheduler(hub, "POST", "jobs", json={**form, "input_uri": "work/gone.ipynb"})
+    assert gone.json()["message"].startswith("The input file work/gone.ipynb does not exist in your files"), gone.text
+    schedule = {"schedule": "0 * * * *", "timezone": "UTC"}
+    definition = scheduler(hub, "POST", "job_definitions", json={**form, **schedule, "input_uri": ""})
+    assert definition.json()["message"] == MESSAGES["no_input"], definition.text
+    # nothing was made: no job in the list, no definition, no job on the hub
+    assert not [j for j in scheduler(hub, "GET", "jobs").json()["jobs"] if j["name"] == "nothing"]
+    assert not scheduler(hub, "GET", "job_definitions").json()["job_definitions"]
+    assert len(hub.api("GET", "/users/dana/gpu-jobs").json()["jobs"]) == hub_jobs

@@ -9,13 +9,14 @@ the job by its id.
 
 from __future__ import annotations
 
+import re
 from datetime import datetime
 
 import pytest
 
 import fakenvml
 from gpuspawner.simulation import simulated_config
-from hub import Hub
+from hub import Hub, login
 from jobnotebooks import GPU_REPORT, JOBS_CONFIG, PROFILES, submit, wait_state, write
 
 pytestmark = pytest.mark.integration
@@ -87,6 +88,13 @@ def test_each_job_is_recorded_for_its_wall_time_with_its_outcome_and_id(hub):
     # the same rows, per user
     by_user = {row["key"]: row for row in hub.api("GET", "/gpus/usage").json()["rows"]}
     assert by_user["alice"]["allocations"] == 1 and by_user["bob"]["allocations"] == 2
+
+    # bob's own usage page: his two jobs, named by their ids, and how each ended, in words; nobody else's
+    page = login(hub, "bob").get(hub.url + "/hub/gpus/usage", timeout=30).text
+    shown = dict(re.findall(r'<tr data-owner="bob/job/([0-9a-f]+)" data-end-reason="[^"]*">\s*<td>job \1</td>'
+                            r'.*?<td data-field="how"[^>]*>([^<]*)</td>', page, re.S))
+    assert shown == {failed["id"]: "Failed", timed["id"]: "Timed out"}, page
+    assert "alice" not in page and "carol" not in page
 
 
 def test_a_job_may_carry_its_id_once(hub):

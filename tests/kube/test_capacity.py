@@ -219,6 +219,9 @@ async def test_form_shows_models_mig_and_shared_pools(make_spawner):
     assert "availability unknown" not in words
     # 4 A100s are not free on one node now: the count is offered but disabled
     assert re.search(r'<option value="4"\s+disabled>4 GPUs \(not free now\)', html)
+    # 16 never fit: no node has more than 8
+    assert re.search(r'<option value="16"\s+disabled>16 GPUs \(never fits here: needs 16 GPUs on one node; '
+                     r'the largest here has 8\)', html)
 
 
 async def test_form_still_works_when_the_api_fails(cluster, monkeypatch, make_spawner):

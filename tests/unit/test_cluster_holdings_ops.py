@@ -11,7 +11,7 @@ from traitlets.config import Config
 
 from gpuspawner.gpu import GPU
 from gpuspawner.hub.handlers import _ago, _gib, _when
-from gpuspawner.hub.overview import Holder, build
+from gpuspawner.hub.overview import Holder, build, held_by_owner, own_view
 from gpuspawner.hub.setup import TEMPLATES
 from gpuspawner.inventory import InventoryReading
 from gpuspawner.ledger import cluster_tokens
@@ -79,3 +79,13 @@ def test_metrics_count_cluster_holdings_per_resource_and_not_as_hub_gpus():
     assert hub_gpus[(("host", "gpu-host-1"), ("model", "t4"), ("state", "free"))] == 1
     assert samples("gpuspawner_cluster_gpus_held") == {
         (("resource", "nvidia.com/gpu"),): 2, (("resource", "nvidia.com/mig-1g.10gb"),): 1}
+
+
+def test_admin_section_and_own_view_count_cluster_holdings_per_resource():
+    data = build(InventoryReading(INVENTORY), ALLOCATIONS, {}, {}, {}, [], 1_700_000_100.0)
+    held = {h["owner"]: (h["user"], h["gpus"], h["held"]) for h in held_by_owner(data)}
+    assert held == {"ann/": ("ann", 1, "1 x Tesla T4"), "zoe/": ("zoe", 2, "2 x nvidia.com/gpu"),
+                    "carol/mig": ("carol", 2, "1 x nvidia.com/gpu, 1 x nvidia.com/mig-1g.10gb")}
+    zoe = own_view(data, "zoe")
+    assert zoe["gpus"] == [] and [c["owner"] for c in zoe["cluster"]] == ["zoe/"] and zoe["models"] == data["models"]
+    assert [h["owner"] for h in held_by_owner(own_view(data, "ann"))] == ["ann/"]

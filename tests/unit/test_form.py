@@ -391,13 +391,13 @@ def test_html_disables_counts_that_do_not_fit():
 def test_html_offers_counts_that_wait_in_the_queue_up_to_the_most_one_host_has():
     # Slurm: no T4 free now, 2 on the largest node; requests that do not fit now wait in Slurm's queue
     busy = [ModelAvailability(T4, T4_NAME, free=0, total=4, largest=0, most_on_one_host=2)]
-    context = form_context(PROFILES, InventoryReading(), (), availability=busy, waits=True)
+    context = form_context(PROFILES, InventoryReading(), (), availability=busy, waits=True, host="node")
     assert by_slug(context, "gpu")["largest"] == {"any": 2, T4: 2}
     options = controls(render(context)).selects["gpus-gpu"]["options"]
     assert [(o["value"], o["disabled"], o["text"]) for o in options] == [
         ("1", False, "1 GPU"),
         ("2", False, "2 GPUs"),
-        ("4", True, "4 GPUs (more than any node has)"),
+        ("4", True, "4 GPUs (never fits here: needs 4 GPUs on one node; the largest here has 2)"),
     ]
 
 

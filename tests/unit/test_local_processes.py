@@ -14,6 +14,7 @@ import pytest
 from traitlets.config import Config
 
 import devcgroup
+from gpuspawner import quota
 from gpuspawner.backends.local.fence import DeviceFence
 from gpuspawner.backends.local.fence_starts import StartRecord
 from gpuspawner.backends.local.processes import alive, end_processes, find_servers
@@ -99,7 +100,9 @@ async def test_recorded_start_is_adopted_and_unrecorded_one_is_stopped(hub_id, s
 
     held = ada.ledger.allocations()
     assert held["ada/"] == ("GPU-0",)
-    assert held[f"bob//stopping-{'start-b'[:12]}"] == ("GPU-1", "GPU-2")  # until it is gone
+    assert held["bob/~stopping-start-b"] == ("GPU-1", "GPU-2")  # until it is gone
+    # and they count against bob: his quota sees them (a spawn meanwhile was a 500 before)
+    assert quota.held_by(held, {"bob"}) == {"bob/~stopping-start-b": 2}
     # the unrecorded start, its SIGTERM-deaf child included, is ended; then its GPUs are free
     for _ in range(150):
         if not alive(orphan.pids):

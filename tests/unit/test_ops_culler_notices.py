@@ -7,7 +7,7 @@ import json
 import pytest
 from tornado import web
 
-from gpuspawner.hub.culler import IdleTracker, highest_utilization, parse_args, start_key
+from gpuspawner.hub.culler import IdleTracker, highest_utilization, kernel_activity, parse_args, start_key
 from gpuspawner.monitor.notices import NoticeBoard, parse_notice
 
 
@@ -38,6 +38,21 @@ def test_any_busy_sample_starts_over_and_forgets_the_warning():
     assert t.observe("a/", [(55, 1), (70, 1)], now=70) == ("idle", 15)
 
 
+def test_kernel_activity_counts_as_use_once_and_only_when_given():
+    t = tracker()
+    assert t.observe("a/", [(0, 1), (20, 1), (45, 1)], now=45, activity=[10]) == ("idle", 25)  # idle after it
+    assert t.observe("a/", [(50, 1)], now=50, activity=[10]) == ("idle", 30)  # seen: counts once
+    t.warned("a/", 50)
+    assert t.observe("a/", [(55, 1)], now=55, activity=[52]) == ("idle", 0)  # new activity: starts over
+    assert t.observe("a/", [(60, 1), (70, 1)], now=70, activity=[52]) == ("idle", 15)
+    assert t.observe("a/", [(100, 1)], now=100) == ("warn", 45)  # the earlier warning was forgotten: no stop
+    assert t.observe("a/", [(110, 1)], now=110, activity=[110]) == ("busy", 0.0)  # active at the last sample
+    busy = "2026-11-26T10:00:05.5Z"
+    kernels = [{"execution_state": "busy", "last_activity": busy}, {"execution_state": "idle"}, "junk"]
+    assert kernel_activity(kernels, now=1e9) == [1e9, 1795687205.5]
+    assert kernel_activity({"message": "no"}, now=1.0) == []
+
+
 def test_each_start_of_a_server_is_tracked_apart():
     t = tracker()
     first = start_key({"owner": "a/", "since": 100.0})
@@ -64,9 +79,26 @@ def test_old_and_unknown_samples_are_ignored():
 
 def test_culler_arguments_are_checked():
     assert parse_args(["--period", "2", "--idle-timeout", "10", "--warn-before", "5"]).period == 2
-    for bad in (["--period", "0"], ["--idle-timeout", "10", "--warn-before", "10"], ["--threshold", "0"]):
+    assert parse_args([]).kernel_activity == "off" and parse_args(["--kernel-activity", "on"]).kernel_activity == "on"
+    for bad in (["--period", "0"], ["--idle-timeout", "10", "--warn-before", "10"], ["--threshold", "0"],
+                ["--kernel-activity", "yes"]):
         with pytest.raises(SystemExit):
             parse_args(bad)
+
+
+@pytest.mark.parametrize("settings, error, named", [
+    ({"kernel_activity": "yes"}, ValueError, "kernel_activity"),
+    ({"period": "soon"}, SystemExit, "--period"),
+    ({"idle_timeout": 60, "warn_before": 90}, SystemExit, "--warn-before"),
+])
+def test_bad_culler_settings_stop_the_hubs_start_naming_them(settings, error, named, capsys):
+    from traitlets.config import Config
+
+    from gpuspawner.hub.setup import configure
+
+    with pytest.raises(error) as e:
+        configure(Config(), culler=settings)
+    assert named in str(e.value) + capsys.readouterr().err
 
 
 def test_notices_replace_by_id_and_are_bounded():

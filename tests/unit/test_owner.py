@@ -38,6 +38,16 @@ def test_servers_and_jobs_never_collide(user, server, job):
     assert as_server != as_job
 
 
+@settings(max_examples=100, deadline=None)
+@given(users, servers, job_ids, st.text("0123456789abcdef-", min_size=1, max_size=12))
+def test_a_leftover_start_is_an_owner_of_the_same_user_apart_from_the_live_one(user, server, job, start):
+    for live in (Owner.of_server(user, server), Owner.of_job(user, job)):
+        leftover = live.leftover(start)
+        assert Owner.parse(str(leftover)) == leftover  # every ledger reader can parse it
+        assert user_of(str(leftover)) == user and leftover.kind == live.kind
+        assert leftover != live and str(leftover).endswith(f"~stopping-{start}")
+
+
 def test_the_forms_running_hubs_hold():
     assert Owner.parse("ann/") == Owner("ann") and Owner.parse("ann/").label == ""  # the default server
     assert Owner.parse("ann/big") == Owner.of_server("ann", "big")

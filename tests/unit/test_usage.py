@@ -237,3 +237,11 @@ def test_an_outcome_learnt_after_a_restart_replaces_crashed(session):
         assert not usage2.end_reason("bob/job/42", "failed", replaces_crashed=True), "told once"
     [row] = rows(session)
     assert (row.ended, row.end_reason) == (5000.0, "completed")
+
+
+def test_every_end_reason_has_words_for_the_usage_page():
+    from gpuspawner.usage import END_REASON_WORDS, END_REASONS
+
+    assert set(END_REASON_WORDS) == {None, *END_REASONS}
+    for words, meaning in END_REASON_WORDS.values():
+        assert words and meaning and "_" not in words  # a sentence, never the code

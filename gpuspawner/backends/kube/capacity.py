@@ -37,7 +37,8 @@ from typing import Any
 
 from ...availability import ModelAvailability, Tally
 from ...compat import CudaVersion, cuda_version_text
-from ...gpu import GPU, model_slug, slug_matches
+from ...gpu import GPU, model_rank, model_slug, slug_matches
+from ...queue import Known
 from ...refusals import PlacementError, Refusal, refuse, words
 from .cuda import node_cuda
 
@@ -377,3 +378,12 @@ def offered_models(nodes: Iterable[NodeGPUs]) -> tuple[GPU, ...]:
     """
     slugs = sorted({pool.slug for node in nodes for pool in node.pools})
     return tuple(GPU(host="cluster", index=n, uuid=f"pool/{slug}", name=slug) for n, slug in enumerate(slugs))
+
+
+def queue_known(nodes: Iterable[NodeGPUs], models: tuple[str, ...]) -> Known:
+    """What the hub's queue tells a request waiting for ``models`` (patterns; none: any) on this
+    cluster: the pools' GPUs in service and how many of them are in use (by anyone)."""
+    mine = [p for p in pools(nodes) if model_rank(models, p.slug) is not None]
+    names = {p.name for p in mine}
+    return Known(sum(p.total for p in mine), sum(p.total - p.free for p in mine),
+                 names.pop() if len(names) == 1 else "GPUs")

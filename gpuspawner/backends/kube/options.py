@@ -217,7 +217,7 @@ class KubeOptionsMixin(Configurable):
         previous = self.user_options or {}
         context = form_context(
             self.profiles, InventoryReading(), (), previous,
-            availability=availability, unknown=reading.unknown,
+            availability=availability, unknown=reading.unknown, host="node",
         )
         queues = {p["profile"].slug: self.kueue_queue(p["profile"]) for p in context["profiles"]}
         lines = await self.kueue_reader().quota_lines(self.namespace, [q for q in queues.values() if q])

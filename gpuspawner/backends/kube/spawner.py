@@ -50,7 +50,7 @@ from ..claim import Claim
 from ..errors import user_error
 from .api import ClusterCapacity, ClusterReading, list_server_pods, why_failed
 from .caches import KubeCaches
-from .capacity import GPU_RESOURCE, PRODUCT_LABEL, CapacityError, offered_models, place, pools
+from .capacity import GPU_RESOURCE, PRODUCT_LABEL, CapacityError, offered_models, place, pools, queue_known
 from .events import EventContext
 from .holdings import USERNAME_ANNOTATION, server_holdings
 from .kueue import QUEUE_LABEL, check_queue_name
@@ -405,7 +405,8 @@ class GPUKubeSpawner(KubeOptionsMixin, KubeWaitingMixin, GPUSpawnerMixin, KubeSp
             return claim
 
         try:
-            result = await self.wait_in_queue(counted, choice.profile.slug, read, take)
+            result = await self.wait_in_queue(counted, choice.profile.slug, read, take,
+                                              known=lambda waiter, _pools: queue_known(latest[0].nodes, waiter.models))
         except PlacementError as e:
             state.metrics.refused(e.code, time.monotonic() - started)
             raise

@@ -24,8 +24,8 @@ from .processes import MarkedStarts, StartFence, describe_processes, end_start, 
 
 
 def orphan_owner(group) -> str:
-    """The ledger owner of an unrecorded start being stopped: ``user/server/stopping-<start id>``."""
-    return f"{group.owner}/stopping-{group.spawn[:12]}"
+    """The ledger owner of an unrecorded start being stopped (:meth:`Owner.leftover`)."""
+    return str(Owner.parse(group.owner).leftover(group.spawn[:12]))
 
 
 class LocalStarts:

@@ -111,5 +111,5 @@ class SlurmReadingMixin(Configurable):
         unknown = f"Slurm does not answer: {reading.unknown}" if reading.unknown else None
         # a request that does not fit now is submitted and waits in Slurm's queue
         return form_context(self.profiles, InventoryReading(), (), self.user_options or {},
-                            availability=availability, unknown=unknown, waits=True)
+                            availability=availability, unknown=unknown, waits=True, host="node")
 

@@ -83,6 +83,7 @@ class GPUSwarmSpawner(GPUDockerSpawner, SwarmSpawner):
     ).tag(config=True)
 
     honours_interconnect = False  # Swarm picks the GPUs
+    host_word = "node"  # a swarm node holds a request's GPUs
     #: no notebook GPU jobs on Swarm (yet): gpu-docker's runner makes a plain container, which Swarm
     #: gives no GPUs; the job API answers 501 with a sentence saying so, and nothing runs
     gpu_job_runner = None
