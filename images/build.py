@@ -37,6 +37,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections import deque
 from importlib import metadata
 from pathlib import Path
 
@@ -90,9 +91,16 @@ def _log(message: str) -> None:
 
 
 def _run(cmd: list[str], **kwargs) -> None:
-    proc = subprocess.run(cmd, capture_output=True, text=True, **kwargs)
+    """Run ``cmd``, its output passed on to stderr as it comes (how far it is: scripts/hub's step reads it)."""
+    tail: deque[str] = deque(maxlen=80)
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace",
+                          **kwargs) as proc:
+        for line in proc.stdout:
+            tail.append(line)
+            sys.stderr.write(line)
+            sys.stderr.flush()
     if proc.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout[-3000:]}{proc.stderr[-3000:]}")
+        raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{''.join(tail)[-6000:]}")
 
 
 def base_tarball(cache: Path, packages: tuple[str, ...] = BASE_PACKAGES, name: str = "base") -> Path:
@@ -132,7 +140,7 @@ def download_wheels(cache: Path, prefix: str, reqs: list[str], what: str) -> Pat
     _log(f"downloading wheels for {what}")
     tmp = Path(tempfile.mkdtemp(prefix=f".{prefix}-", dir=cache))
     try:
-        _run([sys.executable, "-m", "pip", "download", "-q", *PIP_TARGET, "-d", str(tmp), *reqs])
+        _run([sys.executable, "-m", "pip", "download", "--progress-bar", "off", *PIP_TARGET, "-d", str(tmp), *reqs])
         try:
             os.replace(tmp, path)
         except OSError:
@@ -197,12 +205,7 @@ def build(tag: str, cache: Path, client: docker.DockerClient | None = None, imag
             shutil.copy(wheel, ctx / "wheels" / wheel.name)
             shutil.copytree(NOTEBOOKS_DIR, ctx / "notebooks")
             _log(f"building {keyed}")
-            try:
-                client.images.build(path=str(ctx), tag=keyed, buildargs={"BASE_IMAGE": base_tag, **buildargs},
-                                    rm=True, forcerm=True, timeout=1800)
-            except docker.errors.BuildError as e:
-                lines = "".join(str(item.get("stream") or item.get("error") or "") for item in e.build_log)
-                raise RuntimeError(f"docker build failed: {e}\n{lines[-4000:]}") from e
+            _docker_build(client, path=str(ctx), tag=keyed, buildargs={"BASE_IMAGE": base_tag, **buildargs})
         _log(f"saving {saved.name}")
         save_image(client, keyed, saved, f"{image}-*.tar")
     built = client.images.get(keyed)
@@ -261,11 +264,15 @@ def z2jh_standin(cache: Path, client: docker.DockerClient) -> str:
 
 
 def _docker_build(client: docker.DockerClient, **kwargs) -> None:
-    try:
-        client.images.build(rm=True, forcerm=True, timeout=1800, **kwargs)
-    except docker.errors.BuildError as e:
-        lines = "".join(str(item.get("stream") or item.get("error") or "") for item in e.build_log)
-        raise RuntimeError(f"docker build failed: {e}\n{lines[-4000:]}") from e
+    """``docker build``, its steps ("Step 4/12 : RUN ...") passed on to stderr as they come."""
+    said = []
+    for item in client.api.build(rm=True, forcerm=True, timeout=1800, decode=True, **kwargs):
+        text = str(item.get("stream") or item.get("status") or "")
+        said.append(text)
+        sys.stderr.write(text)
+        sys.stderr.flush()
+        if "error" in item:
+            raise RuntimeError(f"docker build failed: {item['error']}\n{''.join(said)[-4000:]}")
 
 
 def build_hub(tag: str, cache: Path, client: docker.DockerClient | None = None) -> str:

@@ -23,7 +23,6 @@ import asyncio
 import uuid
 from collections.abc import Sequence
 
-from sqlalchemy.orm import Session
 from traitlets import Bool, Dict, List, TraitError, validate
 from traitlets.config import Application
 
@@ -183,8 +182,8 @@ class GPUSpawnerMixin(GPUOptionsMixin, GPUReconcileMixin, GPUStateMixin, GPUPoli
         """
         if self._hub_state is None:
             self._hub_state = hub_state(self.config, type(self), settings=self, app=self._hub_app())
-            db = getattr(getattr(self, "user", None), "db", None)
-            if isinstance(db, Session):  # the hub's session: usage records go there
+            db = self.hub_session()
+            if db is not None:  # the hub's session: usage records go there
                 self._hub_state.usage.attach(db)
         return self._hub_state
 

@@ -5,10 +5,19 @@ written to the hub's database before anything is created (:meth:`GPUStateMixin.s
 read back into the ledger when the hub starts again (:meth:`GPUStateMixin.load_state`), and
 given back when JupyterHub clears the state, except on backends whose workload may outlive it
 (``gpus_outlive_state``).
+
+The state is written through the session that holds this server's row (:meth:`GPUStateMixin.hub_session`:
+the session of ``orm_spawner``, as JupyterHub's own ``User`` finds it), never through ``Spawner.db``,
+whose every first read JupyterHub 6 answers with a deprecation warning. The parents that still
+commit through ``self.db`` (batchspawner 1.3's ``start``, KubeSpawner 7.1's ``poll``) get that
+session too, without the warning.
 """
 
 from __future__ import annotations
 
+import sqlalchemy
+from sqlalchemy.orm import Session
+from traitlets import default
 from traitlets.config import Configurable
 
 from ..gpu import gpu_from_record
@@ -26,6 +35,26 @@ class GPUStateMixin(Configurable):
     #: whether :meth:`save_state` wrote this spawner's state since it was last cleared
     _gpu_state_written = False
 
+    def hub_session(self) -> Session | None:
+        """The hub's database session that holds this server's row: the one ``orm_spawner`` is in (JupyterHub
+        writes a server's state through it), else the user's (a notebook job's spawner has no row);
+        None outside a hub."""
+        orm_spawner = getattr(self, "orm_spawner", None)
+        if orm_spawner is not None:
+            try:
+                session = sqlalchemy.inspect(orm_spawner).session
+            except sqlalchemy.exc.NoInspectionAvailable:  # a test's stand-in row
+                session = None
+            if session is not None:
+                return session
+        session = getattr(getattr(self, "user", None), "db", None)
+        return session if isinstance(session, Session) else None
+
+    @default("db")
+    def _db_without_deprecation(self) -> Session | None:
+        """``Spawner.db`` for the parents that still commit through it (see the module's words)."""
+        return self.hub_session()
+
     def save_state(self) -> None:
         """Write this server's state (its GPUs first) to the hub's database now.
 
@@ -33,10 +62,11 @@ class GPUStateMixin(Configurable):
         that must still know, when it comes back, which GPUs its servers hold.
         """
         orm_spawner = getattr(self, "orm_spawner", None)
-        if orm_spawner is None or getattr(self, "db", None) is None:
+        session = self.hub_session()
+        if orm_spawner is None or session is None:
             return
         orm_spawner.state = self.get_state()
-        self.db.commit()
+        session.commit()
         self._gpu_state_written = True
 
     def get_state(self) -> dict:

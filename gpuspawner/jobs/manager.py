@@ -112,7 +112,7 @@ class JobManager:
         """A new object of the hub's spawner class for ``user``'s job ``owner`` (``user/job/<id>``)."""
         spawner = self.spawner_class(
             user=user, hub=self.settings.get("hub"), config=self.settings["config"],
-            orm_spawner=None, _deprecated_db_session=self.settings.get("db"),
+            orm_spawner=None,
         )
         spawner.hub_state = self.state
         spawner.gpu_owner_override = owner

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import pwd
+import re
 import secrets
 import signal
 import sqlite3
@@ -226,3 +227,28 @@ def test_a_job_sees_through_nvml_what_a_server_sees(default_hub):
 
     assert sorted(shape(job_view)) == sorted(shape(server_view)), (job_view, server_view)
     requests.delete(api + "/server", headers=auth, timeout=60)
+
+
+def test_the_hub_log_has_no_deprecation_warning_nor_a_bare_prefix(default_hub):
+    """A start and a stop on the GPU spawner leave no ``Spawner.db`` deprecation warning (JupyterHub 6's
+    ``[W ... JupyterHub spawner:251]``, whose first line is the prefix alone) in the hub's log, and no
+    warning line that says nothing after its prefix."""
+    hub, _ = default_hub
+    web = login(hub, "ida")
+    auth = {"Authorization": f"token {user_token(hub, web, 'ida')}"}
+    api = hub.url + "/hub/api/users/ida"
+    r = requests.post(api + "/server", json={"profile": "gpu", "gpus": 1}, headers=auth, timeout=60)
+    assert r.status_code in (201, 202), f"{r.text}\n{hub.log()}"
+    deadline = time.monotonic() + 90
+    while not requests.get(api, headers=auth, timeout=30).json()["servers"].get("", {}).get("ready"):
+        assert time.monotonic() < deadline, f"ida's server did not start:\n{hub.log()}"
+        time.sleep(0.5)
+    server_envs(hub, "ida")  # its pids, for the hub's close
+    requests.delete(api + "/server", headers=auth, timeout=60)
+    while requests.get(api, headers=auth, timeout=30).json()["servers"]:
+        assert time.monotonic() < deadline + 60, f"ida's server did not stop:\n{hub.log()}"
+        time.sleep(0.5)
+    log = hub.log_path.read_text(errors="replace")
+    assert "Spawner.db is deprecated" not in log, log[-6000:]
+    bare = [line for line in log.splitlines() if re.fullmatch(r"\[[WE] [^\]]*\]\s*", line)]
+    assert bare == [], bare

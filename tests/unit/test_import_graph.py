@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.machinery
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -11,16 +9,14 @@ from xml.etree import ElementTree
 
 import pytest
 
+from scriptmodule import load_script
+
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "import-graph"
 
 
 @pytest.fixture(scope="module")
 def graph_tool():
-    loader = importlib.machinery.SourceFileLoader("import_graph", str(SCRIPT))
-    spec = importlib.util.spec_from_loader("import_graph", loader)
-    module = importlib.util.module_from_spec(spec)
-    loader.exec_module(module)
-    return module
+    return load_script(SCRIPT, "import_graph")
 
 
 def _write(root: Path, files: dict[str, str]) -> Path:

@@ -57,18 +57,19 @@ class SlurmReconcileMixin(Configurable):
     async def recorded_workloads(self) -> dict[str, set[str]] | None:
         """Owner -> Slurm job ids of every server JupyterHub shows running or starting whose state names
         a job (``user/server``), and of every active notebook GPU job (``user/job/<id>``)."""
-        if getattr(self, "db", None) is None:
+        session = self.hub_session()
+        if session is None:
             return None
         from jupyterhub import orm
 
         from ...jobmodel.store import JobStore
 
         owners: dict[str, set[str]] = {}
-        for row in self.db.query(orm.Spawner).filter(orm.Spawner.server != None).all():  # noqa: E711 (SQL)
+        for row in session.query(orm.Spawner).filter(orm.Spawner.server != None).all():  # noqa: E711 (SQL)
             job_id = (row.state or {}).get("job_id")
             if job_id and row.user is not None:
                 owners.setdefault(str(Owner.of_server(row.user.name, row.name)), set()).add(str(job_id))
-        store = self.hub_state.cache(JobStore, lambda: JobStore(self.db.get_bind()))
+        store = self.hub_state.cache(JobStore, lambda: JobStore(session.get_bind()))
         for record in store.list(active_only=True, limit=100_000):
             if record.handle.get("slurm_job"):
                 owners.setdefault(str(Owner.of_job(record.user, record.id)), set()).add(str(record.handle["slurm_job"]))
