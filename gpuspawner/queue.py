@@ -42,6 +42,12 @@ class QueueTimeout(PlacementError):
     """No GPU became free within the queue's limit (code ``queue_timeout``)."""
 
 
+def _utc_time(at: float, now: float) -> str:
+    """``at`` as a user reads it: "14:05 UTC" on the same UTC day as ``now``, else with its date."""
+    same_day = time.gmtime(at)[:3] == time.gmtime(now)[:3]
+    return time.strftime("%H:%M UTC" if same_day else "%Y-%m-%d %H:%M UTC", time.gmtime(at))
+
+
 @dataclass(eq=False)
 class Waiter:
     """One request waiting in the queue."""
@@ -96,7 +102,7 @@ WORDS: dict[str, str] = {
                "these GPUs); {gpus}. {when}.",
     "gpus": "{held} of {total} {what} held",
     "pace": "About {minutes}, at the pace of the last {served} requests served from the queue",
-    "job_ends": "The first could free by {time} UTC, when a notebook job holding one reaches its time limit",
+    "job_ends": "The first could free by {time}, when a notebook job holding one reaches its time limit",
     "no_end": "No server here has a time limit, so no end time is known",
 }
 
@@ -210,18 +216,19 @@ class GPUQueue:
         gap = (self._served[-1] - self._served[0]) / (len(self._served) - 1)
         return max(gap, 1.0) * position
 
-    def describe(self, position: int, waiting: int = 0, known: Known | None = None) -> str:
+    def describe(self, position: int, waiting: int = 0, known: Known | None = None, now: float | None = None) -> str:
         """What a request at ``position`` of ``waiting`` (for the same GPUs) is told, and what it rests on.
 
         The pace of the last serves when the queue has served two or more; else when the first of
         those GPUs must come back (``known.ends``: a job's time limit), or that no end is known.
+        ``now`` (epoch seconds, default the wall clock) decides whether that time needs its date.
         """
         known = known or Known()
         estimate = self.estimate(position)
         if estimate is not None:
             when = WORDS["pace"].format(minutes=_minutes(estimate), served=len(self._served))
         elif known.ends is not None:
-            when = WORDS["job_ends"].format(time=time.strftime("%H:%M", time.gmtime(known.ends)))
+            when = WORDS["job_ends"].format(time=_utc_time(known.ends, time.time() if now is None else now))
         else:
             when = WORDS["no_end"]
         gpus = WORDS["gpus"].format(held=known.held, total=known.total, what=known.what)

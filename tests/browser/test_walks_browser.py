@@ -184,7 +184,7 @@ def test_new_user_gets_gpus_is_pointed_to_the_queue_runs_a_job_and_reads_their_u
     expect(message).to_contain_text("Waiting for a free GPU: number 1 in the queue")
     # issue 29: an estimate, and what it rests on, instead of "no estimate yet"
     expect(message).to_contain_text(re.compile(
-        r"4 of 4 GPUs held\. The first could free by \d\d:\d\d UTC, when a notebook job holding one "
+        r"4 of 4 GPUs held\. The first could free by (\d{4}-\d\d-\d\d )?\d\d:\d\d UTC, when a notebook job holding one "
         r"reaches its time limit"))
     shot(more, "user", 5, "queued")
     bob.cancel_job(bobs_job)  # bob's job ends: her queued server gets a T4

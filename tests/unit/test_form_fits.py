@@ -169,9 +169,12 @@ def test_the_queue_says_its_place_and_what_it_knows_instead_of_no_estimate():
     # a server has no time limit; a notebook job ends at its time limit at the latest
     known = known_for(second, gpus, holders, {"dee/job/7f3e": 7200.0})
     assert known == Known(total=2, held=2, what=A100, ends=7200.0)
-    assert queue.describe(2, 2, known) == (
+    assert queue.describe(2, 2, known, now=0.0) == (
         f"Waiting for a free GPU: number 2 in the queue (2 of 2 waiting for these GPUs); 2 of 2 {A100} held. "
         "The first could free by 02:00 UTC, when a notebook job holding one reaches its time limit.")
+    # on another day than today, the time says which day (a 24-hour limit read at 02:00 is not "now")
+    assert queue.describe(2, 2, known, now=-3600.0).endswith(
+        "The first could free by 1970-01-01 02:00 UTC, when a notebook job holding one reaches its time limit.")
     servers_only = known_for(first, gpus, {"u0": "cy/", "u1": "eve/"}, {})
     assert queue.describe(1, 2, servers_only) == (
         f"Waiting for a free GPU: number 1 in the queue (1 of 2 waiting for these GPUs); 2 of 2 {A100} held. "
