@@ -1,0 +1,347 @@
+"""Wait estimates: when a queued request likely gets its GPUs, an interval, and what that rests on.
+
+Pure (no JupyterHub, no clock of its own): the caller says what the hub knows now.
+
+**What goes in.** The request (:class:`Ask`: its GPU count, user and profile); the requests ahead
+of it in the queue that compete for the same GPUs (their own :class:`Ask`, in queue order); the
+free GPUs it could use, per group (one host's GPUs of one model: a request's GPUs all live in one
+group, :mod:`gpuspawner.placement`); and the holders of the others (:class:`Holder`), each with
+
+- its *latest possible end* where one is known: a notebook job's time limit, a server walltime
+  limit, or, for GPUs already idle, when the idle culler will stop them (idle since + its
+  timeout); and
+- its *likely end* from the usage history (:class:`History`): the lengths of past sessions of the
+  same profile and user (too few: of the profile; too few again: of the whole hub), only those
+  longer than the holder has already run, so a session that has run 3 hours is judged by the
+  sessions that lasted more than 3 hours.
+
+**How.** :data:`SAMPLES` scenarios: in each, every holder ends at a length drawn from its history
+(never after its latest end), each request ahead, once started, holds its GPUs for a length drawn
+from its own history; the requests then start in queue order, each as soon as one of its groups
+has room for it (a group: one host's GPUs of a model it asked for; a request never spans hosts;
+it takes the fullest group with room, the placement's best fit) and its user stays within the
+quota (``quota``: GPUs per user, counting what the user holds elsewhere); a request ahead that
+would not start before it gives up (``gives_up``: when the queue's limit ends its wait) leaves
+the queue then instead. The likely start is the median scenario, the interval the :data:`LOW` and
+:data:`HIGH` quantiles, chosen before any measurement, not fitted. Each holder's and request's
+draws come from a generator seeded by its owner's name, so the same state always gives the same
+estimate, and adding a holder or a request ahead changes nobody else's draws: where all use the
+same GPUs (one group) and none gives up, more holders or more requests ahead never make an
+estimate earlier. (Otherwise they can, as in the queue itself: a longer wait may make a request
+ahead give up, or a best fit take another host.)
+
+Where nothing bounds an end (no history that reaches this far and no time limit) that scenario
+never starts: the interval then has no upper end (``high`` None), or no time at all, and the basis
+sentence says what is known instead (:data:`WORDS`). The hub's queue can call :func:`for_gpus`.
+"""
+
+from __future__ import annotations
+
+import bisect
+import heapq
+import math
+import random
+import time
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
+
+from .gpu import GPU
+from .queue import _slug, _utc_time, _Wanted
+
+__all__ = ["LOW", "HIGH", "SAMPLES", "MIN_SAMPLES", "WORDS", "Ask", "Estimate", "History", "Holder", "Holding",
+           "estimate", "for_gpus"]
+
+#: scenarios per estimate
+SAMPLES = 200
+#: the interval's quantiles of the start time (the likely start is the median)
+LOW, HIGH = 0.05, 0.95
+#: ended sessions a level of the history needs (among those longer than a holder has run) to be used
+MIN_SAMPLES = 10
+
+#: Every sentence an estimate says, key -> template. ``when*``: the time; the rest: its basis.
+WORDS: dict[str, str] = {
+    "when": "About {likely}, likely between {low} and {high}",
+    "when_point": "About {likely}",
+    "when_open": "About {likely}, likely after {low}, possibly much later",
+    "when_after": "Not before {low}, and no later time is known",
+    "when_unknown": "No start time can be given yet",
+    "history": "going by the {n} sessions recorded on this hub ({level}), given how long each holder has run",
+    "level_mine": "each holder judged by its user's own sessions of its profile",
+    "level_profile": "each judged by its profile's sessions where its user has too few",
+    "level_hub": "judged by all of them where a profile has too few",
+    "no_history": "no session has ended on this hub yet, so nothing tells how long sessions last",
+    "beyond": "no session recorded lasted as long as {n} of the holders have already run",
+    "bounds": "{n} of the {holders} holders must give their GPUs back by a known time, the first by {time} ({why})",
+    "bounds_all": "every holder must give its GPUs back by a known time, the first by {time} ({why})",
+    "no_bounds": "no holder of these GPUs has a time limit",
+    "no_holders": "none of these GPUs is held",
+    "ahead": "{n} requests ahead of yours",
+    "ahead_one": "1 request ahead of yours",
+    "bound_job": "a notebook job's time limit",
+    "bound_walltime": "a server's walltime limit",
+    "bound_idle": "the idle culler stops GPUs left idle",
+}
+_LEVELS = ("mine", "profile", "hub")
+
+
+@dataclass(frozen=True)
+class Ask:
+    """A request for GPUs: the one estimated, or one ahead of it in the queue."""
+
+    owner: str
+    count: int
+    user: str = ""
+    profile: str = ""
+    gives_up: float | None = None  # when it leaves the queue unserved (joined + the queue's limit)
+    groups: frozenset[str] | None = None  # the groups it could use (None: all those the estimate sees)
+    models: tuple[str, ...] = ()  # the models it asks for, for :func:`for_gpus` (empty: any)
+
+
+@dataclass(frozen=True)
+class Holder:
+    """An owner holding ``count`` GPUs of ``group`` since ``since`` (epoch seconds).
+
+    ``latest``: the latest it gives them back (None: nothing bounds it); ``bound``: why, a key of
+    :data:`WORDS` after ``bound_`` (``job``, ``walltime``, ``idle``). ``group``: the host and model
+    of its GPUs (a request's GPUs all come from one group).
+    """
+
+    owner: str
+    count: int
+    since: float
+    group: str = ""
+    user: str = ""
+    profile: str = ""
+    latest: float | None = None
+    bound: str = ""
+    usable: bool = True  # False: GPUs the asking user holds elsewhere, which count only against its quota
+
+
+@dataclass(frozen=True)
+class Holding:
+    """What the hub knows about an owner of GPUs, for :func:`for_gpus` (a :class:`Holder` less its GPUs)."""
+
+    since: float
+    user: str = ""
+    profile: str = ""
+    latest: float | None = None
+    bound: str = ""
+
+
+class History:
+    """Lengths (seconds) of ended sessions per (profile, user), per profile, and on the whole hub."""
+
+    def __init__(self, sessions: Iterable[tuple[str, str, float]], min_samples: int = MIN_SAMPLES) -> None:
+        by: dict[tuple, list[float]] = {}
+        for profile, user, seconds in sessions:
+            for key in (("mine", profile, user), ("profile", profile), ("hub",)):
+                by.setdefault(key, []).append(float(seconds))
+        self._by = {key: sorted(v) for key, v in by.items()}
+        self.min_samples = min_samples
+
+    def __len__(self) -> int:
+        return len(self._by.get(("hub",), ()))
+
+    def lengths(self, profile: str, user: str, ran: float) -> tuple[list[float], int, str]:
+        """(sorted lengths, index of the first longer than ``ran``, level) at the most specific level
+        with :attr:`min_samples` sessions longer than ``ran``; the hub's with fewer; level "" with none."""
+        for level, key in zip(_LEVELS, (("mine", profile, user), ("profile", profile), ("hub",)), strict=True):
+            found = self._by.get(key, [])
+            first = bisect.bisect_right(found, ran)
+            if len(found) - first >= self.min_samples or (level == "hub" and first < len(found)):
+                return found, first, level
+        return [], 0, ""
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """A request's likely start (epoch seconds), its interval, and what they rest on.
+
+    ``likely``/``low``/``high`` are None where no time is known (``high`` alone: no upper end).
+    """
+
+    likely: float | None
+    low: float | None
+    high: float | None
+    basis: str
+
+    def when(self, now: float | None = None) -> str:
+        """The time part, as a user reads it (times with their date when not on ``now``'s day)."""
+        now = time.time() if now is None else now
+        t = {k: _utc_time(v, now) for k, v in (("likely", self.likely), ("low", self.low), ("high", self.high))
+             if v is not None}
+        if self.likely is None:
+            key = "when_after" if self.low is not None else "when_unknown"
+        elif self.high is None:
+            key = "when_open"
+        else:
+            key = "when_point" if t["low"] == t["high"] else "when"
+        return WORDS[key].format(**t)
+
+    def sentence(self, now: float | None = None) -> str:
+        """The time and its basis: "About 10:40 UTC, likely between 10:25 UTC and 11:05 UTC. Going by ..."."""
+        return f"{self.when(now)}. {self.basis}."
+
+
+def _draws(owner: str, n: int) -> list[float]:
+    rng = random.Random(owner)  # a str seed is hashed with SHA-512: the same every run
+    return [rng.random() for _ in range(n)]
+
+
+def _lengths(history: History, owner: str, profile: str, user: str, ran: float, n: int) -> tuple[list[float], str]:
+    """``n`` drawn lengths (inf where nothing longer than ``ran`` is recorded) and the level used."""
+    found, first, level = history.lengths(profile, user, ran)
+    if not level:
+        return [math.inf] * n, ""
+    span = len(found) - first
+    return [found[first + min(span - 1, int(u * span))] for u in _draws(owner, n)], level
+
+
+def _start(free: Mapping[str, int], ends: list[tuple[float, int, str, int]], queue: Sequence[tuple],
+           now: float, own: int, quota: float) -> float:
+    """When the last of ``queue`` starts: ``(count, held for, gives up at, same user, groups)`` in queue order.
+
+    ``ends``: when each holding gives its GPUs back, ``(time, GPUs, group, GPUs of the user asking)``
+    (group "": GPUs elsewhere, counted only against the quota); ``own``: the GPUs that user holds
+    now, which with what it asks may not exceed ``quota``. A request takes the group with the fewest
+    free GPUs that has room for it (the placement's best fit).
+    """
+    heapq.heapify(ends)
+    room = dict(free)
+    t = now
+    for count, hold, gives_up, same, groups in queue:
+        if t > gives_up:
+            continue  # it left the queue before its turn
+        cap = quota - count if same else math.inf
+        while True:
+            fits = [(room.get(g, 0), g) for g in groups if room.get(g, 0) >= count]
+            if fits and own <= cap:
+                break
+            if not ends or ends[0][0] > gives_up:
+                fits = []
+                break
+            end, n, group, mine = heapq.heappop(ends)
+            t = max(t, end)
+            own -= mine
+            if group:
+                room[group] = room.get(group, 0) + n
+        if fits:
+            group = min(fits)[1]
+            room[group] -= count
+            own += count if same else 0
+            if hold < math.inf:
+                heapq.heappush(ends, (t + hold, count, group, count if same else 0))
+            continue
+        if gives_up == math.inf:
+            return math.inf  # nothing known ever frees enough
+        t = max(t, gives_up)
+    return t
+
+
+def _quantile(values: list[float], q: float) -> float | None:
+    v = values[max(0, math.ceil(q * len(values)) - 1)]
+    return None if v == math.inf else v
+
+
+def estimate(
+    ask: Ask, now: float, free: Mapping[str, int], holders: Sequence[Holder], ahead: Sequence[Ask],
+    history: History, samples: int = SAMPLES, quota: int | None = None,
+) -> Estimate:
+    """When ``ask`` likely starts, behind ``ahead`` (in queue order), with ``free`` GPUs per group and
+    ``holders`` of the rest (and of the asking user's GPUs elsewhere, ``usable=False``), where a user
+    may hold ``quota`` GPUs at most."""
+    levels: Counter[str] = Counter()
+    beyond = 0
+    rows = []
+    for h in holders:
+        drawn, level = _lengths(history, h.owner, h.profile, h.user, max(0.0, now - h.since), samples)
+        cap = math.inf if h.latest is None else max(h.latest, now)
+        if not h.usable:
+            pass
+        elif level:
+            levels[level] += 1
+        elif len(history):
+            beyond += 1
+        rows.append(([max(now, min(h.since + length, cap)) for length in drawn], h))
+    holds = [_lengths(history, a.owner, a.profile, a.user, 0.0, samples)[0] for a in ahead]
+    limit = math.inf if quota is None else quota
+    def same(user: str) -> bool:
+        return bool(ask.user) and user == ask.user
+
+    own = sum(h.count for h in holders if same(h.user))
+    every = sorted(set(free) | {h.group for h in holders if h.usable})
+    queue = [(a.count, math.inf, math.inf if a.gives_up is None else a.gives_up, same(a.user),
+              every if a.groups is None else sorted(a.groups)) for a in ahead]
+    queue.append((ask.count, math.inf, math.inf, True, every if ask.groups is None else sorted(ask.groups)))
+    starts = []
+    for j in range(samples):
+        ends = [(ends_j[j], h.count if h.usable else 0, h.group if h.usable else "", h.count * same(h.user))
+                for ends_j, h in rows]
+        for i, drawn in enumerate(holds):
+            queue[i] = (queue[i][0], drawn[j], *queue[i][2:])
+        starts.append(_start(free, ends, queue, now, own, limit))
+    starts.sort()
+    shown = [h for h in holders if h.usable]
+    return Estimate(_quantile(starts, 0.5), _quantile(starts, LOW), _quantile(starts, HIGH),
+                    basis(now, shown, ahead, history, levels, beyond))
+
+
+def basis(now: float, holders: Sequence[Holder], ahead: Sequence[Ask], history: History,
+          levels: Mapping[str, int], beyond: int) -> str:
+    """What an estimate rests on, in words (see :data:`WORDS`)."""
+    parts = []
+    if not len(history):
+        parts.append(WORDS["no_history"])
+    elif levels:
+        level = max(levels, key=_LEVELS.index)  # the broadest level any holder needed
+        parts.append(WORDS["history"].format(n=len(history), level=WORDS["level_" + level]))
+    if beyond:
+        parts.append(WORDS["beyond"].format(n=beyond))
+    if ahead:
+        parts.append(WORDS["ahead_one"] if len(ahead) == 1 else WORDS["ahead"].format(n=len(ahead)))
+    bounded = [h for h in holders if h.latest is not None]
+    if not holders:
+        parts.append(WORDS["no_holders"])
+    elif bounded:
+        why = ", ".join(WORDS["bound_" + b] for b in sorted({h.bound for h in bounded}) if "bound_" + b in WORDS)
+        key = "bounds_all" if len(bounded) == len(holders) else "bounds"
+        parts.append(WORDS[key].format(n=len(bounded), holders=len(holders), why=why or "a limit",
+                                            time=_utc_time(max(now, min(h.latest for h in bounded)), now)))
+    else:
+        parts.append(WORDS["no_bounds"])
+    text = "; ".join(parts)
+    return text[:1].upper() + text[1:]
+
+
+def for_gpus(
+    ask: Ask, now: float, gpus: Iterable[GPU], holders: Mapping[str, str], holdings: Mapping[str, Holding],
+    ahead: Sequence[Ask], history: History, samples: int = SAMPLES, quota: int | None = None,
+) -> Estimate:
+    """:func:`estimate` from the inventory ``gpus``, ``holders`` (GPU UUID -> owner) and what is known
+    of each owner (``holdings``; an owner missing there counts as just started). Each request's
+    groups are those of the healthy GPUs of its ``models`` (the queue's own rule); where a ``quota``
+    applies, what the asking user holds elsewhere counts against it."""
+    gpus = tuple(gpus)
+    wanted = _Wanted(gpus)
+    asks = [replace(a, groups=frozenset(f"{g.host}/{g.name}" for g in gpus
+                                        if g.healthy and _slug(g.name) in wanted(a.models)))
+            for a in (*ahead, ask)]
+    seen = frozenset().union(*(a.groups for a in asks))
+    free: Counter[str] = Counter()
+    held: Counter[tuple[str, str]] = Counter()
+    for g in gpus:
+        group = f"{g.host}/{g.name}"
+        owner = holders.get(g.uuid)
+        if group not in seen:
+            if owner is not None and quota is not None and (holdings.get(owner) or Holding(now)).user == ask.user:
+                held[owner, ""] += 1
+        elif owner is None:
+            free[group] += 1
+        else:
+            held[owner, group] += 1
+    rows = []
+    for (owner, group), count in sorted(held.items()):
+        h = holdings.get(owner) or Holding(now)
+        rows.append(Holder(owner, count, h.since, group, h.user, h.profile, h.latest, h.bound, usable=bool(group)))
+    return estimate(asks[-1], now, dict(free), rows, asks[:-1], history, samples, quota)
