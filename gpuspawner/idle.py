@@ -73,6 +73,11 @@ class IdleTracker:
             return "stop", idle_for
         return "idle", idle_for
 
+    def idle_since(self, key: str) -> float | None:
+        """Sample time at which ``key``'s current idle stretch began; None while in use or unseen."""
+        state = self._servers.get(key)
+        return None if state is None else state.idle_since
+
     def warned(self, key: str, now: float) -> None:
         self._servers.setdefault(key, _Idle()).warned_at = now
 

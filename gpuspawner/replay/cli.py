@@ -7,6 +7,8 @@ import json
 import statistics
 import sys
 
+from ..estimate import HIGH, LOW
+from .estimates import COLUMNS as ESTIMATE_COLUMNS, Figures, fit, measure
 from .report import chart, table
 from .simulation import Result, default_policies, replay
 from .trace import OFFICE_HOURS, TraceParams, gpus, load_history, offered_load, synthetic_trace
@@ -31,22 +33,54 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="arrivals peaking at twice the day's mean from 9 to 17 h (default: 1.4 times)")
     p.add_argument("--timeouts", default="10,15,20,30,60,120", help="culler idle timeouts to sweep, minutes")
     p.add_argument("--chart", help="write a PNG of busy/idle/free GPUs over the day (needs matplotlib)")
+    p.add_argument("--estimates", action="store_true",
+                   help="measure the wait estimator instead: estimate at enqueue vs real start, per load")
+    p.add_argument("--estimate-loads", default="0.85,0.71",
+                   help="with --estimates: the offered loads to measure at (default 0.85,0.71)")
+    p.add_argument("--fit-seed", type=int, default=1001,
+                   help="with --estimates: the first seed of the days whose history the estimator uses, "
+                        "held out from the days measured (default 1001)")
     p.add_argument("--json", action="store_true", help="print the figures as JSON")
     p.add_argument("--markdown", action="store_true", help="print the table as Markdown")
     return p.parse_args(argv)
 
 
-def main(argv: list[str] | None = None) -> list[Result]:
+def _days(args: argparse.Namespace, inventory: tuple, seed: int, load: float) -> list:
+    fields = {k: getattr(args, k) for k in TraceParams.__dataclass_fields__ if hasattr(args, k)}
+    if args.office_hours:
+        fields["hourly_weights"] = OFFICE_HOURS
+    return [synthetic_trace(TraceParams(**{**fields, "seed": seed + d, "load": load}), len(inventory))
+            for d in range(args.days)]
+
+
+def estimates(args: argparse.Namespace, inventory: tuple) -> list[Figures]:
+    """``--estimates``: the estimator's figures at each load, fitted on held-out days."""
+    policy = next(p for p in default_policies(()) if p.name == "gpuspawner")
+    out = []
+    for load in (float(x) for x in args.estimate_loads.split(",") if x.strip()):
+        history = fit(_days(args, inventory, args.fit_seed, load), inventory, policy, args.hours)
+        out.append(measure(_days(args, inventory, args.seed, load), inventory, policy, history, load, args.hours)[1])
+    last = args.days - 1
+    print(f"Wait estimates, policy gpuspawner, {len(inventory)} GPUs, {args.days} day(s) per load: the estimator "
+          f"draws on the history of seeds {args.fit_seed}-{args.fit_seed + last} and is measured on seeds "
+          f"{args.seed}-{args.seed + last} (held out; nothing tuned on these figures). Interval: "
+          f"{100 * LOW:g}-{100 * HIGH:g}% quantiles.")
+    if args.json:
+        print(json.dumps([f.__dict__ for f in out], indent=1))
+    else:
+        print(table(out, markdown=args.markdown, columns=ESTIMATE_COLUMNS))
+    return out
+
+
+def main(argv: list[str] | None = None) -> list[Result] | list[Figures]:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     inventory = gpus(args.gpus)
+    if args.estimates:
+        return estimates(args, inventory)
     if args.history:
         days = [load_history(args.history)]
     else:
-        fields = {k: getattr(args, k) for k in TraceParams.__dataclass_fields__ if hasattr(args, k)}
-        if args.office_hours:
-            fields["hourly_weights"] = OFFICE_HOURS
-        days = [synthetic_trace(TraceParams(**{**fields, "seed": args.seed + d}), len(inventory))
-                for d in range(args.days)]
+        days = _days(args, inventory, args.seed, args.load)
     timeouts = [float(m) * 60 for m in args.timeouts.split(",") if m.strip()]
     results = [replay(days, inventory, policy, args.hours) for policy in default_policies(timeouts)]
     sessions = sum(len(d) for d in days)

@@ -11,9 +11,10 @@ COLUMNS = [("policy", "policy", "{}"), ("held_idle_pct", "held-idle %", "{:.1f}"
            ("came_back", "culled, came back", "{}")]
 
 
-def table(results: list[Result], markdown: bool = False) -> str:
-    rows = [[fmt.format(getattr(r, key)) for key, _t, fmt in COLUMNS] for r in results]
-    titles = [title for _k, title, _f in COLUMNS]
+def table(results: list, markdown: bool = False, columns: list[tuple[str, str, str]] = COLUMNS) -> str:
+    """``results`` (objects with the ``columns``' attributes: key, title, format) as a plain or Markdown table."""
+    rows = [[fmt.format(getattr(r, key)) for key, _t, fmt in columns] for r in results]
+    titles = [title for _k, title, _f in columns]
     if markdown:
         lines = ["| " + " | ".join(titles) + " |", "|" + "|".join(" --- " for _ in titles) + "|"]
         return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows])

@@ -7,7 +7,7 @@ import heapq
 import itertools
 import math
 import statistics
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 
 from ..gpu import GPU
@@ -86,10 +86,19 @@ class _Live:
         self.last_active = -math.inf
         self.last_kernel = -math.inf
         self.generation = 0  # events of an older holding are ignored
+        self.granted_at = math.inf
+        self.enqueued = math.inf
+        self.estimate: tuple | None = None  # (Estimate, enqueued at) where it waited and was estimated
+
+    @property
+    def profile(self) -> str:
+        """The replay's profile: a notebook server or a batch job, of the model asked for."""
+        return f"{'job' if self.s.job else 'server'}:{self.s.models[0] if self.s.models else 'any'}"
 
 
 class _Replay:
-    def __init__(self, sessions: list[Session], inventory: tuple[GPU, ...], policy: Policy, hours: float) -> None:
+    def __init__(self, sessions: list[Session], inventory: tuple[GPU, ...], policy: Policy, hours: float,
+                 estimator: Callable[[_Replay, _Live], object] | None = None) -> None:
         self.now = 0.0
         self.end = hours * 3600
         self.inventory = inventory
@@ -106,6 +115,10 @@ class _Replay:
         self.busy_s = self.idle_s = 0.0
         self.series: list[tuple[float, int, int, int]] = []
         self.sessions = sessions
+        self.estimator = estimator  # called when a request starts to wait in the queue (replay/estimates.py)
+        self.lengths: list[tuple[str, str, float]] = []  # ended holdings: (profile, user, seconds), the history
+        self.estimated: list[tuple[object, float, float]] = []  # (estimate, enqueued, started) of served waits
+        self.unserved = 0  # estimated waits that never started (queue limit, or the day ended)
 
     # ------------------------------------------------------------ the clock
 
@@ -151,9 +164,12 @@ class _Replay:
             except PlacementError:
                 self.refused(live)
                 return
-            live.waiter = self.queue.join(live.s.owner, live.s.user, live.s.count, live.s.models)
+            live.waiter = self.queue.join(live.s.owner, live.s.user, live.s.count, live.s.models, live.profile)
+            live.enqueued = self.now
             self.at(self.now + self.policy.queue_timeout, "queue-timeout", live, live.generation)
             self.serve()
+            if live.waiter is not None and self.estimator is not None:
+                live.estimate = (self.estimator(self, live), self.now)
             return
         if self.queue.ahead(live.s.models, self.inventory):  # others queue for these GPUs: refused, as the hub does
             self.refused(live)
@@ -196,6 +212,10 @@ class _Replay:
 
     def granted(self, live: _Live) -> None:
         self.waits.append(self.now - live.first_try)
+        live.granted_at = self.now
+        if live.estimate is not None:
+            self.estimated.append((*live.estimate, self.now))
+            live.estimate = None
         live.held = True
         live.generation += 1
         self.next_span(live)
@@ -224,6 +244,7 @@ class _Replay:
         self.next_span(live)
 
     def release(self, live: _Live) -> None:
+        self.lengths.append((live.profile, live.s.user, self.now - live.granted_at))
         live.held = False
         live.state = "done"
         live.generation += 1
@@ -291,7 +312,10 @@ class _Replay:
                 if live.generation == generation and live.waiter is not None:
                     self.queue.leave(live.waiter)
                     live.waiter = None
+                    self.unserved += live.estimate is not None
+                    live.estimate = None
                     self.refused(live)
+                    self.serve()  # leaving wakes the others (GPUQueue.leave): the next may place now
             elif what == "span":
                 if live.generation == generation and live.held:
                     self.end_span(live)
@@ -300,6 +324,7 @@ class _Replay:
             elif what == "snapshot":
                 self.snapshot()
         self.advance(self.end)
+        self.unserved += sum(1 for lv in self.live.values() if lv.estimate is not None)
         return self
 
 

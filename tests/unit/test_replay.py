@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from gpuspawner.replay import Policy, Session, TraceParams, gpus, offered_load, replay, synthetic_trace
+from gpuspawner.estimate import History
+from gpuspawner.replay import Policy, Session, TraceParams, gpus, main, offered_load, replay, synthetic_trace
+from gpuspawner.replay.estimates import measure
 
 CULLER = {"period": 60, "threshold": 5, "idle_timeout": 600, "warn_before": 300}
 
@@ -62,3 +64,37 @@ def test_synthetic_trace_offers_the_load_asked():
     assert sessions == synthetic_trace(params, 16), "the same seed gives the same trace"
     with pytest.raises(ValueError, match="use MODEL=COUNT"):
         gpus("h100=4")
+
+
+def test_a_request_that_leaves_the_queue_lets_the_next_one_place_at_once():
+    # one of 2 T4s held by a all along; b asks for 2 at 60 and waits; c asks for 1 at 300, free, but
+    # behind b. b's wait ends at 60 + 1200 (it gives up, no retries): leaving wakes the queue, as in
+    # GPUQueue.leave, so c places then (waits 960 s), not at the next release or arrival
+    sessions = [Session(0, "a", 0, 1, ("t4",), [("active", 7200)]),
+                Session(1, "b", 60, 2, ("t4",), [("active", 600)]),
+                Session(2, "c", 300, 1, ("t4",), [("active", 600)])]
+    policy = Policy("q", queue=True, gpu_culler=None, queue_timeout=1200, retries=0)
+    r = replay([sessions], gpus("t4=2"), policy, hours=2)
+    assert (r.served, r.gave_up, r.median_wait_min, r.p95_wait_min) == (2, 1, 8.0, 16.0)
+
+
+def test_the_estimate_at_enqueue_is_measured_against_the_real_start():
+    # a holds both T4s from 0; every recorded session lasted 30 minutes, so b, asking at 600, is told
+    # 1800 (a has run 10 minutes: only sessions longer than that count), and starts at 1800
+    history = History([("server:any", "x", 1800.0)] * 10)
+    result, figures = measure([trace()[:2]], gpus("t4=2"), Policy("q", queue=True, gpu_culler=CULLER), history,
+                              load=0.5, hours=1)
+    assert (figures.waited, figures.unserved, figures.median_error_min, figures.median_wait_min) == (1, 0, 0.0, 20.0)
+    assert (figures.in_interval_pct, figures.within_goal_pct, figures.p95_wait_min) == (100.0, 100.0, 20.0)
+    assert figures.held_idle_pct == result.held_idle_pct
+
+
+def test_the_replay_prints_the_estimate_figures(capsys):
+    main(["--estimates", "--days", "1", "--estimate-loads", "0.85"])
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("Wait estimates, policy gpuspawner, 16 GPUs, 1 day(s) per load: the estimator draws "
+                             "on the history of seeds 1001-1001 and is measured on seeds 1-1 (held out;")
+    titles = ["median error min", "median wait min", "in interval %", "p95 wait min", "held-idle %",
+              "culled, came back"]
+    assert all(t in out[1] for t in titles)
+    assert out[2].split()[0] == "85" and len(out) == 3
