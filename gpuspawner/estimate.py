@@ -50,7 +50,7 @@ from .gpu import GPU
 from .queue import _slug, _utc_time, _Wanted
 
 __all__ = ["LOW", "HIGH", "SAMPLES", "MIN_SAMPLES", "WORDS", "Ask", "Estimate", "History", "Holder", "Holding",
-           "estimate", "for_gpus"]
+           "estimate", "for_gpus", "latest_end"]
 
 #: scenarios per estimate
 SAMPLES = 200
@@ -182,6 +182,20 @@ class Estimate:
     def sentence(self, now: float | None = None) -> str:
         """The time and its basis: "About 10:40 UTC, likely between 10:25 UTC and 11:05 UTC. Going by ..."."""
         return f"{self.when(now)}. {self.basis}."
+
+
+def latest_end(since: float, limit: float | None = None, limit_kind: str = "job", idle_since: float | None = None,
+               idle_timeout: float | None = None) -> tuple[float | None, str]:
+    """A holder's latest end and why (a :class:`Holder`'s ``latest`` and ``bound``): its start plus its
+    time ``limit`` (``limit_kind``: ``job``, a notebook job's limit, or ``walltime``, a server's), or,
+    for GPUs idle since ``idle_since``, when the idle culler stops them (``idle_timeout`` later),
+    whichever comes first; ``(None, "")`` when neither applies."""
+    ends = []
+    if limit is not None:
+        ends.append((since + limit, limit_kind))
+    if idle_since is not None and idle_timeout is not None:
+        ends.append((idle_since + idle_timeout, "idle"))
+    return min(ends, default=(None, ""))
 
 
 def _draws(owner: str, n: int) -> list[float]:

@@ -25,7 +25,7 @@ import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ..estimate import Ask, Estimate, History, Holding, for_gpus
+from ..estimate import Ask, Estimate, History, Holding, for_gpus, latest_end
 from ..gpu import GPU
 from .simulation import Policy, Result, _Live, _Replay, _result
 from .trace import Session
@@ -71,9 +71,9 @@ def estimator(history: History) -> Callable[[_Replay, _Live], Estimate]:
             if other is None:
                 continue
             idle = run.tracker.idle_since(owner) if run.tracker is not None else None
-            latest = None if idle is None else idle + culler["idle_timeout"] + culler["period"]
-            holdings[owner] = Holding(other.granted_at, other.s.user, other.profile, latest,
-                                      "idle" if latest is not None else "")
+            timeout = culler["idle_timeout"] + culler["period"] if culler else None  # stopped at the next round
+            latest, bound = latest_end(other.granted_at, idle_since=idle, idle_timeout=timeout)
+            holdings[owner] = Holding(other.granted_at, other.s.user, other.profile, latest, bound)
         ahead = [Ask(w.owner, w.count, w.user, w.profile, run.live[w.owner].enqueued + run.policy.queue_timeout,
                      models=w.models) for w in run.queue.ahead(live.s.models, run.inventory, before=live.waiter)]
         ask = Ask(live.s.owner, live.s.count, live.s.user, live.profile, models=live.s.models)

@@ -6,7 +6,7 @@ import math
 
 from hypothesis import given, settings, strategies as st
 
-from gpuspawner.estimate import Ask, Estimate, History, Holder, Holding, estimate, for_gpus
+from gpuspawner.estimate import Ask, Estimate, History, Holder, Holding, estimate, for_gpus, latest_end
 from gpuspawner.gpu import GPU
 
 A100, T4 = "NVIDIA A100-SXM4-80GB", "Tesla T4"
@@ -80,6 +80,14 @@ def test_the_only_holders_latest_end_bounds_the_estimate(history, held, ran, lat
     only = Holder("u/", held, now - ran, GROUP, "u", "p", now + latest, "idle")
     est = estimate(Ask("me/", min(count, held)), now, {GROUP: 0}, [only], [], History(("p", "x", s) for s in history))
     assert est.high is not None and est.high <= max(now, now + latest)
+
+
+def test_a_holders_latest_end_is_its_time_limit_or_the_idle_culler_whichever_is_first():
+    assert latest_end(100.0) == (None, "")
+    assert latest_end(100.0, limit=HOUR) == (100 + HOUR, "job")
+    assert latest_end(100.0, limit=HOUR, limit_kind="walltime", idle_since=600.0, idle_timeout=480.0) == (
+        1080.0, "idle")
+    assert latest_end(100.0, limit=600.0, idle_since=600.0, idle_timeout=480.0) == (700.0, "job")
 
 
 # ----------------------------------------------------------------- the history
