@@ -3,7 +3,7 @@
 Every request that has to wait in the queue is estimated the moment it joins, by the same
 :func:`~gpuspawner.estimate.for_gpus` the hub's queue calls, from what the replayed hub knows then:
 the GPUs it could use and who holds them (the ledger), since when (each holding's start), the
-culler's latest end for GPUs already idle (idle since + the idle timeout, +1 round), the
+culler's latest end for GPUs already idle (idle since + the idle timeout), the
 requests ahead of it (the queue's own ``ahead``) and the usage history. When it starts, the
 estimate is compared with the real start.
 
@@ -71,7 +71,7 @@ def estimator(history: History) -> Callable[[_Replay, _Live], Estimate]:
             if other is None:
                 continue
             idle = run.tracker.idle_since(owner) if run.tracker is not None else None
-            timeout = culler["idle_timeout"] + culler["period"] if culler else None  # stopped at the next round
+            timeout = culler["idle_timeout"] if culler else None
             latest, bound = latest_end(other.granted_at, idle_since=idle, idle_timeout=timeout)
             holdings[owner] = Holding(other.granted_at, other.s.user, other.profile, latest, bound)
         ahead = [Ask(w.owner, w.count, w.user, w.profile, run.live[w.owner].enqueued + run.policy.queue_timeout,

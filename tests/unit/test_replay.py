@@ -89,6 +89,18 @@ def test_the_estimate_at_enqueue_is_measured_against_the_real_start():
     assert figures.held_idle_pct == result.held_idle_pct
 
 
+def test_an_idle_holder_is_estimated_to_end_when_the_culler_stops_it():
+    # a holds both T4s, busy 10 minutes, then walks away; sessions here last 10 hours, but the culler's
+    # first idle sample is at 660 and it stops a at 660 + 600 (warned at 960): b, asking at 900, is told 1260
+    a = Session(0, "a", 0, 2, ("any",), [("active", 600)], stops=False)
+    b = Session(1, "b", 900, 1, ("t4",), [("active", 600)])
+    history = History([("server:any", "x", 36000.0)] * 10)
+    _result, figures = measure([[a, b]], gpus("t4=2"), Policy("q", queue=True, gpu_culler=CULLER), history,
+                               load=0.5, hours=1)
+    assert (figures.waited, figures.median_wait_min, figures.median_error_min, figures.in_interval_pct) == (
+        1, 6.0, 0.0, 100.0)
+
+
 def test_the_replay_prints_the_estimate_figures(capsys):
     main(["--estimates", "--days", "1", "--estimate-loads", "0.85"])
     out = capsys.readouterr().out.splitlines()
