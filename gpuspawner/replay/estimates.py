@@ -31,7 +31,7 @@ from .simulation import Policy, Result, _Live, _Replay, _result
 from .trace import Session
 
 #: the columns of the estimate table (attribute, title, format), for :func:`~gpuspawner.replay.report.table`
-COLUMNS = [("load", "load %", "{:.0f}"), ("waited", "waited", "{}"), ("unserved", "never started", "{}"),
+COLUMNS = [("load", "offered load %", "{:.0f}"), ("waited", "waited", "{}"), ("unserved", "never started", "{}"),
            ("median_error_min", "median error min", "{:.1f}"), ("median_wait_min", "median wait min", "{:.1f}"),
            ("median_relative_pct", "median error % of wait", "{:.0f}"),
            ("within_goal_pct", "error <= 25% or 2 min %", "{:.0f}"),
