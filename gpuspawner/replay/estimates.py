@@ -13,7 +13,9 @@ measured on, and nothing in the estimator was tuned on the figures it reports.
 
 Figures (:class:`Figures`): requests that waited and started; the median absolute error of the
 likely start (minutes) beside the median wait; the median error as a share of each wait; the
-share of requests whose error is within 25 % of their wait or 2 minutes (the goal); the share
+share of requests whose error is within 25 % of their wait or 2 minutes (the goal); the requests
+that reached the queue's limit unserved and the share of them whose estimate said they would (its
+likely start past their limit, or none); the share
 that started inside the stated interval (goal >= 80 %; an interval without an upper end counts as
 missed); estimates without an upper end; and,
 beside them, the policy's p95 wait, held-idle and "culled, came back".
@@ -31,7 +33,8 @@ from .simulation import Policy, Result, _Live, _Replay, _result
 from .trace import Session
 
 #: the columns of the estimate table (attribute, title, format), for :func:`~gpuspawner.replay.report.table`
-COLUMNS = [("load", "offered load %", "{:.0f}"), ("waited", "waited", "{}"), ("unserved", "never started", "{}"),
+COLUMNS = [("load", "offered load %", "{:.0f}"), ("waited", "waited", "{}"), ("unserved", "reached the limit", "{}"),
+           ("foretold_pct", "of them foretold %", "{:.0f}"),
            ("median_error_min", "median error min", "{:.1f}"), ("median_wait_min", "median wait min", "{:.1f}"),
            ("median_relative_pct", "median error % of wait", "{:.0f}"),
            ("within_goal_pct", "error <= 25% or 2 min %", "{:.0f}"),
@@ -47,6 +50,7 @@ class Figures:
     load: float
     waited: int
     unserved: int
+    foretold_pct: float
     median_error_min: float
     median_wait_min: float
     median_relative_pct: float
@@ -95,6 +99,7 @@ def measure(days: list[list[Session]], inventory: tuple[GPU, ...], policy: Polic
     runs = [_Replay(sessions, inventory, policy, hours, estimator(history)).run() for sessions in days]
     result = _result(runs)
     rows = [(est, enqueued, started) for run in runs for est, enqueued, started in run.estimated]
+    unserved = [u for run in runs for u in run.unserved]
     errors, waits, relative, within, inside, open_ended = [], [], [], [], [], 0
     for est, enqueued, started in rows:
         wait = started - enqueued
@@ -111,7 +116,8 @@ def measure(days: list[list[Session]], inventory: tuple[GPU, ...], policy: Polic
         return round(100 * sum(flags) / len(flags), 1) if flags else 0.0
 
     figures = Figures(
-        load=100 * load, waited=len(rows), unserved=sum(r.unserved for r in runs),
+        load=100 * load, waited=len(rows), unserved=len(unserved),
+        foretold_pct=pct([est.likely is None or est.likely > at + policy.queue_timeout for est, at in unserved]),
         median_error_min=round(statistics.median(errors) / 60, 1) if errors else 0.0,
         median_wait_min=round(statistics.median(waits) / 60, 1) if waits else 0.0,
         median_relative_pct=round(100 * statistics.median(relative), 1) if relative else 0.0,

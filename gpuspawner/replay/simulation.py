@@ -118,7 +118,7 @@ class _Replay:
         self.estimator = estimator  # called when a request starts to wait in the queue (replay/estimates.py)
         self.lengths: list[tuple[str, str, float]] = []  # ended holdings: (profile, user, seconds), the history
         self.estimated: list[tuple[object, float, float]] = []  # (estimate, enqueued, started) of served waits
-        self.unserved = 0  # estimated waits that never started (queue limit, or the day ended)
+        self.unserved: list[tuple[object, float]] = []  # (estimate, enqueued) of waits that reached the queue's limit
 
     # ------------------------------------------------------------ the clock
 
@@ -312,7 +312,8 @@ class _Replay:
                 if live.generation == generation and live.waiter is not None:
                     self.queue.leave(live.waiter)
                     live.waiter = None
-                    self.unserved += live.estimate is not None
+                    if live.estimate is not None:
+                        self.unserved.append(live.estimate)
                     live.estimate = None
                     self.refused(live)
                     self.serve()  # leaving wakes the others (GPUQueue.leave): the next may place now
@@ -324,7 +325,6 @@ class _Replay:
             elif what == "snapshot":
                 self.snapshot()
         self.advance(self.end)
-        self.unserved += sum(1 for lv in self.live.values() if lv.estimate is not None)
         return self
 
 

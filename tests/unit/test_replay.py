@@ -89,6 +89,17 @@ def test_the_estimate_at_enqueue_is_measured_against_the_real_start():
     assert figures.held_idle_pct == result.held_idle_pct
 
 
+def test_a_request_told_it_would_outwait_the_queues_limit_is_counted_as_foretold():
+    # a holds both T4s for 2 hours and sessions here last 10: b, asking at 600, is told about 10 hours
+    # later, past its 30-minute limit, which it then reaches
+    a = Session(0, "a", 0, 2, ("any",), [("active", 7200)])
+    b = Session(1, "b", 600, 1, ("t4",), [("active", 600)])
+    history = History([("server:any", "x", 36000.0)] * 10)
+    policy = Policy("q", queue=True, gpu_culler=CULLER, queue_timeout=1800, retries=0)
+    _result, figures = measure([[a, b]], gpus("t4=2"), policy, history, load=0.5, hours=1)
+    assert (figures.waited, figures.unserved, figures.foretold_pct) == (0, 1, 100.0)
+
+
 def test_an_idle_holder_is_estimated_to_end_when_the_culler_stops_it():
     # a holds both T4s, busy 10 minutes, then walks away; sessions here last 10 hours, but the culler's
     # first idle sample is at 660 and it stops a at 660 + 600 (warned at 960): b, asking at 900, is told 1260
