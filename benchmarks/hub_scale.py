@@ -22,7 +22,8 @@ on and off by signals from here):
 
 Goals printed beside the figures (issue 30): form and ``/hub/api/gpus`` p99 < 100 ms,
 an estimate < 10 ms. The top gpuspawner functions of each phase's profile follow.
-``--small`` (100 users, 1,000 GPUs, fewer requests) runs in about a minute.
+The defaults run in about 3 minutes on 2 cores (7 before the hot spots found here were fixed);
+``--small`` (100 users, 1,000 GPUs, fewer requests) in about 30 seconds.
 """
 
 from __future__ import annotations
@@ -222,11 +223,11 @@ def main() -> int:
     parser.add_argument("--small", action="store_true", help="100 users, 1,000 GPUs, fewer requests")
     parser.add_argument("--users", type=int, default=1000)
     parser.add_argument("--gpus", type=int, default=10000)
-    parser.add_argument("--spawns", type=int, default=150, help="GPU servers spawned in phase 1")
-    parser.add_argument("--queued", type=int, default=24, help="spawns of the queued T4 profile (8 T4s)")
-    parser.add_argument("--forms", type=int, default=400, help="form loads in phase 2")
-    parser.add_argument("--reads", type=int, default=200, help="GET /hub/api/gpus in phase 2")
-    parser.add_argument("--churn", type=int, default=40, help="server stops (and as many new spawns) in phase 2")
+    parser.add_argument("--spawns", type=int, default=60, help="GPU servers spawned in phase 1")
+    parser.add_argument("--queued", type=int, default=16, help="spawns of the queued T4 profile (8 T4s)")
+    parser.add_argument("--forms", type=int, default=100, help="form loads in phase 2")
+    parser.add_argument("--reads", type=int, default=30, help="GET /hub/api/gpus in phase 2")
+    parser.add_argument("--churn", type=int, default=10, help="server stops (and as many new spawns) in phase 2")
     parser.add_argument("--clients", type=int, default=8, help="concurrent client threads")
     parser.add_argument("--seed", type=int, default=30)
     args = parser.parse_args()
