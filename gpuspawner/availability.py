@@ -24,7 +24,7 @@ from collections import Counter
 from collections.abc import Collection, Iterable, Set as AbstractSet
 from dataclasses import dataclass
 
-from .gpu import GPU
+from .gpu import GPU, model_slug
 
 __all__ = ["ModelAvailability", "Tally", "by_model", "model_availability"]
 
@@ -116,9 +116,16 @@ class Tally:
 def by_model(gpus: Iterable[GPU], held: Collection[str]) -> dict[str, ModelAvailability]:
     """Slug -> availability of GPU records, given the UUIDs held (UUIDs not in ``gpus`` are ignored)."""
     held = held if isinstance(held, AbstractSet) else frozenset(held)
-    tally = Tally()
+    counts: Counter[tuple[str, str, bool]] = Counter()  # GPUs per (name, host, in service): one add per group,
+    free: Counter[tuple[str, str, bool]] = Counter()  # not per GPU (10,000 GPUs on 1,250 hosts: 8x fewer)
     for gpu in gpus:
-        tally.add(gpu.model, gpu.name, gpu.host, free=int(gpu.healthy and gpu.uuid not in held), in_service=gpu.healthy)
+        group = (gpu.name, gpu.host, gpu.healthy)
+        counts[group] += 1
+        if gpu.healthy and gpu.uuid not in held:
+            free[group] += 1
+    tally = Tally()
+    for (name, host, healthy), count in counts.items():
+        tally.add(model_slug(name), name, host, count, free[(name, host, healthy)], in_service=healthy)
     return tally.models()
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from gpuspawner.availability import (
     ModelAvailability,
@@ -112,3 +113,20 @@ def test_form_and_refusal_say_the_same_numbers(held):
     assert a.label == f"{A100_NAME} - 0 of 1 free, 1 more unavailable"
     assert f"0 of {a.total} free. {a.unavailable} more is unavailable: GPU is lost." in str(refused.value)
     assert (refused.value.free, refused.value.total, refused.value.unavailable) == (a.free, a.total, a.unavailable)
+
+
+_GPUS = st.lists(st.tuples(st.sampled_from(["h1", "h2", "h3"]), st.sampled_from([A100_NAME, T4_NAME, "Tesla-T4"]),
+                           st.booleans(), st.booleans()), max_size=24)
+
+
+@settings(max_examples=60, deadline=None)
+@given(_GPUS)
+def test_counting_per_host_group_gives_what_counting_each_gpu_gives(entries):
+    """by_model adds GPUs up per (model, host, health) group (10,000 GPUs: one add per group, not per GPU);
+    the figures are those of adding each GPU on its own."""
+    gpus = [GPU(host, n, f"g{n}", name, healthy=healthy) for n, (host, name, healthy, _) in enumerate(entries)]
+    held = {f"g{n}" for n, (*_, is_held) in enumerate(entries) if is_held}
+    one_by_one = Tally()
+    for g in gpus:
+        one_by_one.add(g.model, g.name, g.host, free=int(g.healthy and g.uuid not in held), in_service=g.healthy)
+    assert by_model(gpus, held) == one_by_one.models()
