@@ -139,6 +139,11 @@ def test_a_booking_is_a_reservation_that_holds_the_node_for_its_user_until_delet
         assert (listed.name, listed.users, listed.nodes, listed.state) == (
             "hubtest-b-9f8e7d-0", ("root",), (cluster.host,), "ACTIVE")
         assert active_for(slurm.reservations(), "root", [], time.time()) == listed.name
+        # a second booking of the same GPUs then finds the node reserved, and says so
+        with pytest.raises(ReservationError) as taken:
+            slurm.reserve(Booking("b-later", "a100", 2, now + 300, now + 900, user="ada"))
+        assert str(taken.value) == ("Every a100 node of this Slurm cluster is already reserved then "
+                                    "(hubtest-b-9f8e7d-0): pick another time.")
         other = cluster.run("sbatch", "--parsable", "--uid=nobody", "--gres=gpu:t4:1", "--output=/dev/null",
                             "--chdir=/tmp", "--wrap=sleep 60").stdout.strip()
         jobs.append(other)

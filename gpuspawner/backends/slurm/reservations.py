@@ -44,6 +44,7 @@ WORDS: dict[str, str] = {
     "whole_nodes": "This Slurm cluster (Slurm {version}) reserves whole nodes only, and no set of whole {model} "
                    "nodes has exactly {count} GPUs: book {counts} GPUs instead.",
     "no_nodes": "This Slurm cluster has no node with {model} GPUs to reserve.",
+    "taken": "Every {model} node of this Slurm cluster is already reserved then ({names}): pick another time.",
     "refused": "Slurm refused the reservation for booking {booking}: {said}",
     "unreachable": "Slurm did not answer while reserving booking {booking}: {said}. Try again in a while.",
 }
@@ -254,7 +255,18 @@ class SlurmReservations:
         return read_nodes(self._check(["sinfo", "--json"]))
 
     def plan(self, booking: Any) -> list[Reservation]:
-        return plan(booking, self.prefix, self.nodes(), self.version(),
+        """:func:`plan` on the nodes no reservation (this hub's or another's) holds during the booking's windows."""
+        windows = _windows(booking)
+        overlapping = [r for r in read_reservations(self._check(["scontrol", "show", "reservation", "-o"]))
+                       if any(r.start < end and start < r.end for start, end in windows)]
+        taken = {name for r in overlapping for name in r.nodes}
+        nodes = self.nodes()
+        free = [n for n in nodes if n.name not in taken]
+        kind = self.gres_types.get(booking.model) or booking.model
+        if _model_nodes(nodes, kind) and not _model_nodes(free, kind):
+            raise ReservationError(WORDS["taken"].format(model=booking.model,
+                                                         names=", ".join(sorted(r.name for r in overlapping))))
+        return plan(booking, self.prefix, free, self.version(),
                     self.accounts(booking.user) if booking.user else None, self.gres_types.get(booking.model))
 
     def holds(self, booking: Any) -> str:
