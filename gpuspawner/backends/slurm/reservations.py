@@ -255,7 +255,12 @@ class SlurmReservations:
         return read_nodes(self._check(["sinfo", "--json"]))
 
     def plan(self, booking: Any) -> list[Reservation]:
-        """:func:`plan` on the nodes no reservation (this hub's or another's) holds during the booking's windows."""
+        """:func:`plan` on the nodes no reservation (this hub's or another's) holds during the booking's windows
+        (whole-node reservations; from Slurm 23.11 Slurm itself places the GPUs a reservation holds)."""
+        version = self.version()
+        account = self.accounts(booking.user) if booking.user else None
+        if version >= GRES_RESERVATIONS:
+            return plan(booking, self.prefix, (), version, account, self.gres_types.get(booking.model))
         windows = _windows(booking)
         overlapping = [r for r in read_reservations(self._check(["scontrol", "show", "reservation", "-o"]))
                        if any(r.start < end and start < r.end for start, end in windows)]
@@ -266,8 +271,7 @@ class SlurmReservations:
         if _model_nodes(nodes, kind) and not _model_nodes(free, kind):
             raise ReservationError(WORDS["taken"].format(model=booking.model,
                                                          names=", ".join(sorted(r.name for r in overlapping))))
-        return plan(booking, self.prefix, free, self.version(),
-                    self.accounts(booking.user) if booking.user else None, self.gres_types.get(booking.model))
+        return plan(booking, self.prefix, free, version, account, self.gres_types.get(booking.model))
 
     def holds(self, booking: Any) -> str:
         """What ``booking`` would hold here, in the form's words (:class:`ReservationError`: cannot)."""
