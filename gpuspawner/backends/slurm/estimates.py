@@ -21,9 +21,9 @@ from collections.abc import Iterable, Sequence
 
 from ...estimate import Ask, Estimate, History, Holder, estimate
 from .capacity import SlurmNode
-from .queue import SlurmJob, parse_comment, waiting_order
+from .queue import SlurmJob, parse_comment, wait_words, waiting_order
 
-__all__ = ["WORDS", "job_gpus", "our_estimate", "slurm_start", "wait_fields"]
+__all__ = ["WORDS", "job_gpus", "our_estimate", "slurm_start", "wait_fields", "waiting"]
 
 #: the sentences of this module
 WORDS = {
@@ -115,3 +115,14 @@ def wait_fields(job: SlurmJob, jobs: Sequence[SlurmJob], nodes: Sequence[SlurmNo
     return {"slurm_job": job.id, "slurm_reason": job.reason, "slurm_start": slurm_start(job, now),
             "estimate": {"likely": ours.likely, "low": ours.low, "high": ours.high, "basis": ours.basis,
                          "sentence": ours.sentence(now)}}
+
+
+def waiting(job: SlurmJob, jobs: Sequence[SlurmJob], nodes: Sequence[SlurmNode] | None, now: float,
+            history: History | None = None) -> tuple[str, dict | None]:
+    """What a pending job's progress says (Slurm's words, then ours) and its :func:`wait_fields`; Slurm's
+    words alone (and no fields) for a job without GPUs or when ``sinfo`` did not answer (``nodes`` None)."""
+    words = wait_words(job, jobs, now)
+    if nodes is None or not job.wants_gpus:
+        return words, None
+    fields = wait_fields(job, jobs, nodes, now, history)
+    return f"{words} {WORDS['ours'].format(sentence=fields['estimate']['sentence'])}", fields

@@ -22,8 +22,8 @@ from ...accounts import AccountError
 from ...estimate import History
 from ...owner import Owner
 from ..errors import user_error
-from .estimates import WORDS, wait_fields
-from .queue import job_comment, submit_refusal, wait_words
+from .estimates import waiting
+from .queue import job_comment, submit_refusal
 from .reservations import SlurmReservations, active_for
 from .settings import CHOICE_FLAGS, sbatch_options
 
@@ -165,13 +165,9 @@ class SlurmJobMixin(Configurable):
         job = next((j for j in reading.value if j.id == self.job_id), None)
         if job is None or not job.pending:
             return
-        words = wait_words(job, reading.value)
-        if job.wants_gpus:  # our estimate beside Slurm's, from the jobs and the nodes' free GPUs
-            nodes = await (await self.slurm()).nodes()
-            if nodes.unknown is None:
-                now = time.time()
-                self.gpu_wait = wait_fields(job, reading.value, nodes.value, now, self.gpu_session_history())
-                words += " " + WORDS["ours"].format(sentence=self.gpu_wait["estimate"]["sentence"])
+        nodes = await (await self.slurm()).nodes()  # our estimate beside Slurm's needs the nodes' free GPUs
+        words, self.gpu_wait = waiting(job, reading.value, nodes.value if nodes.unknown is None else None,
+                                       time.time(), self.gpu_session_history())
         if words != self._last_words:
             self._last_words = words
             self.gpu_event(words, 40)
