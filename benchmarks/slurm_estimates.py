@@ -138,7 +138,8 @@ def figures(rows: list[Row], scale: float, waited: float) -> dict:
     minute = 60 / scale
 
     def summary(errors: list[float], waits: list[float]) -> dict:
-        return {"median_error_min": round(statistics.median(errors) * scale / 60, 1),
+        median = statistics.median(errors)  # inf: most had no estimate
+        return {"median_error_min": round(median * scale / 60, 1) if median < math.inf else None,
                 "within_1min_pct": round(100 * sum(e <= minute for e in errors) / len(errors), 1),
                 "within_goal_pct": round(100 * sum(e <= max(0.25 * w, 2 * minute)
                                                    for e, w in zip(errors, waits, strict=True)) / len(errors), 1)}
