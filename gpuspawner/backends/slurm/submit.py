@@ -10,7 +10,6 @@ place in the queue and Slurm's estimate (:mod:`gpuspawner.backends.slurm.queue`)
 
 from __future__ import annotations
 
-import asyncio
 import re
 import shlex
 import time
@@ -24,7 +23,7 @@ from ...owner import Owner
 from ..errors import user_error
 from .estimates import waiting
 from .queue import job_comment, submit_refusal
-from .reservations import SlurmReservations, active_for
+from .reservations import active_for
 from .settings import CHOICE_FLAGS, sbatch_options
 
 
@@ -137,12 +136,12 @@ class SlurmJobMixin(Configurable):
         ``jupyterhub-<hub id>-<booking>-<n>``) whose window holds now and that names this user's account
         or one of its groups: the job runs in it (``--reservation``). None when there is none, or when
         Slurm does not list reservations (the job is then submitted without one)."""
-        slurm = SlurmReservations(f"jupyterhub-{self.gpu_hub_id}")
-        try:
-            listed = await asyncio.to_thread(slurm.reservations)
-        except (RuntimeError, ValueError) as e:
-            self.log.warning("%s: cannot list this hub's Slurm reservations: %s", self._log_name, e)
+        reading = await (await self.slurm()).reservations()  # through exec_prefix, as every Slurm command
+        if reading.unknown is not None:
+            self.log.warning("%s: cannot list Slurm's reservations: %s", self._log_name, reading.unknown)
             return None
+        prefix = f"jupyterhub-{self.gpu_hub_id}"
+        listed = [r for r in reading.value if r.booking_id(prefix) is not None]
         groups = [g.name for g in getattr(self.user, "groups", [])]
         return active_for(listed, self.account_of(self.user.name), groups, time.time())
 
