@@ -14,7 +14,7 @@ check, under the same lock, recording counts rather than exact GPUs; gpu-kube's
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Collection, Mapping
 from typing import Any, TypeVar
 
 from traitlets import Dict, Float, Int, TraitError, validate
@@ -155,7 +155,7 @@ class GPUPolicyMixin(Configurable):
                 async def read() -> tuple[GPU, ...]:
                     return (await inventory.read()).gpus
 
-                chosen = await self.wait_in_queue(request, choice.profile.slug, read, place)
+                chosen = await self.wait_in_queue(request, choice.profile.slug, read, place, held=ledger.held)
             else:
                 self.refuse_queue_jumping(request, reading.gpus)
                 chosen = place(reading.gpus)
@@ -192,11 +192,14 @@ class GPUPolicyMixin(Configurable):
         read: Callable[[], Awaitable[tuple[GPU, ...]]],
         place: Callable[[tuple[GPU, ...]], T],
         known: Callable[[Waiter, tuple[GPU, ...]], Known] | None = None,
+        held: Callable[[], Collection[str]] | None = None,
     ) -> T:
         """Wait in the hub's queue until ``place`` succeeds (``queue: true`` profiles), progress in words.
 
         ``known``: what the progress says about the GPUs waited for (:meth:`queue_known`, the
-        ledger's, unless the backend counts them otherwise).
+        ledger's, unless the backend counts them otherwise). ``held``: the GPUs given out, where the
+        hub places (then a request behind others may backfill: :meth:`GPUQueue.room`); ``place``
+        must then place on the GPUs it is given.
 
         The quota is checked first, counting what this user's and group's queued requests
         ask for, so a request that could never be admitted is refused at once.
@@ -210,7 +213,7 @@ class GPUPolicyMixin(Configurable):
             self.gpu_event(text, 20)
 
         return await queue.serve(waiter, read, place, self.gpu_queue_timeout, report, recheck=self.gpu_queue_recheck,
-                                 known=known or self.queue_known)
+                                 known=known or self.queue_known, held=held)
 
     def queue_known(self, waiter: Waiter, gpus: tuple[GPU, ...]) -> Known:
         """What the queue tells a waiting request about its GPUs (the hub's own, held in the ledger):

@@ -145,10 +145,10 @@ class _Replay:
     def request(self, live: _Live) -> GPURequest:
         return GPURequest(owner=live.s.owner, count=live.s.count, models=live.s.models)
 
-    def place(self, live: _Live) -> None:
+    def place(self, live: _Live, room: tuple[GPU, ...] | None = None) -> None:
         quota = Quota(live.s.user, self.policy.quota_per_user)
         request = self.request(live)
-        self.ledger.reserve(self.inventory, request,
+        self.ledger.reserve(self.inventory if room is None else room, request,
                             admit=lambda held: check(quota, request.count, held, request.owner))
 
     def ask(self, live: _Live) -> None:
@@ -182,17 +182,20 @@ class _Replay:
         self.granted(live)
 
     def serve(self) -> None:
-        """Every waiter with no competing request ahead of it tries to place (GPUQueue.serve's rule)."""
+        """Every waiter tries to place on the GPUs the queue lets it use (GPUQueue.serve's rule: all of
+        them with no competing request ahead, else its backfill room, ``GPUQueue.room``)."""
         for waiter in self.queue.waiters():
             live = self.live.get(waiter.owner)
             if live is None or live.waiter is not waiter:
                 continue
-            if self.queue.ahead(waiter.models, self.inventory, before=waiter):
+            first = not self.queue.ahead(waiter.models, self.inventory, before=waiter)
+            room = self.inventory if first else self.queue.room(waiter, self.inventory, self.ledger.held())
+            if room is None:
                 continue
             try:
-                self.place(live)
+                self.place(live, room)
             except PlacementError as e:
-                if e.code in WAITABLE:
+                if e.code in WAITABLE or not first:
                     continue
                 self.queue.leave(waiter)
                 live.waiter = None
