@@ -10,12 +10,13 @@ request never goes ahead of another user's first.
 Requests compete only when they could use the same GPU models, so a queue of
 A100 requests does not hold back a T4 request. A request with no competing
 request ahead of it may place on any free GPU. One behind competing requests
-may place only outside what they are nearest to getting (backfill,
-:meth:`GPUQueue.room`): each request ahead keeps, of the (host, model) groups it
-could run on, those with the most free GPUs; the request behind may use free
-GPUs of the other groups, so a 4-GPU request draining a host keeps that host
-while 1-GPU requests behind it use the GPUs free elsewhere. Where the hub does
-not know which GPUs are held (gpu-kube counts them), the order is strict.
+may backfill (:meth:`GPUQueue.room`, :data:`BACKFILL`): by default it starts
+wherever it fits now (first fit: among the requests that fit, queue order
+decides, and one that cannot fit yet, such as 4 GPUs on one host, holds nobody
+back); with ``"nearest-host"`` only outside the (host, model) groups the
+requests ahead are nearest to fitting, so a 4-GPU request draining a host keeps
+it; with ``"off"`` not at all (strict order). Where the hub does not know which
+GPUs are held (gpu-kube counts them), the order is strict.
 The queue is woken whenever GPUs are released (:meth:`GPUQueue.wake`) and
 re-checks every few seconds in case GPUs came back some other way (health,
 inventory).
@@ -39,10 +40,14 @@ from .gpu import GPU, model_slug, slug_matches
 from .profiles import Choice, Profile
 from .refusals import WAITABLE, PlacementError, refuse  # WAITABLE: codes a wait can cure; others end the wait
 
-__all__ = ["WAITABLE", "WORDS", "GPUQueue", "Known", "QueueTimeout", "Waiter", "known_for", "queue_alternatives"]
+__all__ = ["BACKFILL", "WAITABLE", "WORDS", "GPUQueue", "Known", "QueueTimeout", "Waiter", "known_for",
+           "queue_alternatives"]
 
 
 T = TypeVar("T")
+
+#: How a request behind competing ones may start (``gpu_queue_backfill``; :meth:`GPUQueue.room`).
+BACKFILL = ("first-fit", "nearest-host", "off")
 
 
 class QueueTimeout(PlacementError):
@@ -212,19 +217,26 @@ class GPUQueue:
                 found.append(w)
         return found
 
-    def room(self, waiter: Waiter, gpus: Iterable[GPU], held: Collection[str]) -> tuple[GPU, ...] | None:
+    def room(self, waiter: Waiter, gpus: Iterable[GPU], held: Collection[str],
+             backfill: str = "first-fit") -> tuple[GPU, ...] | None:
         """The GPUs ``waiter`` may try to place on now (``held``: the UUIDs given out), or None.
 
-        All of ``gpus`` when no competing request is ahead of it. Else (backfill) the GPUs outside
-        the groups the requests ahead are nearest to fitting: per request ahead, of the (host,
-        model) groups with enough healthy GPUs for it, those with the most free GPUs (all of them
-        on a tie, so a blocked 1-GPU request keeps every GPU it could use: the order is strict
-        there); None when no other group has ``waiter.count`` free GPUs of a model it accepts.
+        All of ``gpus`` when no competing request is ahead of it. Behind others, by ``backfill``
+        (:data:`BACKFILL`): ``"first-fit"``, all of them where some (host, model) group of a model
+        it accepts has ``waiter.count`` free GPUs; ``"nearest-host"``, the GPUs outside the groups
+        the requests ahead are nearest to fitting (per request ahead, of the groups with enough
+        healthy GPUs for it, those with the most free GPUs; all of them on a tie, so behind a
+        blocked 1-GPU request the order is strict), where one of the other groups has room for it;
+        ``"off"``, none.
         """
         gpus = tuple(gpus)
         ahead = self.ahead(waiter.models, gpus, before=waiter)
         if not ahead:
             return gpus
+        if backfill not in BACKFILL:
+            raise ValueError(f"backfill must be one of {', '.join(BACKFILL)}, not {backfill!r}")
+        if backfill == "off":
+            return None
         wanted = _Wanted(gpus)
         groups: dict[tuple[str, str], list[GPU]] = {}
         for gpu in gpus:
@@ -232,7 +244,7 @@ class GPUQueue:
                 groups.setdefault((gpu.host, _slug(gpu.name)), []).append(gpu)
         free = {key: sum(1 for g in members if g.uuid not in held) for key, members in groups.items()}
         kept: set[tuple[str, str]] = set()
-        for other in ahead:
+        for other in ahead if backfill == "nearest-host" else ():
             fits = [key for key, members in groups.items() if key[1] in wanted(other.models)
                     and len(members) >= other.count]
             most = max((free[key] for key in fits), default=0)
@@ -283,6 +295,7 @@ class GPUQueue:
         recheck: float = 5.0,
         known: Callable[[Waiter, tuple[GPU, ...]], Known] | None = None,
         held: Callable[[], Collection[str]] | None = None,
+        backfill: str = "first-fit",
     ) -> T:
         """Wait until ``place`` succeeds on the GPUs :meth:`room` lets ``waiter`` use.
 
@@ -290,7 +303,8 @@ class GPUQueue:
         await in between); with no competing request ahead, a :class:`PlacementError` whose code
         is not in :data:`WAITABLE` ends the wait (behind others, any refusal waits: it may come
         from the narrower room). ``held`` (the UUIDs given out, where the hub knows them) allows
-        backfill; without it a request places only when no competing request is ahead. Raises
+        ``backfill`` (:meth:`room`); without it a request places only when no competing request is
+        ahead. Raises
         :class:`QueueTimeout` after ``timeout`` seconds. Always leaves the queue, also when
         cancelled. ``known`` says what the progress ``report`` rests on (:func:`known_for`).
         """
@@ -301,7 +315,7 @@ class GPUQueue:
                 waiter.event.clear()
                 gpus = await read_inventory()
                 first = not self.ahead(waiter.models, gpus, before=waiter)
-                room = gpus if first else self.room(waiter, gpus, held()) if held is not None else None
+                room = gpus if first else self.room(waiter, gpus, held(), backfill) if held is not None else None
                 if room is not None:
                     try:
                         result = place(room)

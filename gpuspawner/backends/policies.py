@@ -17,7 +17,7 @@ import time
 from collections.abc import Awaitable, Callable, Collection, Mapping
 from typing import Any, TypeVar
 
-from traitlets import Dict, Float, Int, TraitError, validate
+from traitlets import CaselessStrEnum, Dict, Float, Int, TraitError, validate
 from traitlets.config import Configurable
 
 from ..gpu import GPU
@@ -25,7 +25,7 @@ from ..inventory import InventoryReading
 from ..owner import Owner, OwnerError
 from ..placement import GPURequest, PlacementError, never_fits
 from ..profiles import Choice, Profile
-from ..queue import Known, Waiter, known_for, queue_alternatives
+from ..queue import BACKFILL, Known, Waiter, known_for, queue_alternatives
 from ..quota import Quota, check
 from ..refusals import WAITABLE, Refusal, refuse, words
 from .errors import user_error
@@ -62,6 +62,20 @@ class GPUPolicyMixin(Configurable):
     gpu_queue_recheck = Float(
         5.0, help="""Seconds between re-checks of a waiting spawn when nothing was released meanwhile
         (a release anywhere in the hub wakes the queue at once). A finite number above 0."""
+    ).tag(config=True)
+
+    gpu_queue_backfill = CaselessStrEnum(
+        BACKFILL, default_value="first-fit",
+        help="""How a queued spawn behind others for the same GPU models may start (where the hub
+        knows which GPUs are held: gpu-local, gpu-docker, gpu-swarm; on gpu-kube the order is
+        always strict). ``"first-fit"``: whichever waiting spawn fits the free GPUs now starts, in
+        queue order among those that fit, so one that cannot fit yet (4 GPUs on one host while
+        the free ones are spread) holds nobody back. ``"nearest-host"``: a spawn behind others
+        starts only outside the hosts each spawn ahead of it is nearest to fitting (the most free
+        GPUs of a model it takes), so a large spawn ahead keeps the host it waits for.
+        ``"off"``: a spawn starts only with no spawn ahead of it for the same models. In the
+        replay of the documented day (README, "Choosing settings with the replay") first fit
+        serves small and large requests alike sooner than the other two.""",
     ).tag(config=True)
 
     @validate("gpu_quota_per_user")
@@ -213,7 +227,7 @@ class GPUPolicyMixin(Configurable):
             self.gpu_event(text, 20)
 
         return await queue.serve(waiter, read, place, self.gpu_queue_timeout, report, recheck=self.gpu_queue_recheck,
-                                 known=known or self.queue_known, held=held)
+                                 known=known or self.queue_known, held=held, backfill=self.gpu_queue_backfill)
 
     def queue_known(self, waiter: Waiter, gpus: tuple[GPU, ...]) -> Known:
         """What the queue tells a waiting request about its GPUs (the hub's own, held in the ledger):

@@ -14,7 +14,7 @@ from ..gpu import GPU
 from ..idle import IdleTracker
 from ..ledger import Ledger
 from ..placement import GPURequest, PlacementError
-from ..queue import WAITABLE, GPUQueue, Waiter
+from ..queue import BACKFILL, WAITABLE, GPUQueue, Waiter
 from ..quota import Quota, check
 from ..recommended import RECOMMENDED_CULLER, RECOMMENDED_QUEUE_TIMEOUT, RECOMMENDED_QUOTA_PER_USER
 from .trace import Session
@@ -34,15 +34,19 @@ class Policy:
     quota_per_user: int | None = None
     retry_minutes: float = 10.0
     retries: int = 3
+    backfill: str = "first-fit"  # the queue's gpu_queue_backfill (GPUQueue.room)
 
 
 def default_policies(timeouts: Iterable[float] = (900, 1800, 3600, 7200)) -> list[Policy]:
-    """(a) JupyterHub's default, (b) gpuspawner as configured, (c) the sweep."""
+    """(a) JupyterHub's default, (b) gpuspawner as configured, and with the queue's other backfill rules,
+    (c) the sweep."""
     out = [
         Policy("jupyterhub-default", queue=False, gpu_culler=None, kernel_cull_after=3600),
         Policy("gpuspawner", queue=True, gpu_culler=dict(RECOMMENDED_CULLER),
                quota_per_user=RECOMMENDED_QUOTA_PER_USER),
     ]
+    for backfill in BACKFILL[1:]:
+        out.append(replace(out[-1], name=f"gpuspawner, backfill {backfill}", backfill=backfill))
     for timeout in timeouts:
         for queue in (True, False):
             culler = {**RECOMMENDED_CULLER, "idle_timeout": timeout,
@@ -189,7 +193,8 @@ class _Replay:
             if live is None or live.waiter is not waiter:
                 continue
             first = not self.queue.ahead(waiter.models, self.inventory, before=waiter)
-            room = self.inventory if first else self.queue.room(waiter, self.inventory, self.ledger.held())
+            room = (self.inventory if first else
+                    self.queue.room(waiter, self.inventory, self.ledger.held(), self.policy.backfill))
             if room is None:
                 continue
             try:

@@ -1,17 +1,22 @@
-"""Backfill in the hub's queue: a request behind others may use GPUs the requests ahead are not nearest
-to getting (GPUQueue.room), through the hub's own placing (GPUPolicyMixin.place_request) and in the replay."""
+"""Backfill in the hub's queue (GPUQueue.room, gpu_queue_backfill): a request behind others starts where
+it fits (first fit), or only off the hosts the requests ahead are nearest to fitting (nearest-host), or
+not at all (off); through the hub's own placing (GPUPolicyMixin.place_request) and in the replay."""
 
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from types import SimpleNamespace
+
+import pytest
+from traitlets import TraitError
 
 from gpuspawner.backends.policies import GPUPolicyMixin
 from gpuspawner.gpu import GPU
 from gpuspawner.ledger import Ledger
 from gpuspawner.placement import GPURequest
 from gpuspawner.profiles import Choice, profile_from_config
-from gpuspawner.queue import GPUQueue
+from gpuspawner.queue import BACKFILL, GPUQueue
 from gpuspawner.replay import Policy, Session, gpus as replay_gpus, replay
 from gpuspawner.state import GPUHubSettings, HubState
 
@@ -23,29 +28,45 @@ def host(name: str, n: int = 4, model: str = A100) -> tuple[GPU, ...]:
     return tuple(GPU(name, i, f"GPU-{name}-{i}", model) for i in range(n))
 
 
-def test_a_request_behind_a_big_one_uses_only_the_hosts_it_is_not_draining():
+def test_a_request_behind_a_big_one_starts_where_it_fits_or_only_off_the_host_kept_for_it():
     inventory = host("h1") + host("h2")
     held = {"GPU-h1-0", "GPU-h2-0", "GPU-h2-1", "GPU-h2-2"}  # h1: 3 free, h2: 1 free
     queue = GPUQueue()
     big = queue.join("ada/", "ada", 4, ("a100",))
     small = queue.join("bob/", "bob", 1, ("a100",))
     pair = queue.join("cy/", "cy", 2, ("a100",))
-    assert queue.room(big, inventory, held) == inventory  # nothing ahead of it
-    assert {g.host for g in queue.room(small, inventory, held)} == {"h2"}  # h1 is kept for ada's 4
-    assert queue.room(pair, inventory, held) is None  # h2 has 1 free: cy waits, h1 stays ada's
-    # once h1 is as near as h2, both are kept: the order is strict again
-    assert queue.room(small, inventory, held | {"GPU-h1-1", "GPU-h1-2"}) is None
+    for backfill in BACKFILL:
+        assert queue.room(big, inventory, held, backfill) == inventory  # nothing ahead of it
+    # first fit (the default): ada cannot fit yet, so she holds nobody back
+    assert queue.room(small, inventory, held) == inventory and queue.room(pair, inventory, held) == inventory
+    assert queue.room(pair, inventory, held | {"GPU-h1-1", "GPU-h1-2"}) is None  # 1 free on each: no room
+    # nearest-host: h1 is kept for ada's 4; bob may use h2, cy (2) finds no room there
+    assert {g.host for g in queue.room(small, inventory, held, "nearest-host")} == {"h2"}
+    assert queue.room(pair, inventory, held, "nearest-host") is None
+    assert queue.room(small, inventory, held | {"GPU-h1-1", "GPU-h1-2"}, "nearest-host") is None  # a tie: both kept
+    assert queue.room(small, inventory, held, "off") is None  # strict order
+    with pytest.raises(ValueError, match="backfill must be one of first-fit, nearest-host, off, not 'some'"):
+        queue.room(small, inventory, held, "some")
 
 
-def test_a_blocked_one_gpu_request_keeps_every_gpu_it_could_use_but_not_other_models():
+def test_a_blocked_one_gpu_request_is_never_overtaken_by_its_own_kind_but_other_models_start():
     inventory = host("a", 2) + host("t", 2, T4)
     held = {"GPU-a-0", "GPU-a-1"}
     queue = GPUQueue()
     queue.join("ada/", "ada", 1, ("a100",))
     second = queue.join("bob/", "bob", 1, ("a100",))
     anyone = queue.join("cy/", "cy", 1, ())
-    assert queue.room(second, inventory, held) is None  # no overtaking a request of its own kind
-    assert {g.name for g in queue.room(anyone, inventory, held)} == {T4}  # a T4 ada cannot use
+    for backfill in ("first-fit", "nearest-host"):
+        assert queue.room(second, inventory, held, backfill) is None
+        assert {g.name for g in queue.room(anyone, inventory, held, backfill)} >= {T4}  # a T4 ada cannot use
+    assert queue.room(anyone, inventory, held, "off") is None
+
+
+def test_the_backfill_setting_is_checked_at_start_naming_it():
+    with pytest.raises(TraitError, match="The 'gpu_queue_backfill' trait .* expected any of "
+                                         r"\['first-fit', 'nearest-host', 'off'\]"):
+        GPUPolicyMixin(gpu_queue_backfill="greedy")
+    assert GPUPolicyMixin().gpu_queue_backfill == "first-fit"
 
 
 class _Spawns(GPUPolicyMixin):
@@ -65,7 +86,8 @@ class _Spawns(GPUPolicyMixin):
         self.events.append(message)
 
 
-async def test_the_hubs_queue_starts_a_small_spawn_beside_a_big_one_that_keeps_its_host():
+@pytest.mark.parametrize("backfill", ["first-fit", "nearest-host"])
+async def test_the_hubs_queue_starts_small_spawns_beside_a_big_one_that_waits(backfill):
     static = [{"uuid": f"GPU-{h}{i}", "name": A100, "host": h, "index": i} for h in ("x", "y") for i in range(4)]
     state = HubState(GPUHubSettings(gpu_inventory="static", static_gpus=static))
     reading = await state.inventory.read()
@@ -76,16 +98,20 @@ async def test_the_hubs_queue_starts_a_small_spawn_beside_a_big_one_that_keeps_i
     state.ledger.reserve(on["y"], GPURequest("old/y", 3))  # y: 1 free
 
     def spawn(user: str, count: int):
-        return asyncio.ensure_future(_Spawns(state, user, gpu_queue_recheck=0.05).place_request(
+        spawner = _Spawns(state, user, gpu_queue_recheck=0.05, gpu_queue_backfill=backfill)
+        return asyncio.ensure_future(spawner.place_request(
             reading, GPURequest(f"{user}/", count, ("a100",)), Choice(queued, count, "a100")))
 
     big = spawn("ada", 4)
     while not state.queue.waiters():
         await asyncio.sleep(0.01)
-    small = await asyncio.wait_for(spawn("bob", 1), 5)  # behind ada, started on y's free GPU
+    small = await asyncio.wait_for(spawn("bob", 1), 5)  # behind ada, started on y's free GPU (best fit)
     assert [g.host for g in small] == ["y"] and not big.done()
-    third = spawn("cy", 1)  # y is full now and x stays ada's: cy waits behind her
-    await asyncio.sleep(0.3)
+    third = spawn("cy", 1)  # y is full now
+    if backfill == "first-fit":  # cy fits on x: she starts, ada still waits
+        assert [g.host for g in await asyncio.wait_for(third, 5)] == ["x"] and not big.done()
+        return
+    await asyncio.sleep(0.3)  # nearest-host: x stays ada's, cy waits behind her
     assert not third.done() and [w.owner for w in state.queue.waiters()] == ["ada/", "cy/"]
     state.ledger.release("old/x")
     state.queue.wake()
@@ -97,13 +123,16 @@ async def test_the_hubs_queue_starts_a_small_spawn_beside_a_big_one_that_keeps_i
 
 def test_the_replay_backfills_as_the_hub_does():
     # 2 hosts of 4 T4s. a holds 3 on the first, b 2 on the second (best fit), both for 2 hours; c asks
-    # for 4 at 60 and waits for the second host (2 free, the nearest); d asks for 1 at 120 and starts at
-    # once on the first host's free GPU (without backfill: at c's limit, 1860, a wait of 29 minutes)
+    # for 4 at 60 and waits (the second host, 2 free, is the nearest); d asks for 1 at 120 and starts at
+    # once on the first host's free GPU (with backfill off: at c's limit, 1860, a wait of 29 minutes)
     sessions = [Session(0, "a", 0, 3, ("t4",), [("active", 7200)]),
                 Session(1, "b", 10, 2, ("t4",), [("active", 7200)]),
                 Session(2, "c", 60, 4, ("t4",), [("active", 600)]),
                 Session(3, "d", 120, 1, ("t4",), [("active", 600)])]
     policy = Policy("q", queue=True, gpu_culler=None, queue_timeout=1800, retries=0)
-    r = replay([sessions], replay_gpus("t4=8"), policy, hours=1)
-    assert (r.served, r.gave_up) == (3, 1)  # a, b and d; c reaches the queue's limit
-    assert (r.median_wait_min, r.p95_wait_min) == (0.0, 0.0)
+    for backfill in ("first-fit", "nearest-host"):
+        r = replay([sessions], replay_gpus("t4=8"), replace(policy, backfill=backfill), hours=1)
+        assert (r.served, r.gave_up) == (3, 1)  # a, b and d; c reaches the queue's limit
+        assert (r.median_wait_min, r.p95_wait_min) == (0.0, 0.0)
+    r = replay([sessions], replay_gpus("t4=8"), replace(policy, backfill="off"), hours=1)
+    assert (r.served, r.gave_up, r.p95_wait_min) == (3, 1, 29.0)  # d starts when c leaves, at 1860

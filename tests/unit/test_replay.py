@@ -69,11 +69,12 @@ def test_synthetic_trace_offers_the_load_asked():
 def test_a_request_that_leaves_the_queue_lets_the_next_one_place_at_once():
     # one of 2 T4s held by a all along; b asks for 2 at 60 and waits; c asks for 1 at 300, free, but
     # behind b. b's wait ends at 60 + 1200 (it gives up, no retries): leaving wakes the queue, as in
-    # GPUQueue.leave, so c places then (waits 960 s), not at the next release or arrival
+    # GPUQueue.leave, so c places then (waits 960 s), not at the next release or arrival (the queue's
+    # backfill off: with it, c starts at once beside b, tests/unit/test_queue_backfill.py)
     sessions = [Session(0, "a", 0, 1, ("t4",), [("active", 7200)]),
                 Session(1, "b", 60, 2, ("t4",), [("active", 600)]),
                 Session(2, "c", 300, 1, ("t4",), [("active", 600)])]
-    policy = Policy("q", queue=True, gpu_culler=None, queue_timeout=1200, retries=0)
+    policy = Policy("q", queue=True, gpu_culler=None, queue_timeout=1200, retries=0, backfill="off")
     r = replay([sessions], gpus("t4=2"), policy, hours=2)
     assert (r.served, r.gave_up, r.median_wait_min, r.p95_wait_min) == (2, 1, 8.0, 16.0)
 
