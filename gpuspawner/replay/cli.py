@@ -11,6 +11,7 @@ from ..estimate import HIGH, LOW
 from .estimates import COLUMNS as ESTIMATE_COLUMNS, Figures, fit, measure
 from .report import chart, table
 from .simulation import Result, default_policies, replay
+from .tail import describe, tail
 from .trace import OFFICE_HOURS, TraceParams, gpus, load_history, offered_load, synthetic_trace
 
 
@@ -41,6 +42,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--fit-seed", type=int, default=1001,
                    help="with --estimates: the first seed of the days whose history the estimator uses, "
                         "held out from the days measured (default 1001)")
+    p.add_argument("--tail", action="store_true",
+                   help="also say who waited longest with the runnable hub's settings, and why: what the GPUs "
+                        "they could use were doing while they waited (busy, held idle, free but kept for a "
+                        "request ahead, free but too few on one host, between tries)")
     p.add_argument("--json", action="store_true", help="print the figures as JSON")
     p.add_argument("--markdown", action="store_true", help="print the table as Markdown")
     return p.parse_args(argv)
@@ -95,6 +100,9 @@ def main(argv: list[str] | None = None) -> list[Result] | list[Figures]:
         print(f"{sessions} sessions over {len(days)} day(s) of {args.hours:g} h on {len(inventory)} GPUs, "
               f"offered load {100 * load:.0f}%")
         print(table(results, markdown=args.markdown))
+    if args.tail:
+        policy = next(p for p in default_policies(()) if p.name == "gpuspawner")
+        print(describe(*tail(days, inventory, policy, args.hours), policy.name))
     if args.chart:
         shown = [r for r in results if r.policy in ("jupyterhub-default", "gpuspawner")]
         if chart(shown, args.chart, len(inventory)):
