@@ -10,13 +10,13 @@ request never goes ahead of another user's first.
 Requests compete only when they could use the same GPU models, so a queue of
 A100 requests does not hold back a T4 request. A request with no competing
 request ahead of it may place on any free GPU. One behind competing requests
-may backfill (:meth:`GPUQueue.room`, :data:`BACKFILL`): by default it starts
-wherever it fits now (first fit: among the requests that fit, queue order
-decides, and one that cannot fit yet, such as 4 GPUs on one host, holds nobody
-back); with ``"nearest-host"`` only outside the (host, model) groups the
-requests ahead are nearest to fitting, so a 4-GPU request draining a host keeps
-it; with ``"off"`` not at all (strict order). Where the hub does not know which
-GPUs are held (gpu-kube counts them), the order is strict.
+waits for them (``"off"``, the default), or backfills (:meth:`GPUQueue.room`,
+:data:`BACKFILL`): with ``"first-fit"`` it starts wherever it fits now (among
+the requests that fit, queue order decides, and one that cannot fit yet, such
+as 4 GPUs on one host, holds nobody back); with ``"nearest-host"`` only outside
+the (host, model) groups the requests ahead are nearest to fitting, so a 4-GPU
+request draining a host keeps it. Where the hub does not know which GPUs are
+held (gpu-kube counts them), the order is strict.
 The queue is woken whenever GPUs are released (:meth:`GPUQueue.wake`) and
 re-checks every few seconds in case GPUs came back some other way (health,
 inventory).
@@ -47,7 +47,7 @@ __all__ = ["BACKFILL", "WAITABLE", "WORDS", "GPUQueue", "Known", "QueueTimeout",
 T = TypeVar("T")
 
 #: How a request behind competing ones may start (``gpu_queue_backfill``; :meth:`GPUQueue.room`).
-BACKFILL = ("first-fit", "nearest-host", "off")
+BACKFILL = ("off", "first-fit", "nearest-host")
 
 
 class QueueTimeout(PlacementError):
@@ -218,7 +218,7 @@ class GPUQueue:
         return found
 
     def room(self, waiter: Waiter, gpus: Iterable[GPU], held: Collection[str],
-             backfill: str = "first-fit") -> tuple[GPU, ...] | None:
+             backfill: str = "off") -> tuple[GPU, ...] | None:
         """The GPUs ``waiter`` may try to place on now (``held``: the UUIDs given out), or None.
 
         All of ``gpus`` when no competing request is ahead of it. Behind others, by ``backfill``
@@ -295,7 +295,7 @@ class GPUQueue:
         recheck: float = 5.0,
         known: Callable[[Waiter, tuple[GPU, ...]], Known] | None = None,
         held: Callable[[], Collection[str]] | None = None,
-        backfill: str = "first-fit",
+        backfill: str = "off",
     ) -> T:
         """Wait until ``place`` succeeds on the GPUs :meth:`room` lets ``waiter`` use.
 

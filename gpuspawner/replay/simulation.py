@@ -34,7 +34,7 @@ class Policy:
     quota_per_user: int | None = None
     retry_minutes: float = 10.0
     retries: int = 3
-    backfill: str = "first-fit"  # the queue's gpu_queue_backfill (GPUQueue.room)
+    backfill: str = "off"  # the queue's gpu_queue_backfill (GPUQueue.room)
 
 
 def default_policies(timeouts: Iterable[float] = (900, 1800, 3600, 7200)) -> list[Policy]:

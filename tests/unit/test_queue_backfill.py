@@ -1,6 +1,6 @@
-"""Backfill in the hub's queue (GPUQueue.room, gpu_queue_backfill): a request behind others starts where
-it fits (first fit), or only off the hosts the requests ahead are nearest to fitting (nearest-host), or
-not at all (off); through the hub's own placing (GPUPolicyMixin.place_request) and in the replay."""
+"""Backfill in the hub's queue (GPUQueue.room, gpu_queue_backfill): a request behind others waits (off,
+the default), starts where it fits (first-fit), or only off the hosts the requests ahead are nearest to
+fitting (nearest-host); through the hub's own placing (GPUPolicyMixin.place_request) and in the replay."""
 
 from __future__ import annotations
 
@@ -37,15 +37,16 @@ def test_a_request_behind_a_big_one_starts_where_it_fits_or_only_off_the_host_ke
     pair = queue.join("cy/", "cy", 2, ("a100",))
     for backfill in BACKFILL:
         assert queue.room(big, inventory, held, backfill) == inventory  # nothing ahead of it
-    # first fit (the default): ada cannot fit yet, so she holds nobody back
-    assert queue.room(small, inventory, held) == inventory and queue.room(pair, inventory, held) == inventory
-    assert queue.room(pair, inventory, held | {"GPU-h1-1", "GPU-h1-2"}) is None  # 1 free on each: no room
+    # first fit: ada cannot fit yet, so she holds nobody back
+    assert queue.room(small, inventory, held, "first-fit") == inventory
+    assert queue.room(pair, inventory, held, "first-fit") == inventory
+    assert queue.room(pair, inventory, held | {"GPU-h1-1", "GPU-h1-2"}, "first-fit") is None  # 1 free on each
     # nearest-host: h1 is kept for ada's 4; bob may use h2, cy (2) finds no room there
     assert {g.host for g in queue.room(small, inventory, held, "nearest-host")} == {"h2"}
     assert queue.room(pair, inventory, held, "nearest-host") is None
     assert queue.room(small, inventory, held | {"GPU-h1-1", "GPU-h1-2"}, "nearest-host") is None  # a tie: both kept
     assert queue.room(small, inventory, held, "off") is None  # strict order
-    with pytest.raises(ValueError, match="backfill must be one of first-fit, nearest-host, off, not 'some'"):
+    with pytest.raises(ValueError, match="backfill must be one of off, first-fit, nearest-host, not 'some'"):
         queue.room(small, inventory, held, "some")
 
 
@@ -64,9 +65,9 @@ def test_a_blocked_one_gpu_request_is_never_overtaken_by_its_own_kind_but_other_
 
 def test_the_backfill_setting_is_checked_at_start_naming_it():
     with pytest.raises(TraitError, match="The 'gpu_queue_backfill' trait .* expected any of "
-                                         r"\['first-fit', 'nearest-host', 'off'\]"):
+                                         r"\['off', 'first-fit', 'nearest-host'\]"):
         GPUPolicyMixin(gpu_queue_backfill="greedy")
-    assert GPUPolicyMixin().gpu_queue_backfill == "first-fit"
+    assert GPUPolicyMixin().gpu_queue_backfill == "off"
 
 
 class _Spawns(GPUPolicyMixin):
@@ -130,6 +131,7 @@ def test_the_replay_backfills_as_the_hub_does():
                 Session(2, "c", 60, 4, ("t4",), [("active", 600)]),
                 Session(3, "d", 120, 1, ("t4",), [("active", 600)])]
     policy = Policy("q", queue=True, gpu_culler=None, queue_timeout=1800, retries=0)
+    assert policy.backfill == "off"  # as the hub's default
     for backfill in ("first-fit", "nearest-host"):
         r = replay([sessions], replay_gpus("t4=8"), replace(policy, backfill=backfill), hours=1)
         assert (r.served, r.gave_up) == (3, 1)  # a, b and d; c reaches the queue's limit
