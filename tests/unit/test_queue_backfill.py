@@ -1,24 +1,18 @@
 """Backfill in the hub's queue (GPUQueue.room, gpu_queue_backfill): a request behind others waits (off,
 the default), starts where it fits (first-fit), or only off the hosts the requests ahead are nearest to
-fitting (nearest-host); through the hub's own placing (GPUPolicyMixin.place_request) and in the replay."""
+fitting (nearest-host); in the replay as in the hub (the hub's own placing: test_quota_queue.py)."""
 
 from __future__ import annotations
 
-import asyncio
 from dataclasses import replace
-from types import SimpleNamespace
 
 import pytest
 from traitlets import TraitError
 
 from gpuspawner.backends.policies import GPUPolicyMixin
 from gpuspawner.gpu import GPU
-from gpuspawner.ledger import Ledger
-from gpuspawner.placement import GPURequest
-from gpuspawner.profiles import Choice, profile_from_config
 from gpuspawner.queue import BACKFILL, GPUQueue
 from gpuspawner.replay import Policy, Session, gpus as replay_gpus, replay
-from gpuspawner.state import GPUHubSettings, HubState
 
 A100 = "NVIDIA A100-SXM4-80GB"
 T4 = "Tesla T4"
@@ -68,58 +62,6 @@ def test_the_backfill_setting_is_checked_at_start_naming_it():
                                          r"\['off', 'first-fit', 'nearest-host'\]"):
         GPUPolicyMixin(gpu_queue_backfill="greedy")
     assert GPUPolicyMixin().gpu_queue_backfill == "off"
-
-
-class _Spawns(GPUPolicyMixin):
-    """One user's spawns on a hub state of static GPUs (no JupyterHub around)."""
-
-    def __init__(self, state: HubState, user: str, **config) -> None:
-        super().__init__(**config)
-        self.hub_state = state
-        self.user = SimpleNamespace(name=user, groups=[])
-        self.events: list[str] = []
-
-    @property
-    def ledger(self) -> Ledger:
-        return self.hub_state.ledger
-
-    def gpu_event(self, message: str, progress: int) -> None:
-        self.events.append(message)
-
-
-@pytest.mark.parametrize("backfill", ["first-fit", "nearest-host"])
-async def test_the_hubs_queue_starts_small_spawns_beside_a_big_one_that_waits(backfill):
-    static = [{"uuid": f"GPU-{h}{i}", "name": A100, "host": h, "index": i} for h in ("x", "y") for i in range(4)]
-    state = HubState(GPUHubSettings(gpu_inventory="static", static_gpus=static))
-    reading = await state.inventory.read()
-    queued = profile_from_config({"display_name": "A100, queued", "gpu_models": ["a100"], "gpu_counts": [1, 4],
-                                  "queue": True})
-    on = {h: tuple(g for g in reading.gpus if g.host == h) for h in ("x", "y")}
-    state.ledger.reserve(on["x"], GPURequest("old/x", 1))  # x: 3 free
-    state.ledger.reserve(on["y"], GPURequest("old/y", 3))  # y: 1 free
-
-    def spawn(user: str, count: int):
-        spawner = _Spawns(state, user, gpu_queue_recheck=0.05, gpu_queue_backfill=backfill)
-        return asyncio.ensure_future(spawner.place_request(
-            reading, GPURequest(f"{user}/", count, ("a100",)), Choice(queued, count, "a100")))
-
-    big = spawn("ada", 4)
-    while not state.queue.waiters():
-        await asyncio.sleep(0.01)
-    small = await asyncio.wait_for(spawn("bob", 1), 5)  # behind ada, started on y's free GPU (best fit)
-    assert [g.host for g in small] == ["y"] and not big.done()
-    third = spawn("cy", 1)  # y is full now
-    if backfill == "first-fit":  # cy fits on x: she starts, ada still waits
-        assert [g.host for g in await asyncio.wait_for(third, 5)] == ["x"] and not big.done()
-        return
-    await asyncio.sleep(0.3)  # nearest-host: x stays ada's, cy waits behind her
-    assert not third.done() and [w.owner for w in state.queue.waiters()] == ["ada/", "cy/"]
-    state.ledger.release("old/x")
-    state.queue.wake()
-    assert {g.host for g in await asyncio.wait_for(big, 5)} == {"x"}
-    state.ledger.release("old/y")
-    state.queue.wake()
-    assert [g.host for g in await asyncio.wait_for(third, 5)] == ["y"]
 
 
 def test_the_replay_backfills_as_the_hub_does():
