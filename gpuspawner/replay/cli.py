@@ -104,7 +104,8 @@ def main(argv: list[str] | None = None) -> list[Result] | list[Figures]:
         policy = next(p for p in default_policies(()) if p.name == "gpuspawner")
         print(describe(*tail(days, inventory, policy, args.hours), policy.name))
     if args.chart:
-        shown = [r for r in results if r.policy in ("jupyterhub-default", "gpuspawner")]
+        charted = ("jupyterhub-default", "gpuspawner", "gpuspawner, backfill first-fit")
+        shown = [r for r in results if r.policy in charted]
         if chart(shown, args.chart, len(inventory)):
             print(f"chart: {args.chart}")
         else:
