@@ -315,7 +315,8 @@ class GPUQueue:
                 waiter.event.clear()
                 gpus = await read_inventory()
                 first = not self.ahead(waiter.models, gpus, before=waiter)
-                room = gpus if first else self.room(waiter, gpus, held(), backfill) if held is not None else None
+                backfills = held is not None and backfill != "off"
+                room = gpus if first else self.room(waiter, gpus, held(), backfill) if backfills else None
                 if room is not None:
                     try:
                         result = place(room)
