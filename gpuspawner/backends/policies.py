@@ -17,7 +17,7 @@ import time
 from collections.abc import Awaitable, Callable, Collection, Mapping
 from typing import Any, TypeVar
 
-from traitlets import CaselessStrEnum, Dict, Float, Int, TraitError, validate
+from traitlets import Dict, Float, Int, TraitError, Unicode, validate
 from traitlets.config import Configurable
 
 from ..gpu import GPU
@@ -64,8 +64,8 @@ class GPUPolicyMixin(Configurable):
         (a release anywhere in the hub wakes the queue at once). A finite number above 0."""
     ).tag(config=True)
 
-    gpu_queue_backfill = CaselessStrEnum(
-        BACKFILL, default_value="off",
+    gpu_queue_backfill = Unicode(
+        "off",
         help="""How a queued spawn behind others for the same GPU models may start (where the hub
         knows which GPUs are held: gpu-local, gpu-docker, gpu-swarm; on gpu-kube the order is
         always strict). ``"off"``: only with no spawn ahead of it for the same models (strict
@@ -76,8 +76,16 @@ class GPUPolicyMixin(Configurable):
         model it takes), so a large spawn ahead keeps the host it waits for. In the replay of the
         documented day first fit cuts the waits over 20 minutes from 20 % to 9 % of the spawns
         served (README, "Choosing settings with the replay"); but the wait estimate assumes strict
-        order and is much less accurate with either backfill.""",
+        order and is much less accurate with either backfill. Any other value is refused at hub
+        start.""",
     ).tag(config=True)
+
+    @validate("gpu_queue_backfill")
+    def _check_backfill(self, proposal):
+        if proposal["value"] not in BACKFILL:
+            raise TraitError(f"gpu_queue_backfill must be 'off', 'first-fit' or 'nearest-host', "
+                             f"not {proposal['value']!r}")
+        return proposal["value"]
 
     @validate("gpu_quota_per_user")
     def _check_user_quota(self, proposal):

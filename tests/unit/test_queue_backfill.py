@@ -58,10 +58,11 @@ def test_a_blocked_one_gpu_request_is_never_overtaken_by_its_own_kind_but_other_
 
 
 def test_the_backfill_setting_is_checked_at_start_naming_it():
-    with pytest.raises(TraitError, match="The 'gpu_queue_backfill' trait .* expected any of "
-                                         r"\['off', 'first-fit', 'nearest-host'\]"):
-        GPUPolicyMixin(gpu_queue_backfill="greedy")
+    for bad in ("greedy", "First-Fit", ""):
+        with pytest.raises(TraitError, match="gpu_queue_backfill must be 'off', 'first-fit' or 'nearest-host', not"):
+            GPUPolicyMixin(gpu_queue_backfill=bad)
     assert GPUPolicyMixin().gpu_queue_backfill == "off"
+    assert GPUPolicyMixin(gpu_queue_backfill="first-fit").gpu_queue_backfill == "first-fit"
 
 
 def test_the_replay_backfills_as_the_hub_does():
