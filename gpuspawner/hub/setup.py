@@ -47,7 +47,8 @@ from ..recommended import (
     RECOMMENDED_QUEUE_TIMEOUT as RECOMMENDED_QUEUE_TIMEOUT,
     RECOMMENDED_QUOTA_PER_USER as RECOMMENDED_QUOTA_PER_USER,
 )
-from . import jobs, usage, usage_page
+from ..state import settings_for
+from . import booking_notices, bookings_page, jobs, usage, usage_page
 from .culler import parse_args as culler_arguments
 from .handlers import SCOPE, SETTINGS_KEY, handlers
 
@@ -69,6 +70,7 @@ def configure(c: Any, *, culler: dict | None = None, python: str = sys.executabl
     check_spawner(c)
     c.JupyterHub.extra_handlers.extend(usage.handlers() + usage_page.handlers() + handlers())
     c.JupyterHub.extra_handlers.extend(jobs.handlers())
+    c.JupyterHub.extra_handlers.extend(bookings_page.handlers())
     paths = c.JupyterHub.template_paths
     if isinstance(paths, LazyConfigValue):  # a list of its own, so JupyterHub's folder comes after ours
         paths = c.JupyterHub.template_paths = paths.get_value([])
@@ -180,6 +182,7 @@ def _when_hub_is_up() -> None:
             loop.call_later(0.2, when_ready)
             return
         usage.attach_recorder(app.tornado_settings)
+        booking_notices.watch(app.tornado_settings, settings_for(app.config, app.spawner_class).gpu_booking_warn_before)
         recovery = jobs.job_manager(app.tornado_settings).recovered()
         recovery.add_done_callback(_log_failure(app))
 
