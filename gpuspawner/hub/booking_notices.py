@@ -14,8 +14,8 @@ token (scope ``access:servers``), every :data:`PERIOD` seconds (:meth:`HubState.
 
 - :func:`due` decides, from the time and what this server was already told, what to do;
 - :class:`BookingNotices` keeps what each start of each server was told, and acts;
-- :func:`watch` starts it in a running hub, reading the servers with an ``until`` from
-  their spawners (:func:`servers_until`).
+- :func:`watch` starts it in a running hub, reading the servers admitted with an ``until``
+  from the booking store (``BookingStore.admitted``, which placement fills: :func:`servers_until`).
 """
 
 from __future__ import annotations
@@ -23,11 +23,16 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
 from tornado.httpclient import AsyncHTTPClient, HTTPRequest
+
+from ..bookings import ANY
+from ..db import BookingStore
+from ..owner import Owner
+from ..state import HubState, hub_state_of_app
 
 log = logging.getLogger("gpuspawner.bookings")
 
@@ -143,31 +148,29 @@ async def post_notice(url: str, token: str, notice: dict) -> bool:
 # ------------------------------------------------------------------ in a running hub
 
 
-def servers_until(users: Iterable, state) -> list[Until]:
-    """The servers of ``users`` (JupyterHub ``User`` objects) admitted until a booking's window.
-
-    A spawner says so with ``gpu_until``: the placement rule's ``until``
-    :class:`~gpuspawner.bookings.Verdict` for its start (None: no end).
-    """
+def servers_until(store: BookingStore, users: Mapping, state: HubState) -> list[Until]:
+    """The running servers admitted until a booking's window (``store.admitted``: owner -> (until,
+    booking id)), looked up in ``users`` (JupyterHub's users by name); not those whose booking was
+    cancelled since (they keep their GPUs)."""
     found = []
-    for user in users:
-        for name, spawner in list(user.spawners.items()):
-            verdict = getattr(spawner, "gpu_until", None)
-            if verdict is None or verdict.until is None or verdict.booking is None or not spawner.active:
-                continue
-            owner, b = spawner.gpu_owner, verdict.booking
-            url = spawner.server.url if spawner.ready and spawner.server is not None else None
-            since = state.ledger.since(owner) or 0.0
-            found.append(Until(owner, user.name, name, since, verdict.until, b.id, b.holder,
-                               f"{b.count} x {b.model if b.model != 'any' else 'GPU'}", url))
+    for owner, (until, booking_id) in list(store.admitted.items()):
+        b = store.get(booking_id)
+        parsed = Owner.parse(owner)
+        try:
+            spawner = users[parsed.user].spawners.get(parsed.server)
+        except KeyError:
+            continue
+        if b is None or b.state == "cancelled" or spawner is None or not spawner.active:
+            continue
+        url = spawner.server.url if spawner.ready and spawner.server is not None else None
+        found.append(Until(owner, parsed.user, parsed.server, state.ledger.since(owner) or 0.0, until, b.id,
+                           b.holder, f"{b.count} x {b.model if b.model != ANY else 'GPU'}", url))
     return found
 
 
 async def stop_server(settings: dict, s: Until) -> None:
     """Stop ``s``'s server as JupyterHub's own stop does (the proxy's route, then the spawner),
     its usage record ending with :data:`END_REASON`."""
-    from ..state import hub_state_of_app
-
     user = settings["users"][s.user]
     spawner = user.spawners.get(s.server) if user is not None else None
     if spawner is None or spawner.pending or not spawner.active:
@@ -184,7 +187,7 @@ async def stop_server(settings: dict, s: Until) -> None:
 def watch(settings: dict, warn_before: float) -> BookingNotices:
     """In a running hub (``settings``: its tornado settings): tell, warn and stop servers admitted
     until a booking's window, every :data:`PERIOD` seconds."""
-    from ..state import hub_state_of_app
+    from .bookings import store_of
     from .handlers import SETTINGS_KEY
 
     state = hub_state_of_app(settings)
@@ -197,7 +200,7 @@ def watch(settings: dict, warn_before: float) -> BookingNotices:
         warn_before, post, lambda s: stop_server(settings, s)))
 
     async def round_() -> None:
-        await notices.round(servers_until(list(settings["users"].values()), state))
+        await notices.round(servers_until(store_of(settings), settings["users"], state))
 
     state.every("booking-notices", PERIOD, round_)
     return notices
