@@ -156,6 +156,8 @@ def servers_until(store: BookingStore, users: Mapping, state: HubState) -> list[
     for owner, (until, booking_id) in list(store.admitted.items()):
         b = store.get(booking_id)
         parsed = Owner.parse(owner)
+        if parsed.is_job:  # a job ends by its time limit, before the window
+            continue
         try:
             spawner = users[parsed.user].spawners.get(parsed.server)
         except KeyError:

@@ -7,14 +7,16 @@ The page's booked windows and its form run in the browser against the bookings R
 from __future__ import annotations
 
 import re
+import time
 
 import pytest
 import requests
 
+from gpuspawner.bookings import span
 from hub import login
 from ops_hub import OpsHub
 from test_local_hub import start
-from test_ops_overview import PROFILES
+from test_ops_overview import PROFILES, user_token
 
 pytestmark = pytest.mark.integration
 
@@ -68,3 +70,18 @@ def test_an_administrator_sees_everyone_and_may_book_for_a_group(booking_hub):
     assert held_line(html, "t4") == "held now: ada 2 · 2 in all"
     groups = re.search(r'<select[^>]*name="group">(.*?)</select>', html, re.S).group(1)
     assert re.findall(r'<option value="([^"]*)">', groups) == ["", "class-ml", "other"]
+
+
+def test_the_spawn_form_says_what_is_booked_soon_and_for_whom(booking_hub):
+    boss = login(booking_hub, "boss")
+    auth = {"Authorization": f"token {user_token(booking_hub, boss, 'boss')}"}
+    start = (int(time.time()) // 60 + 90) * 60
+    r = requests.post(booking_hub.url + "/hub/api/gpus/bookings", headers=auth, timeout=60, json={
+        "model": "t4", "count": 1, "start": start, "end": start + 7200, "group": "class-ml"})
+    assert r.status_code == 201, r.text
+    html = login(booking_hub, "bob").get(booking_hub.url + "/hub/spawn/bob/more", timeout=60).content.decode()
+    assert f"Booked: Tesla T4: 1 of 2 booked {span(start, start + 7200)} by group class-ml" in html, html
+    assert requests.delete(booking_hub.url + f"/hub/api/gpus/bookings/{r.json()['id']}", headers=auth,
+                           timeout=60).status_code == 204
+    html = login(booking_hub, "bob").get(booking_hub.url + "/hub/spawn/bob/more", timeout=60).content.decode()
+    assert "gs-booked" not in html  # cancelled: no longer said
