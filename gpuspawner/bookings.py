@@ -31,7 +31,8 @@ from dataclasses import dataclass, fields
 from datetime import datetime, timezone
 
 __all__ = ["ANY", "MAX_REPEAT", "PAST_SLACK", "STATES", "WEEK", "WORDS", "Booking", "BookingError", "BookingLimits",
-           "Verdict", "as_record", "booked_at", "check_new", "held_windows", "new_id", "rule", "span", "windows"]
+           "Verdict", "as_record", "booked_at", "check_new", "for_job", "held_windows", "holding", "moment", "new_id",
+           "rule", "span", "windows"]
 
 ANY = "any"
 WEEK = 7 * 24 * 3600.0
@@ -63,6 +64,8 @@ WORDS: dict[str, tuple[str, str]] = {
     "refused": ("", "{booking} Only {free} of {total} {model} {gpus} {are} not booked now. "
                     "Pick another model or start after {end}."),
     "until": ("", "{booking} You may use them until then: this server will be stopped at {at}."),
+    "job_until": ("", "{booking} A notebook job here could run past {at}: pick another model, or start it "
+                      "after {end}."),
 }
 
 
@@ -166,7 +169,7 @@ def held_windows(b: Booking, since: float, until: float) -> list[tuple[float, fl
     return out
 
 
-def _holding(b: Booking, t: float) -> tuple[float, float] | None:
+def holding(b: Booking, t: float) -> tuple[float, float] | None:
     """The window of ``b`` that holds GPUs at ``t``, if one does."""
     return next(((s, e) for s, e in held_windows(b, t, t + 1) if s <= t < e), None)
 
@@ -175,7 +178,7 @@ def booked_at(bookings: Iterable[Booking], t: float) -> dict[str, list[tuple[Boo
     """What is booked at ``t``: model -> [(booking, GPUs)]."""
     out: dict[str, list[tuple[Booking, int]]] = defaultdict(list)
     for b in bookings:
-        if _holding(b, t):
+        if holding(b, t):
             out[b.model].append((b, b.count))
     return dict(out)
 
@@ -188,7 +191,8 @@ def span(start: float, end: float) -> str:
     return f"{s.strftime('%Y-%m-%d %H:%M')}-{tail} UTC"
 
 
-def _at(t: float) -> str:
+def moment(t: float) -> str:
+    """A time as sentences say it: ``2026-11-27 10:00 UTC``."""
     return datetime.fromtimestamp(t, timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
 
 
@@ -248,9 +252,9 @@ def check_new(b: Booking, existing: Iterable[Booking], limits: BookingLimits, ca
     if not (isinstance(b.repeat_weeks, int) and 0 <= b.repeat_weeks <= MAX_REPEAT):
         raise BookingError("repeat", most=MAX_REPEAT, value=b.repeat_weeks)
     if b.start < now - PAST_SLACK:
-        raise BookingError("past", start=_at(b.start))
+        raise BookingError("past", start=moment(b.start))
     if b.end <= b.start:
-        raise BookingError("order", start=_at(b.start), end=_at(b.end))
+        raise BookingError("order", start=moment(b.start), end=moment(b.end))
     if b.repeat_weeks > 1 and b.end - b.start > WEEK:
         raise BookingError("window", length=_length(b.end - b.start), most=_length(WEEK))
     if not is_admin:
@@ -328,7 +332,7 @@ def rule(bookings: Sequence[Booking], model_gpus: Mapping[str, int], user: str, 
     if not count:
         return Verdict("ok")
     mine_now = [b for b in bookings if b.is_for(user, groups) and b.model in (model, ANY)
-                and _holding(b, now)]
+                and holding(b, now)]
     if sum(b.count for b in mine_now) >= count:
         return Verdict("ok", booking=mine_now[0])
     others = [b for b in bookings if not b.is_for(user, groups)]
@@ -351,13 +355,23 @@ def rule(bookings: Sequence[Booking], model_gpus: Mapping[str, int], user: str, 
     blocker = max(on, key=lambda b: b.count)
     booking = _booking_words(blocker, t, t + 1)
     if t <= now:
-        end = max(_holding(b, now)[1] for b in on)
+        end = max(holding(b, now)[1] for b in on)
         many = total != 1
         return Verdict("refused", booking=blocker, message=WORDS["refused"][1].format(
             booking=booking, free=max(free, 0), total=total, model=pool or "", gpus="GPUs" if many else "GPU",
-            are="are" if max(free, 0) != 1 else "is", end=_at(end)))
+            are="are" if max(free, 0) != 1 else "is", end=moment(end)))
     return Verdict("until", until=t, booking=blocker,
-                   message=WORDS["until"][1].format(booking=booking, at=_at(t)))
+                   message=WORDS["until"][1].format(booking=booking, at=moment(t)))
+
+
+def for_job(verdict: Verdict) -> Verdict:
+    """The rule's verdict for a notebook job, which cannot be told to leave: ``until`` becomes ``refused``."""
+    if verdict.kind != "until":
+        return verdict
+    b = verdict.booking
+    return Verdict("refused", booking=b, message=WORDS["job_until"][1].format(
+        booking=_booking_words(b, verdict.until, verdict.until + 1), at=moment(verdict.until),
+        end=moment(holding(b, verdict.until)[1])))
 
 
 # ------------------------------------------------------------------ records

@@ -20,13 +20,15 @@ from typing import Any, TypeVar
 from traitlets import Dict, Float, Int, TraitError, validate
 from traitlets.config import Configurable
 
-from ..gpu import GPU
+from ..bookings import Booking, Verdict, for_job, holding, rule
+from ..db import BookingStore
+from ..gpu import GPU, slug_matches
 from ..inventory import InventoryReading
 from ..owner import Owner, OwnerError
 from ..placement import GPURequest, PlacementError, never_fits
 from ..profiles import Choice, Profile
 from ..queue import Known, Waiter, known_for, queue_alternatives
-from ..quota import Quota, check
+from ..quota import Quota, QuotaError, check
 from ..refusals import WAITABLE, Refusal, refuse, words
 from .errors import user_error
 
@@ -143,11 +145,24 @@ class GPUPolicyMixin(Configurable):
         started = time.monotonic()
 
         def place(gpus: tuple[GPU, ...]) -> tuple[GPU, ...]:
-            return ledger.reserve(gpus, request, admit=lambda held: check(
-                quota, request.count, held, request.owner, self.queued_gpus(request.owner)))
+            verdicts = self.booking_verdicts(request, gpus)
+            blocked = [v for v in verdicts.values() if not v.ok]
+            try:
+                chosen = ledger.reserve(tuple(g for g in gpus if verdicts.get(g.model, _OK).ok), request,
+                                        admit=lambda held: check(quota, request.count, held, request.owner,
+                                                                 self.queued_gpus(request.owner)))
+            except PlacementError as e:
+                if blocked and not isinstance(e, QuotaError):  # what the bookings hold would have served it
+                    raise refuse("booked", {"sentence": blocked[0].message}, requested=request.count,
+                                 models=request.models) from e
+                raise
+            self.note_booking(chosen, verdicts)
+            return chosen
 
         try:
-            if request.count and choice.profile.queue:
+            if request.count and self.within_booking(request, reading.gpus):
+                chosen = place(reading.gpus)  # a booking's own users never queue for its GPUs
+            elif request.count and choice.profile.queue:
                 refusal = never_fits(reading.gpus, request)
                 if refusal is not None:  # no wait can cure it: refused at once, never queued
                     raise refusal
@@ -282,9 +297,67 @@ class GPUPolicyMixin(Configurable):
         return tokens
 
     def gpu_released(self, uuids: tuple[str, ...]) -> None:
-        """GPUs were given back: wake the queue."""
+        """GPUs were given back: wake the queue; a server admitted until a booked window is no longer bound."""
+        store = self.hub_state.cached(BookingStore)
+        if store is not None:
+            store.admitted.pop(getattr(self, "gpu_owner", ""), None)
         if uuids:
             self.hub_state.queue.wake()
+
+    # ------------------------------------------------------------ bookings (gpuspawner.bookings)
+
+    def booking_verdicts(self, request: GPURequest, gpus: tuple[GPU, ...]) -> dict[str, Verdict]:
+        """Model slug -> what the hub's bookings say about ``request`` taking GPUs of that model now
+        (:func:`gpuspawner.bookings.rule`), for the models it asks for; ``{}`` where nothing is booked."""
+        store = self.hub_state.cached(BookingStore)
+        bookings = [b for b in store.all() if b.state != "cancelled"] if store is not None else []
+        if not bookings or not request.count:
+            return {}
+        now = time.time()
+        user = _owner_user(request.owner)
+        groups = self.user_group_names()
+        job = _is_job(request.owner)
+        ends_by = now + self.gpu_job_time_limit if job else None
+        capacity: dict[str, int] = {}
+        for g in gpus:
+            capacity[g.model] = capacity.get(g.model, 0) + 1
+        held = self._held_through_windows(bookings, store, now)
+        out = {}
+        for model in capacity:
+            if request.models and not any(slug_matches(p, model) for p in request.models):
+                continue
+            verdict = rule(bookings, capacity, user, groups, model, request.count, now, ends_by, held)
+            out[model] = for_job(verdict) if job else verdict
+        return out
+
+    def within_booking(self, request: GPURequest, gpus: tuple[GPU, ...]) -> bool:
+        """Whether ``request`` is its user's own booking's, on now (served without queueing)."""
+        return any(v.kind == "ok" and v.booking is not None for v in self.booking_verdicts(request, gpus).values())
+
+    def note_booking(self, chosen: tuple[GPU, ...], verdicts: dict[str, Verdict]) -> None:
+        """Tell a server admitted until a booked window (progress message), and keep ``until`` for the hub."""
+        verdict = verdicts.get(chosen[0].model) if chosen else None
+        if verdict is None or verdict.kind != "until":
+            return
+        self.hub_state.cache(BookingStore).admitted[self.gpu_owner] = (verdict.until, verdict.booking.id)
+        self.gpu_booking_until = verdict.until
+        self.gpu_event(verdict.message, 40)
+
+    def _held_through_windows(self, bookings: list[Booking], store: BookingStore, now: float) -> dict[str, int]:
+        """GPUs per model held now by owners neither inside a booking on now nor told to leave."""
+        held: dict[str, int] = {}
+        info = self.hub_state.gpu_info
+        members = _group_members(getattr(self, "db", None), {b.group for b in bookings if b.group})
+        for owner, uuids in self.ledger.allocations().items():
+            if owner in store.admitted:
+                continue
+            user = _owner_user(owner)
+            groups = {g for g, users in members.items() if user in users}
+            for uuid in uuids:
+                model = info(uuid)["model"]
+                if not any(b.is_for(user, groups) and b.model in (model, "any") and holding(b, now) for b in bookings):
+                    held[model] = held.get(model, 0) + 1
+        return held
 
 
 def _groups_of(user: Any) -> list:
@@ -304,3 +377,27 @@ def _is_job(owner: str) -> bool:
         return Owner.parse(owner).is_job
     except OwnerError:
         return False
+
+
+_OK = Verdict("ok")
+
+
+def _owner_user(owner: str) -> str:
+    try:
+        return Owner.parse(owner).user
+    except OwnerError:
+        return owner.split("/", 1)[0]
+
+
+def _group_members(db: Any, groups: set[str]) -> dict[str, set[str]]:
+    """group -> its users' names, from the hub's database (none without one)."""
+    if db is None or not groups:
+        return {}
+    from jupyterhub import orm
+
+    found = {}
+    for name in groups:
+        group = orm.Group.find(db, name)
+        if group is not None:
+            found[name] = {u.name for u in group.users}
+    return found

@@ -41,6 +41,7 @@ from ..bookings import (
     as_record,
     check_new,
     held_windows,
+    holding,
     new_id,
     span,
     windows,
@@ -79,7 +80,7 @@ def limits_of(settings: Mapping) -> BookingLimits:
 def status(b: Booking, now: float) -> str:
     if b.state == "cancelled":
         return "cancelled"
-    if any(s <= now < e for s, e in held_windows(b, now, now + 1)):
+    if holding(b, now):
         return "active"
     if held_windows(b, now, math.inf):
         return "upcoming"
@@ -265,7 +266,7 @@ def unused(bookings: list[Booking], holders: Mapping[str, set[str]], members: Ma
     ``members``: group -> users."""
     out = []
     for b in bookings:
-        on = next(((s, e) for s, e in held_windows(b, now, now + 1) if s <= now < e), None)
+        on = holding(b, now)
         if on is None or now < on[0] + grace:
             continue
         users = members.get(b.group, set()) if b.group else {b.user}

@@ -173,3 +173,59 @@ def test_a_hub_killed_and_started_again_keeps_its_bookings(hub):
     found = {b["id"]: b for b in listed(hub, "ann")}
     assert found[kept["id"]] == kept
     assert found[cancelled.json()["id"]]["status"] == "cancelled"
+
+
+def spawn(hub, name: str, gpus: int, model: str) -> requests.Response:
+    return hub.spawn(name, {"profile": "gpu", "gpus": gpus, "gpu_model": model})
+
+
+def test_in_a_window_the_booked_user_gets_the_gpus_and_another_is_refused_naming_the_booking(hub):
+    now = time.time()
+    r = call(hub, "ann", "POST", json={"model": "a100", "count": 2, "start": now - 60, "end": now + H})
+    assert r.status_code == 201, r.text
+    booking = r.json()
+    try:
+        assert booking["status"] == "active"
+        r = spawn(hub, "bob", 1, A100)
+        assert r.status_code == 409, r.text
+        message = r.json()["message"]
+        assert message.startswith(f"2 {A100} GPUs are booked ") and "for ann (booked by ann)" in message, message
+        assert "Only 0 of 2" in message
+        assert not hub.user("bob")["servers"]
+        r = spawn(hub, "ann", 2, A100)
+        assert r.status_code in (201, 202), r.text
+        hub.wait_ready("ann")
+        held = hub.server_env("ann")["CUDA_VISIBLE_DEVICES"].split(",")
+        assert len(held) == 2
+        # a T4 is not booked: bob still gets one
+        assert spawn(hub, "bob", 1, "any").status_code in (201, 202)
+        hub.wait_ready("bob")
+        hub.stop_server("bob")
+    finally:
+        hub.stop_server("ann") if hub.user("ann")["servers"] else None
+        call(hub, "ann", "DELETE", f"/{booking['id']}")
+
+
+def test_a_server_started_before_a_window_is_admitted_until_it_starts(hub):
+    start = time.time() + H
+    r = call(hub, "boss", "POST", json={"model": "t4", "count": 2, "start": start, "end": start + H,
+                                        "group": "class-ml"})
+    assert r.status_code == 201, r.text
+    booking = r.json()
+    try:
+        assert spawn(hub, "bob", 1, "t4").status_code in (201, 202)
+        hub.wait_ready("bob")
+        admitted = call(hub, "bob", "GET").json()["admitted"]
+        assert admitted == [{"owner": "bob/", "user": "bob", "server": "", "until": booking["start"],
+                             "booking": booking["id"]}], admitted
+        assert "will be stopped at" in hub.log()
+        assert call(hub, "ann", "GET").json()["admitted"] == []  # someone else's server
+        hub.stop_server("bob")
+        assert call(hub, "bob", "GET").json()["admitted"] == []
+        # a booked user's own server is not bound by the window
+        assert spawn(hub, "cat", 1, "t4").status_code in (201, 202)
+        hub.wait_ready("cat")
+        assert call(hub, "cat", "GET").json()["admitted"] == []
+        hub.stop_server("cat")
+    finally:
+        call(hub, "boss", "DELETE", f"/{booking['id']}")
