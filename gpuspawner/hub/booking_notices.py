@@ -6,7 +6,8 @@ when it starts (the progress message, :func:`told`, and a notice), warned again
 ``gpu_booking_warn_before`` seconds before the window, and stopped at the window's start,
 its usage record ending with the reason ``"booking"``.
 
-The notices go where the GPU idle culler's go: the server's monitor
+The notices go where the GPU idle culler's go, through the same function
+(:func:`gpuspawner.hub.judging.post_notice`): the server's monitor
 (``POST {server}/api/gpus/notices``, :mod:`gpuspawner.monitor.notices`), which JupyterLab
 shows as a notification and in its GPU panel, under their own id (:data:`NOTICE_ID`) so
 that they never replace the culler's. The hub posts them with its overview service's
@@ -20,19 +21,17 @@ token (scope ``access:servers``), every :data:`PERIOD` seconds (:meth:`HubState.
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
-from tornado.httpclient import AsyncHTTPClient, HTTPRequest
-
 from ..bookings import ANY
 from ..db import BookingStore
 from ..owner import Owner
 from ..state import HubState, hub_state_of_app
+from .judging import HubHTTP, post_notice
 
 log = logging.getLogger("gpuspawner.bookings")
 
@@ -100,7 +99,7 @@ def due(now: float, until: float, warn_before: float, was_told: bool, was_warned
     return None if was_told else "tell"
 
 
-Post = Callable[[Until, dict], Awaitable[bool]]  # posts a notice to the server: whether it took it
+Post = Callable[[Until, str, str], Awaitable[bool]]  # posts (message, level) to the server: whether it took it
 Stop = Callable[[Until], Awaitable[None]]  # records the end reason and stops the server
 
 
@@ -126,23 +125,10 @@ class BookingNotices:
                 await self._stop(s)
             elif action is not None and s.url:  # notices wait until the server is up
                 message = told(s, now) if action == "tell" else warned(s, now)
-                notice = {"id": NOTICE_ID, "level": "warning" if action == "warn" else "info",
-                          "message": message, "source": "gpu-bookings"}
-                if await self._post(s, notice):
+                if await self._post(s, message, "warning" if action == "warn" else "info"):
                     done.add(action)
         for key in set(self._told) - seen:  # that start is over
             del self._told[key]
-
-
-async def post_notice(url: str, token: str, notice: dict) -> bool:
-    """POST ``notice`` to the monitor of the server at ``url``; whether the server took it."""
-    request = HTTPRequest(url.rstrip("/") + "/api/gpus/notices", method="POST", body=json.dumps(notice),
-                          headers={"Authorization": f"token {token}", "Content-Type": "application/json"},
-                          connect_timeout=10, request_timeout=30, follow_redirects=False)
-    response = await AsyncHTTPClient().fetch(request, raise_error=False)
-    if not 200 <= response.code < 300:
-        log.warning("%s: the server did not take the booking notice (HTTP %s); trying again", url, response.code)
-    return 200 <= response.code < 300
 
 
 # ------------------------------------------------------------------ in a running hub
@@ -193,10 +179,14 @@ def watch(settings: dict, warn_before: float) -> BookingNotices:
     from .handlers import SETTINGS_KEY
 
     state = hub_state_of_app(settings)
-    token = (settings.get(SETTINGS_KEY) or {}).get("token", "")
+    call = HubHTTP((settings.get(SETTINGS_KEY) or {}).get("token", ""))  # the overview's: access:servers
 
-    async def post(s: Until, notice: dict) -> bool:
-        return await post_notice(s.url, token, notice)
+    async def post(s: Until, message: str, level: str) -> bool:
+        code = await post_notice(call, s.url.rstrip("/"), message, source="gpu-bookings", notice_id=NOTICE_ID,
+                                 level=level)
+        if not 200 <= code < 300:
+            log.warning("%s: its server did not take the booking notice (HTTP %s); trying again", s.owner, code)
+        return 200 <= code < 300
 
     notices = state.cache(BookingNotices, lambda: BookingNotices(
         warn_before, post, lambda s: stop_server(settings, s)))
