@@ -5,7 +5,7 @@ from gpuspawner.hub.setup import configure
 configure(c, culler={"url": "http://127.0.0.1:8000", "idle_timeout": 3600})
 ```
 
-It registers the pages ``/hub/gpus`` and ``/hub/gpus/usage`` and APIs
+It registers the pages ``/hub/gpus``, ``/hub/gpus/usage`` and ``/hub/gpus/bookings`` and APIs
 ``/hub/api/gpus`` and ``/hub/api/gpus/usage`` (everyone's for admins, each user's own
 for them; linked from the hub's navigation bar by ``templates/page.html``, and
 JupyterHub's admin page gets a section of the GPUs each server holds from
@@ -21,9 +21,10 @@ every user for themselves, and to their servers' tokens, by adding
 attaches usage accounting to the hub's database (so every allocation is recorded
 from the hub's start, whether or not a server spawns or a page is read) and
 recovers the jobs a previous run of the hub left, reads the GPU bookings
-(``/hub/api/gpus/bookings``, :mod:`.bookings`) and releases unused windows on a timer, creates the hub-internal
+(``/hub/api/gpus/bookings``, :mod:`.bookings`) and releases unused windows on a timer, tells, warns
+and stops the servers admitted until a booked window (:mod:`.booking_notices`), creates the hub-internal
 service ``gpuspawner-overview`` (scope ``access:servers``) whose token reads
-the servers' monitors, and, with ``culler``, starts the GPU idle culler as a
+the servers' monitors (and posts the booking notices), and, with ``culler``, starts the GPU idle culler as a
 managed service with the role it needs. It also checks the spawner's settings
 (:func:`check_spawner`): a hub whose servers could not start, or would run as
 root, stops at start with sentences saying why and what to do. The culler is told the pid of the
