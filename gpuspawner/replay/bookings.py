@@ -126,12 +126,7 @@ class _BookingReplay(_Replay):
         if self.policy.queue and any(v.kind == "ok" and v.booking is not None for v in self.said(live).values()):
             live.tries += 1  # a booking's own user: placed at once, never queued
             self.live[live.s.owner] = live
-            try:
-                self.place(live)
-            except PlacementError:
-                self.refused(live)
-                return
-            self.granted(live)
+            self.place_now(live)
             return
         super().ask(live)
 

@@ -71,10 +71,15 @@ def estimates(args: argparse.Namespace, inventory: tuple) -> list[Figures]:
           f"draws on the history of seeds {args.fit_seed}-{args.fit_seed + last} and is measured on seeds "
           f"{args.seed}-{args.seed + last}: held out. Its interval, the {100 * LOW:g}-{100 * HIGH:g}% quantiles, "
           f"was chosen on other days (seeds 2001-2005 and 4001-4005, history of 1001-1005), not on these figures.")
+    return _shown(out, args, ESTIMATE_COLUMNS)
+
+
+def _shown(out: list, args: argparse.Namespace, columns: list) -> list:
+    """Print ``out`` (figures objects) as JSON or as a table of ``columns``; return it."""
     if args.json:
         print(json.dumps([f.__dict__ for f in out], indent=1))
     else:
-        print(table(out, markdown=args.markdown, columns=ESTIMATE_COLUMNS))
+        print(table(out, markdown=args.markdown, columns=columns))
     return out
 
 
@@ -88,11 +93,7 @@ def bookings(args: argparse.Namespace, inventory: tuple) -> list:
     load = statistics.mean(offered_load(d, len(inventory), args.hours) for d in days)
     print(f"Bookings, policy gpuspawner, {len(inventory)} GPUs, {len(days)} day(s) (seeds {args.seed}-"
           f"{args.seed + len(days) - 1}), offered load {100 * load:.0f}% before the booked sessions")
-    if args.json:
-        print(json.dumps([f.__dict__ for f in out], indent=1))
-    else:
-        print(table(out, markdown=args.markdown, columns=BOOKING_COLUMNS))
-    return out
+    return _shown(out, args, BOOKING_COLUMNS)
 
 
 def main(argv: list[str] | None = None) -> list:

@@ -175,6 +175,10 @@ class _Replay:
         if self.queue.ahead(live.s.models, self.inventory):  # others queue for these GPUs: refused, as the hub does
             self.refused(live)
             return
+        self.place_now(live)
+
+    def place_now(self, live: _Live) -> None:
+        """Place ``live`` at once: granted, or refused (and retried later, or given up)."""
         try:
             self.place(live)
         except PlacementError:
