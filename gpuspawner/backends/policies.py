@@ -300,7 +300,7 @@ class GPUPolicyMixin(Configurable):
         """GPUs were given back: wake the queue; a server admitted until a booked window is no longer bound."""
         store = self.hub_state.cached(BookingStore)
         if store is not None:
-            store.admitted.pop(getattr(self, "gpu_owner", ""), None)
+            store.forget(getattr(self, "gpu_owner", ""))
         if uuids:
             self.hub_state.queue.wake()
 
@@ -321,7 +321,7 @@ class GPUPolicyMixin(Configurable):
         members = _group_members(getattr(self, "db", None), {b.group for b in bookings if b.group})
         holders = []
         for owner, uuids in self.ledger.allocations().items():
-            if owner not in store.admitted:  # those told to leave by a window keep nothing through it
+            if store.admitted.get(owner, (0.0,))[0] <= now:  # those told to leave by a window keep nothing through it
                 user = _owner_user(owner)
                 groups = {g for g, users in members.items() if user in users}
                 holders += [(user, groups, self.hub_state.gpu_info(uuid)["model"]) for uuid in uuids]
@@ -338,7 +338,7 @@ class GPUPolicyMixin(Configurable):
         verdict = said.get(chosen[0].model) if chosen else None
         if verdict is None or verdict.kind != "until":
             return
-        self.hub_state.cache(BookingStore).admitted[self.gpu_owner] = (verdict.until, verdict.booking.id)
+        self.hub_state.cache(BookingStore).admit(self.gpu_owner, verdict.until, verdict.booking.id)
         self.gpu_booking_until = verdict.until
         self.gpu_event(verdict.message, 40)
 

@@ -219,6 +219,8 @@ def test_a_server_started_before_a_window_is_admitted_until_it_starts(hub):
         assert admitted == [{"owner": "bob/", "user": "bob", "server": "", "until": booking["start"],
                              "booking": booking["id"]}], admitted
         assert "will be stopped at" in hub.log()
+        hub.restart()  # the condition outlives the hub's process
+        assert call(hub, "bob", "GET").json()["admitted"] == admitted
         assert call(hub, "ann", "GET").json()["admitted"] == []  # someone else's server
         hub.stop_server("bob")
         assert call(hub, "bob", "GET").json()["admitted"] == []
