@@ -166,7 +166,7 @@ def held_windows(b: Booking, since: float, until: float) -> list[tuple[float, fl
     for s, e in windows(b, since, until):
         if b.released_at is not None and s <= b.released_at < e:
             e = b.released_at
-        if e > s:
+        if e > max(s, since):
             out.append((s, e))
     return out
 
