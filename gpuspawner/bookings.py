@@ -30,9 +30,11 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from datetime import datetime, timezone
 
+from .gpu import slug_matches
+
 __all__ = ["ANY", "MAX_REPEAT", "PAST_SLACK", "STATES", "WEEK", "WORDS", "Booking", "BookingError", "BookingLimits",
-           "Verdict", "as_record", "booked_at", "check_new", "for_job", "held_windows", "holding", "moment", "new_id",
-           "rule", "span", "windows"]
+           "Verdict", "as_record", "booked_at", "check_new", "for_job", "held_windows", "holding", "kept", "moment",
+           "new_id", "rule", "span", "verdicts", "windows"]
 
 ANY = "any"
 WEEK = 7 * 24 * 3600.0
@@ -164,7 +166,7 @@ def held_windows(b: Booking, since: float, until: float) -> list[tuple[float, fl
     for s, e in windows(b, since, until):
         if b.released_at is not None and s <= b.released_at < e:
             e = b.released_at
-        if e > s:
+        if e > max(s, since):
             out.append((s, e))
     return out
 
@@ -372,6 +374,32 @@ def for_job(verdict: Verdict) -> Verdict:
     return Verdict("refused", booking=b, message=WORDS["job_until"][1].format(
         booking=_booking_words(b, verdict.until, verdict.until + 1), at=moment(verdict.until),
         end=moment(holding(b, verdict.until)[1])))
+
+
+def verdicts(bookings: Sequence[Booking], capacity: Mapping[str, int], user: str, groups: Iterable[str],
+             patterns: Sequence[str], count: int, now: float, ends_by: float | None,
+             held: Mapping[str, int] | None = None, job: bool = False) -> dict[str, Verdict]:
+    """Model -> :func:`rule`'s verdict for each model of ``capacity`` that ``patterns`` select (all for
+    none or ``any``); a ``job`` is refused where a server would be admitted ``until`` (:func:`for_job`)."""
+    out = {}
+    for model in capacity:
+        if patterns and not any(slug_matches(p, model) for p in patterns):
+            continue
+        verdict = rule(bookings, capacity, user, groups, model, count, now, ends_by, held)
+        out[model] = for_job(verdict) if job else verdict
+    return out
+
+
+def kept(bookings: Iterable[Booking], holders: Iterable[tuple[str, Iterable[str], str]], now: float) -> dict[str, int]:
+    """GPUs per model that holders may keep through any window: ``holders`` is one (user, their groups,
+    model) per GPU held (leave out the holders told to leave); a GPU held inside its holder's own
+    booking on now does not count (the booking counts it)."""
+    on = [b for b in bookings if holding(b, now)]
+    out: dict[str, int] = {}
+    for user, groups, model in holders:
+        if not any(b.is_for(user, groups) and b.model in (model, ANY) for b in on):
+            out[model] = out.get(model, 0) + 1
+    return out
 
 
 # ------------------------------------------------------------------ records

@@ -42,23 +42,33 @@ class BookingRow(Base):
     note = Column(Text, nullable=False, default="")
 
 
+class BookingHoldRow(Base):
+    """A server let take GPUs before a booked window on condition that it gives them back by ``until``."""
+
+    __tablename__ = "gpuspawner_booking_holds"
+    owner = Column(Unicode(255), primary_key=True)  # the ledger's owner: user/server-name
+    until = Column(Float, nullable=False)
+    booking = Column(String(32), nullable=False)
+
+
 class BookingStore:
     """The hub's bookings: read from ``gpuspawner_bookings`` once, at start; every change is committed
     before it is kept in memory (and before the REST API answers), so a hub killed at any moment
     comes back with every booking it confirmed. Reads are from memory (the placement rule runs per spawn).
 
-    ``admitted``: owner -> (until, booking id) of the servers this hub process let take GPUs
-    before a window on condition that they give them back by ``until`` (kept in memory: after a
-    restart, a server's spawn record is what tells; see the README's bookings section).
+    ``admitted``: owner -> (until, booking id) of the servers let take GPUs before a window on
+    condition that they give them back by ``until`` (table ``gpuspawner_booking_holds``; change
+    it through :meth:`admit` and :meth:`forget`).
     """
 
     def __init__(self, engine: Engine) -> None:
         BookingRow.__table__.create(engine, checkfirst=True)
+        BookingHoldRow.__table__.create(engine, checkfirst=True)
         self._sessions = sessionmaker(bind=engine, expire_on_commit=False)
         with self._sessions() as session:
-            rows = session.query(BookingRow).all()
-            self._bookings = {row.id: _booking(row) for row in rows}
-        self.admitted: dict[str, tuple[float, str]] = {}
+            self._bookings = {row.id: _booking(row) for row in session.query(BookingRow).all()}
+            holds = session.query(BookingHoldRow).all()
+            self.admitted: dict[str, tuple[float, str]] = {h.owner: (h.until, h.booking) for h in holds}
 
     def all(self) -> list[Booking]:
         return sorted(self._bookings.values(), key=lambda b: (b.start, b.id))
@@ -78,6 +88,18 @@ class BookingStore:
 
     def change(self, booking: Booking, **values: object) -> Booking:
         return self.save(replace(booking, **values))
+
+    def admit(self, owner: str, until: float, booking_id: str) -> None:
+        """``owner`` holds GPUs until ``until``, when booking ``booking_id`` needs them."""
+        with self._sessions() as session, session.begin():
+            session.merge(BookingHoldRow(owner=owner, until=until, booking=booking_id))
+        self.admitted[owner] = (until, booking_id)
+
+    def forget(self, owner: str) -> None:
+        """``owner`` gave its GPUs back (or never held under a condition): nothing to keep."""
+        if self.admitted.pop(owner, None) is not None:
+            with self._sessions() as session, session.begin():
+                session.query(BookingHoldRow).filter_by(owner=owner).delete()
 
 
 def _booking(row: BookingRow) -> Booking:

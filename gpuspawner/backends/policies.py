@@ -20,9 +20,9 @@ from typing import Any, TypeVar
 from traitlets import Dict, Float, Int, TraitError, validate
 from traitlets.config import Configurable
 
-from ..bookings import Booking, Verdict, for_job, holding, rule
+from ..bookings import Verdict, kept, verdicts
 from ..db import BookingStore
-from ..gpu import GPU, slug_matches
+from ..gpu import GPU
 from ..inventory import InventoryReading
 from ..owner import Owner, OwnerError
 from ..placement import GPURequest, PlacementError, never_fits
@@ -145,18 +145,18 @@ class GPUPolicyMixin(Configurable):
         started = time.monotonic()
 
         def place(gpus: tuple[GPU, ...]) -> tuple[GPU, ...]:
-            verdicts = self.booking_verdicts(request, gpus)
-            blocked = [v for v in verdicts.values() if not v.ok]
+            said = self.booking_verdicts(request, gpus)
+            blocked = [v for v in said.values() if not v.ok]
             try:
-                chosen = ledger.reserve(tuple(g for g in gpus if verdicts.get(g.model, _OK).ok), request,
+                chosen = ledger.reserve(tuple(g for g in gpus if said.get(g.model, _OK).ok), request,
                                         admit=lambda held: check(quota, request.count, held, request.owner,
                                                                  self.queued_gpus(request.owner)))
             except PlacementError as e:
-                if blocked and not isinstance(e, QuotaError):  # what the bookings hold would have served it
+                if blocked and not isinstance(e, QuotaError) and e.code not in WAITABLE:  # booked GPUs would serve it
                     raise refuse("booked", {"sentence": blocked[0].message}, requested=request.count,
                                  models=request.models) from e
                 raise
-            self.note_booking(chosen, verdicts)
+            self.note_booking(chosen, said)
             return chosen
 
         try:
@@ -300,7 +300,7 @@ class GPUPolicyMixin(Configurable):
         """GPUs were given back: wake the queue; a server admitted until a booked window is no longer bound."""
         store = self.hub_state.cached(BookingStore)
         if store is not None:
-            store.admitted.pop(getattr(self, "gpu_owner", ""), None)
+            store.forget(getattr(self, "gpu_owner", ""))
         if uuids:
             self.hub_state.queue.wake()
 
@@ -308,56 +308,39 @@ class GPUPolicyMixin(Configurable):
 
     def booking_verdicts(self, request: GPURequest, gpus: tuple[GPU, ...]) -> dict[str, Verdict]:
         """Model slug -> what the hub's bookings say about ``request`` taking GPUs of that model now
-        (:func:`gpuspawner.bookings.rule`), for the models it asks for; ``{}`` where nothing is booked."""
+        (:func:`gpuspawner.bookings.verdicts`), for the models it asks for; ``{}`` where nothing is booked."""
         store = self.hub_state.cached(BookingStore)
         bookings = [b for b in store.all() if b.state != "cancelled"] if store is not None else []
         if not bookings or not request.count:
             return {}
         now = time.time()
-        user = _owner_user(request.owner)
-        groups = self.user_group_names()
         job = _is_job(request.owner)
-        ends_by = now + self.gpu_job_time_limit if job else None
         capacity: dict[str, int] = {}
         for g in gpus:
             capacity[g.model] = capacity.get(g.model, 0) + 1
-        held = self._held_through_windows(bookings, store, now)
-        out = {}
-        for model in capacity:
-            if request.models and not any(slug_matches(p, model) for p in request.models):
-                continue
-            verdict = rule(bookings, capacity, user, groups, model, request.count, now, ends_by, held)
-            out[model] = for_job(verdict) if job else verdict
-        return out
+        members = _group_members(getattr(self, "db", None), {b.group for b in bookings if b.group})
+        holders = []
+        for owner, uuids in self.ledger.allocations().items():
+            if store.admitted.get(owner, (0.0,))[0] <= now:  # those told to leave by a window keep nothing through it
+                user = _owner_user(owner)
+                groups = {g for g, users in members.items() if user in users}
+                holders += [(user, groups, self.hub_state.gpu_info(uuid)["model"]) for uuid in uuids]
+        return verdicts(bookings, capacity, _owner_user(request.owner), self.user_group_names(), request.models,
+                        request.count, now, now + self.gpu_job_time_limit if job else None,
+                        kept(bookings, holders, now), job)
 
     def within_booking(self, request: GPURequest, gpus: tuple[GPU, ...]) -> bool:
         """Whether ``request`` is its user's own booking's, on now (served without queueing)."""
         return any(v.kind == "ok" and v.booking is not None for v in self.booking_verdicts(request, gpus).values())
 
-    def note_booking(self, chosen: tuple[GPU, ...], verdicts: dict[str, Verdict]) -> None:
+    def note_booking(self, chosen: tuple[GPU, ...], said: dict[str, Verdict]) -> None:
         """Tell a server admitted until a booked window (progress message), and keep ``until`` for the hub."""
-        verdict = verdicts.get(chosen[0].model) if chosen else None
+        verdict = said.get(chosen[0].model) if chosen else None
         if verdict is None or verdict.kind != "until":
             return
-        self.hub_state.cache(BookingStore).admitted[self.gpu_owner] = (verdict.until, verdict.booking.id)
+        self.hub_state.cache(BookingStore).admit(self.gpu_owner, verdict.until, verdict.booking.id)
         self.gpu_booking_until = verdict.until
         self.gpu_event(verdict.message, 40)
-
-    def _held_through_windows(self, bookings: list[Booking], store: BookingStore, now: float) -> dict[str, int]:
-        """GPUs per model held now by owners neither inside a booking on now nor told to leave."""
-        held: dict[str, int] = {}
-        info = self.hub_state.gpu_info
-        members = _group_members(getattr(self, "db", None), {b.group for b in bookings if b.group})
-        for owner, uuids in self.ledger.allocations().items():
-            if owner in store.admitted:
-                continue
-            user = _owner_user(owner)
-            groups = {g for g, users in members.items() if user in users}
-            for uuid in uuids:
-                model = info(uuid)["model"]
-                if not any(b.is_for(user, groups) and b.model in (model, "any") and holding(b, now) for b in bookings):
-                    held[model] = held.get(model, 0) + 1
-        return held
 
 
 def _groups_of(user: Any) -> list:

@@ -219,6 +219,8 @@ def test_a_server_started_before_a_window_is_admitted_until_it_starts(hub):
         assert admitted == [{"owner": "bob/", "user": "bob", "server": "", "until": booking["start"],
                              "booking": booking["id"]}], admitted
         assert "will be stopped at" in hub.log()
+        hub.restart()  # the condition outlives the hub's process
+        assert call(hub, "bob", "GET").json()["admitted"] == admitted
         assert call(hub, "ann", "GET").json()["admitted"] == []  # someone else's server
         hub.stop_server("bob")
         assert call(hub, "bob", "GET").json()["admitted"] == []
@@ -229,3 +231,25 @@ def test_a_server_started_before_a_window_is_admitted_until_it_starts(hub):
         hub.stop_server("cat")
     finally:
         call(hub, "boss", "DELETE", f"/{booking['id']}")
+
+
+def test_a_window_nobody_uses_is_released_after_the_grace_and_that_is_recorded(tmp_path, fakenvml_libdir):
+    quick = OpsHub(tmp_path, fakenvml_libdir, PROFILES, mixin={"gpu_booking_grace": 2})
+    quick.start()
+    try:
+        quick.add_users("ann", "bob")
+        quick.tokens = {name: user_token(quick, name) for name in ("ann", "bob")}
+        now = time.time()
+        unused = call(quick, "ann", "POST", json={"model": "t4", "count": 2, "start": now, "end": now + H}).json()
+        used = call(quick, "bob", "POST", json={"model": A100, "count": 1, "start": now, "end": now + H}).json()
+        assert spawn(quick, "bob", 1, A100).status_code in (201, 202)
+        quick.wait_ready("bob")
+        deadline = time.monotonic() + 60
+        while call(quick, "ann", "GET", f"/{unused['id']}").json()["status"] != "released":
+            assert time.monotonic() < deadline, quick.log()
+            time.sleep(0.5)
+        released = call(quick, "ann", "GET", f"/{unused['id']}").json()
+        assert released["state"] == "released" and released["released_at"] >= now + 2
+        assert call(quick, "bob", "GET", f"/{used['id']}").json()["status"] == "active"  # bob holds an A100
+    finally:
+        quick.close()

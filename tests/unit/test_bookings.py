@@ -37,6 +37,18 @@ def booking(n: int = 0, **kw) -> Booking:
     return Booking(**values)
 
 
+def accepted(wanted: list[Booking]) -> list[Booking]:
+    """The bookings check_new takes, each checked against those taken before it (as the hub books)."""
+    taken: list[Booking] = []
+    for b in wanted:
+        try:
+            check_new(b, taken, LIMITS, CAPACITY, NOW, is_admin=True)
+        except BookingError:
+            continue
+        taken.append(b)
+    return taken
+
+
 def moments(bookings, since, until):
     """Every moment the booked amount can change inside [since, until), and since itself."""
     out = {since}
@@ -78,13 +90,7 @@ candidates = st.builds(
 @settings(max_examples=150, deadline=None)
 @given(st.lists(candidates, max_size=12))
 def test_accepted_bookings_never_hold_more_gpus_than_a_model_has(wanted):
-    taken: list[Booking] = []
-    for b in wanted:
-        try:
-            check_new(b, taken, LIMITS, CAPACITY, NOW, is_admin=True)
-        except BookingError:
-            continue
-        taken.append(b)
+    taken = accepted(wanted)
     for t in moments(taken, NOW, NOW + 4 * WEEK):
         for model, gpus in CAPACITY.items():
             assert booked(taken, t, model) <= gpus
@@ -204,13 +210,7 @@ requests = st.tuples(st.sampled_from(["ann", "bob", "cy"]), st.sampled_from([(),
 @settings(max_examples=200, deadline=None)
 @given(st.lists(candidates, max_size=8), requests)
 def test_rule_never_lets_a_non_booker_hold_a_gpu_into_a_window_it_cannot_leave_in_time(wanted, request):
-    taken: list[Booking] = []
-    for b in wanted:
-        try:
-            check_new(b, taken, LIMITS, CAPACITY, NOW, is_admin=True)
-        except BookingError:
-            continue
-        taken.append(b)
+    taken = accepted(wanted)
     user, groups, model, count, at, length, kept_model, kept_other = request
     now = NOW + at * 900
     ends_by = None if length is None else now + length * 900
