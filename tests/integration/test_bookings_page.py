@@ -60,7 +60,7 @@ def test_a_user_sees_every_model_their_own_holdings_and_the_form_without_groups(
     assert held_line(html, "a100-sxm4-80gb") == "none held now · 2 in all"  # bob's server is not hers to see
     assert "bob" not in html
     assert 'name="group"' not in html and 'data-admin="false"' in html
-    assert re.findall(r'<option value="([^"]+)">', html) == ["a100-sxm4-80gb", "t4", "any"]
+    assert re.findall(r'<option value="([^"]+)" data-name=', html) == ["a100-sxm4-80gb", "t4", "any"]
 
 
 def test_an_administrator_sees_everyone_and_may_book_for_a_group(booking_hub):
