@@ -99,3 +99,38 @@ def test_the_usage_page_says_a_booking_stopped_it():
                      idle_seconds=0.0)
     (shown,) = history(shares([row], WINDOW - 7200, WINDOW + 10, WINDOW + 10))
     assert shown["how"] == "Stopped: GPUs booked"
+
+
+def test_the_servers_admitted_are_read_from_the_store_and_a_cancelled_booking_binds_no_one(tmp_path):
+    from types import SimpleNamespace
+
+    from sqlalchemy import create_engine
+
+    from gpuspawner.bookings import Booking
+    from gpuspawner.db import BookingStore
+    from gpuspawner.hub.booking_notices import servers_until
+    from gpuspawner.ledger import Ledger
+
+    store = BookingStore(create_engine(f"sqlite:///{tmp_path / 'hub.sqlite'}"))
+    store.save(Booking(id="b-1", group="class-ml", booked_by="admin", model="t4", count=2, start=WINDOW,
+                       end=WINDOW + 7200))
+    store.save(Booking(id="b-2", user="cat", booked_by="cat", model="any", count=1, start=WINDOW, end=WINDOW + 60,
+                       state="cancelled"))
+    ledger = Ledger()
+    ledger.adopt("ada/", ["GPU-1"])
+    for owner, booking in (("ada/", "b-1"), ("bob/", "b-1"), ("cy/", "b-2"), ("ada/job/7f", "b-1")):
+        store.admit(owner, WINDOW, booking)
+
+    def user(ready: bool, active: bool = True):
+        server = SimpleNamespace(url="http://127.0.0.1:9/user/x/")
+        return SimpleNamespace(spawners={"": SimpleNamespace(active=active, ready=ready, server=server)})
+
+    users = {"ada": user(ready=True), "bob": user(ready=False), "cy": user(ready=True)}
+    found = servers_until(store, users, SimpleNamespace(ledger=ledger))
+    assert [(s.owner, s.url, s.by, s.what, s.booking) for s in found] == [
+        ("ada/", "http://127.0.0.1:9/user/x/", "group class-ml", "2 x t4", "b-1"),
+        ("bob/", None, "group class-ml", "2 x t4", "b-1"),  # starting: no notice yet, but stopped at the window
+    ]  # cy's booking was cancelled; a job ends by its time limit
+    assert found[0].since == ledger.since("ada/")
+    users["ada"] = user(ready=False, active=False)  # stopped meanwhile
+    assert [s.owner for s in servers_until(store, users, SimpleNamespace(ledger=ledger))] == ["bob/"]
