@@ -16,6 +16,7 @@ servers gets 403, as for the overview.
 
 from __future__ import annotations
 
+import time
 from collections import defaultdict
 
 from jupyterhub import orm
@@ -23,6 +24,7 @@ from jupyterhub.handlers import BaseHandler
 from tornado import web
 
 from .handlers import _Overview
+from .overview import build, own_view
 
 #: how many days ahead the timeline shows
 DAYS = 7
@@ -49,10 +51,19 @@ def holding_now(data: dict) -> dict[str, list[dict]]:
 class BookingsPageHandler(_Overview, BaseHandler):
     """``GET /hub/gpus/bookings``: the timeline, the booking form and the user's bookings."""
 
+    async def holdings(self, viewer: str | None) -> dict:
+        """The overview without live numbers (no server's monitor is read): who holds which GPU."""
+        state = self.hub_state
+        reading = await state.inventory.read()
+        allocations = state.ledger.allocations()
+        holders, _ = self._holders(allocations, state.ledger)
+        data = build(reading, allocations, holders, {}, {}, [], time.time())
+        return data if viewer is None else own_view(data, viewer)
+
     @web.authenticated
     async def get(self) -> None:
         viewer = self.viewer()
-        data = await self.overview(viewer)
+        data = await self.holdings(viewer)
         admin = viewer is None
         if admin:
             groups = sorted(g.name for g in self.db.query(orm.Group))
