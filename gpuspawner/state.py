@@ -173,23 +173,6 @@ class GPUHubSettings(Configurable):
         """,
     ).tag(config=True)
 
-    gpu_booking_warn_before = Float(
-        600.0,
-        help="""
-        Seconds before a booking's window starts that a server admitted only until then is
-        warned again (a notice JupyterLab shows) that it will be stopped when the window
-        starts. Such a server is told so when it starts (its progress message and a notice),
-        and stopped at the window's start, its usage record ending "Stopped: GPUs booked".
-        ``0``: no second warning. At least 0.
-        """,
-    ).tag(config=True)
-
-    @validate("gpu_booking_warn_before")
-    def _check_booking_warn_before(self, proposal):
-        if not 0 <= proposal["value"] < float("inf"):
-            raise TraitError(f"gpu_booking_warn_before must be seconds, 0 or more, not {proposal['value']}")
-        return proposal["value"]
-
     @validate("gpu_reconcile_interval")
     def _check_reconcile_interval(self, proposal):
         value = proposal["value"]

@@ -66,6 +66,20 @@ class GPUPolicyMixin(Configurable):
         (a release anywhere in the hub wakes the queue at once). A finite number above 0."""
     ).tag(config=True)
 
+    gpu_booking_warn_before = Float(
+        600.0, help="""Seconds before a booking's window starts that a server admitted only until then (it took
+        booked GPUs before the window) is warned again, by a notice JupyterLab shows, that it will be stopped
+        when the window starts; it was told so at its start (progress message and notice). ``0``: no second
+        warning. A finite number, 0 or more.""",
+    ).tag(config=True)
+
+    @validate("gpu_booking_warn_before")
+    def _check_warn_before(self, proposal):
+        if not 0 <= proposal["value"] < float("inf"):
+            raise TraitError(f"gpu_booking_warn_before must be a finite number of seconds >= 0, "
+                             f"not {proposal['value']}")
+        return proposal["value"]
+
     @validate("gpu_quota_per_user")
     def _check_user_quota(self, proposal):
         if proposal["value"] is not None and proposal["value"] < 0:

@@ -2,8 +2,8 @@
 
 Before a booking's window, placement lets a server take the booked GPUs only if it gives
 them back in time (:func:`gpuspawner.bookings.rule` answers ``until``): the server is told so
-when it starts (the progress message, :func:`told`, and a notice), warned again
-``gpu_booking_warn_before`` seconds before the window, and stopped at the window's start,
+when it starts (placement's progress message, and a notice: :func:`told`), warned again
+its spawner's ``gpu_booking_warn_before`` seconds before the window, and stopped at the window's start,
 its usage record ending with the reason ``"booking"``.
 
 The notices go where the GPU idle culler's go, through the same function
@@ -38,6 +38,7 @@ log = logging.getLogger("gpuspawner.bookings")
 NOTICE_ID = "gpu-booking"
 PERIOD = 5.0  # seconds between rounds: a server is stopped at most this late
 END_REASON = "booking"
+WARN_BEFORE = 600.0  # gpu_booking_warn_before's default
 
 #: the sentences of this part, in one place
 WORDS = {
@@ -73,6 +74,7 @@ class Until:
     by: str  # whom the GPUs are booked for: a user, or "group NAME"
     what: str  # what is booked, in words: "2 x a100"
     url: str | None = None  # the server's own URL (its monitor), None while it is not up
+    warn_before: float = WARN_BEFORE  # its spawner's gpu_booking_warn_before
 
 
 def told(s: Until, now: float) -> str:
@@ -106,8 +108,7 @@ Stop = Callable[[Until], Awaitable[None]]  # records the end reason and stops th
 class BookingNotices:
     """What each start of each server admitted "until" was told; one :meth:`round` acts on it."""
 
-    def __init__(self, warn_before: float, post: Post, stop: Stop, clock: Callable[[], float] = time.time) -> None:
-        self.warn_before = warn_before
+    def __init__(self, post: Post, stop: Stop, clock: Callable[[], float] = time.time) -> None:
         self._post, self._stop, self._clock = post, stop, clock
         self._told: dict[tuple, set[str]] = {}  # (owner, since, until) -> {"tell", "warn"} done
 
@@ -118,7 +119,7 @@ class BookingNotices:
             key = (s.owner, s.since, s.until)
             seen.add(key)
             done = self._told.setdefault(key, set())
-            action = due(now, s.until, self.warn_before, "tell" in done, "warn" in done)
+            action = due(now, s.until, s.warn_before, "tell" in done, "warn" in done)
             if action == "stop":
                 log.warning(WORDS["stopped"].format(owner=s.owner, until=_hhmm(s.until, now), by=s.by,
                                                     booking=s.booking))
@@ -152,7 +153,8 @@ def servers_until(store: BookingStore, users: Mapping, state: HubState) -> list[
             continue
         url = spawner.server.url if spawner.ready and spawner.server is not None else None
         found.append(Until(owner, parsed.user, parsed.server, state.ledger.since(owner) or 0.0, until, b.id,
-                           b.holder, f"{b.count} x {b.model if b.model != ANY else 'GPU'}", url))
+                           b.holder, f"{b.count} x {b.model if b.model != ANY else 'GPU'}", url,
+                           getattr(spawner, "gpu_booking_warn_before", WARN_BEFORE)))
     return found
 
 
@@ -172,7 +174,7 @@ async def stop_server(settings: dict, s: Until) -> None:
         spawner._stop_pending = False
 
 
-def watch(settings: dict, warn_before: float) -> BookingNotices:
+def watch(settings: dict) -> BookingNotices:
     """In a running hub (``settings``: its tornado settings): tell, warn and stop servers admitted
     until a booking's window, every :data:`PERIOD` seconds."""
     from .bookings import store_of
@@ -181,15 +183,18 @@ def watch(settings: dict, warn_before: float) -> BookingNotices:
     state = hub_state_of_app(settings)
     call = HubHTTP((settings.get(SETTINGS_KEY) or {}).get("token", ""))  # the overview's: access:servers
 
+    refused: set[tuple] = set()  # the starts whose server did not take a notice: said once in the log
+
     async def post(s: Until, message: str, level: str) -> bool:
         code = await post_notice(call, s.url.rstrip("/"), message, source="gpu-bookings", notice_id=NOTICE_ID,
                                  level=level)
-        if not 200 <= code < 300:
-            log.warning("%s: its server did not take the booking notice (HTTP %s); trying again", s.owner, code)
+        if not 200 <= code < 300 and (s.owner, s.since) not in refused:
+            refused.add((s.owner, s.since))
+            log.warning("%s: its server did not take the booking notice (HTTP %s; no GPU monitor?); "
+                        "trying again every %g s", s.owner, code, PERIOD)
         return 200 <= code < 300
 
-    notices = state.cache(BookingNotices, lambda: BookingNotices(
-        warn_before, post, lambda s: stop_server(settings, s)))
+    notices = state.cache(BookingNotices, lambda: BookingNotices(post, lambda s: stop_server(settings, s)))
 
     async def round_() -> None:
         await notices.round(servers_until(store_of(settings), settings["users"], state))

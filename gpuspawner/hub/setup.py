@@ -49,7 +49,6 @@ from ..recommended import (
     RECOMMENDED_QUEUE_TIMEOUT as RECOMMENDED_QUEUE_TIMEOUT,
     RECOMMENDED_QUOTA_PER_USER as RECOMMENDED_QUOTA_PER_USER,
 )
-from ..state import settings_for
 from . import booking_notices, bookings, bookings_page, jobs, usage, usage_page
 from .culler import parse_args as culler_arguments
 from .handlers import SCOPE, SETTINGS_KEY, handlers
@@ -185,7 +184,7 @@ def _when_hub_is_up() -> None:
             return
         usage.attach_recorder(app.tornado_settings)
         bookings.start_keeping(app.tornado_settings)
-        booking_notices.watch(app.tornado_settings, settings_for(app.config, app.spawner_class).gpu_booking_warn_before)
+        booking_notices.watch(app.tornado_settings)
         recovery = jobs.job_manager(app.tornado_settings).recovered()
         recovery.add_done_callback(_log_failure(app))
 

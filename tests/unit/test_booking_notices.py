@@ -14,7 +14,7 @@ WINDOW = datetime(2026, 11, 27, 10, 0, tzinfo=timezone.utc).timestamp()
 
 
 def server(url: str | None = "http://127.0.0.1:9000/user/ada/", since: float = 1.0, until: float = WINDOW) -> Until:
-    return Until("ada/", "ada", "", since, until, "b-3f9a2c", "group class-ml", "2 x a100", url)
+    return Until("ada/", "ada", "", since, until, "b-3f9a2c", "group class-ml", "2 x a100", url, warn_before=600)
 
 
 def test_due_tells_once_warns_once_and_stops_at_the_window():
@@ -62,7 +62,7 @@ def test_a_round_posts_each_notice_once_retries_one_not_taken_and_stops_at_the_s
     async def stop(s):
         stopped.append(s.owner)
 
-    notices = BookingNotices(600, post, stop, clock)
+    notices = BookingNotices(post, stop, clock)
 
     async def go():
         await notices.round([server(url=None)])  # not up yet: nothing to post to
