@@ -282,13 +282,18 @@ def release_unused(settings: Mapping, now: float | None = None) -> list[Booking]
     now = time.time() if now is None else now
     state = hub_state_of_app(settings)
     store = store_of(settings)
+    if not any(holding(b, now) for b in store.all()):
+        return []
+    reading = state.inventory.last_reading()
+    model_of = {g.uuid: g.model for g in reading.gpus} if reading is not None else {}
     holders: dict[str, set[str]] = {}
     for owner, uuids in state.ledger.allocations().items():
         try:
             user = Owner.parse(owner).user
         except OwnerError:
             continue
-        holders.setdefault(user, set()).update(state.gpu_info(u)["model"] for u in uuids)
+        holders.setdefault(user, set()).update(model_of[u] if u in model_of else state.gpu_info(u)["model"]
+                                               for u in uuids)
     groups = {b.group for b in store.all() if b.group}
     db = settings["db"]
     members = {g: {u.name for u in found.users} for g in groups if (found := orm.Group.find(db, g)) is not None}
