@@ -9,7 +9,8 @@
   note?}`` (times ISO 8601, UTC unless they say, or epoch seconds) -> 201 with the booking;
   400 naming the field and saying why (nothing is written then).
 - ``DELETE /hub/api/gpus/bookings/ID`` (whoever it is for or was booked by, or an administrator)
-  -> 204; the booking is kept, ``cancelled``. Anyone else: 403.
+  -> 204; the booking is kept, ``cancelled``, and the servers admitted until its window may stay.
+  Anyone else: 403.
 
 A booking answers as its fields (:class:`gpuspawner.bookings.Booking`) plus ``windows`` (the
 next few, ``[{"start", "end"}]``), ``window`` (the first, in words) and ``status``: ``upcoming``,
@@ -252,6 +253,9 @@ class BookingHandler(_Bookings):
                                      "administrator may cancel it.")
         if b.state != "cancelled":
             self.store.change(b, state="cancelled")
+            for owner, (_, booking_id) in list(self.store.admitted.items()):
+                if booking_id == b.id:  # a server told to leave for it may stay
+                    self.store.forget(owner)
         self.set_status(204)
         self.finish()
 
