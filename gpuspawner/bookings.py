@@ -396,8 +396,12 @@ def kept(bookings: Iterable[Booking], holders: Iterable[tuple[str, Iterable[str]
     booking on now does not count (the booking counts it)."""
     on = [b for b in bookings if holding(b, now)]
     out: dict[str, int] = {}
+    inside: dict[tuple, bool] = {}  # (user, groups, model) -> held inside a booking (asked once)
     for user, groups, model in holders:
-        if not any(b.is_for(user, groups) and b.model in (model, ANY) for b in on):
+        key = (user, frozenset(groups), model)
+        if key not in inside:
+            inside[key] = any(b.is_for(user, groups) and b.model in (model, ANY) for b in on)
+        if not inside[key]:
             out[model] = out.get(model, 0) + 1
     return out
 

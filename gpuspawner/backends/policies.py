@@ -330,15 +330,17 @@ class GPUPolicyMixin(Configurable):
         now = time.time()
         job = _is_job(request.owner)
         capacity: dict[str, int] = {}
+        model_of = {}
         for g in gpus:
             capacity[g.model] = capacity.get(g.model, 0) + 1
+            model_of[g.uuid] = g.model
         members = _group_members(getattr(self, "db", None), {b.group for b in bookings if b.group})
         holders = []
         for owner, uuids in self.ledger.allocations().items():
             if store.admitted.get(owner, (0.0,))[0] <= now:  # those told to leave by a window keep nothing through it
                 user = _owner_user(owner)
                 groups = {g for g, users in members.items() if user in users}
-                holders += [(user, groups, self.hub_state.gpu_info(uuid)["model"]) for uuid in uuids]
+                holders += [(user, groups, model_of[uuid]) for uuid in uuids if uuid in model_of]
         return verdicts(bookings, capacity, _owner_user(request.owner), self.user_group_names(), request.models,
                         request.count, now, now + self.gpu_job_time_limit if job else None,
                         kept(bookings, holders, now), job)

@@ -9,7 +9,8 @@
   note?}`` (times ISO 8601, UTC unless they say, or epoch seconds) -> 201 with the booking;
   400 naming the field and saying why (nothing is written then).
 - ``DELETE /hub/api/gpus/bookings/ID`` (whoever it is for or was booked by, or an administrator)
-  -> 204; the booking is kept, ``cancelled``. Anyone else: 403.
+  -> 204; the booking is kept, ``cancelled``, and the servers admitted until its window may stay.
+  Anyone else: 403.
 
 A booking answers as its fields (:class:`gpuspawner.bookings.Booking`) plus ``windows`` (the
 next few, ``[{"start", "end"}]``), ``window`` (the first, in words) and ``status``: ``upcoming``,
@@ -252,6 +253,9 @@ class BookingHandler(_Bookings):
                                      "administrator may cancel it.")
         if b.state != "cancelled":
             self.store.change(b, state="cancelled")
+            for owner, (_, booking_id) in list(self.store.admitted.items()):
+                if booking_id == b.id:  # a server told to leave for it may stay
+                    self.store.forget(owner)
         self.set_status(204)
         self.finish()
 
@@ -282,13 +286,18 @@ def release_unused(settings: Mapping, now: float | None = None) -> list[Booking]
     now = time.time() if now is None else now
     state = hub_state_of_app(settings)
     store = store_of(settings)
+    if not any(holding(b, now) for b in store.all()):
+        return []
+    reading = state.inventory.last_reading()
+    model_of = {g.uuid: g.model for g in reading.gpus} if reading is not None else {}
     holders: dict[str, set[str]] = {}
     for owner, uuids in state.ledger.allocations().items():
         try:
             user = Owner.parse(owner).user
         except OwnerError:
             continue
-        holders.setdefault(user, set()).update(state.gpu_info(u)["model"] for u in uuids)
+        holders.setdefault(user, set()).update(model_of[u] if u in model_of else state.gpu_info(u)["model"]
+                                               for u in uuids)
     groups = {b.group for b in store.all() if b.group}
     db = settings["db"]
     members = {g: {u.name for u in found.users} for g in groups if (found := orm.Group.find(db, g)) is not None}
