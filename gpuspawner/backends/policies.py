@@ -20,13 +20,15 @@ from typing import Any, TypeVar
 from traitlets import Dict, Float, Int, TraitError, Unicode, validate
 from traitlets.config import Configurable
 
+from ..bookings import Verdict, kept, verdicts
+from ..db import BookingStore
 from ..gpu import GPU
 from ..inventory import InventoryReading
 from ..owner import Owner, OwnerError
 from ..placement import GPURequest, PlacementError, never_fits
 from ..profiles import Choice, Profile
 from ..queue import BACKFILL, Known, Waiter, known_for, queue_alternatives
-from ..quota import Quota, check
+from ..quota import Quota, QuotaError, check
 from ..refusals import WAITABLE, Refusal, refuse, words
 from .errors import user_error
 
@@ -85,6 +87,20 @@ class GPUPolicyMixin(Configurable):
         if proposal["value"] not in BACKFILL:
             raise TraitError(f"gpu_queue_backfill must be 'off', 'first-fit' or 'nearest-host', "
                              f"not {proposal['value']!r}")
+        return proposal["value"]
+
+    gpu_booking_warn_before = Float(
+        600.0, help="""Seconds before a booking's window starts that a server admitted only until then (it took
+        booked GPUs before the window) is warned again, by a notice JupyterLab shows, that it will be stopped
+        when the window starts; it was told so at its start (progress message and notice). ``0``: no second
+        warning. A finite number, 0 or more.""",
+    ).tag(config=True)
+
+    @validate("gpu_booking_warn_before")
+    def _check_warn_before(self, proposal):
+        if not 0 <= proposal["value"] < float("inf"):
+            raise TraitError(f"gpu_booking_warn_before must be a finite number of seconds >= 0, "
+                             f"not {proposal['value']}")
         return proposal["value"]
 
     @validate("gpu_quota_per_user")
@@ -166,11 +182,24 @@ class GPUPolicyMixin(Configurable):
         started = time.monotonic()
 
         def place(gpus: tuple[GPU, ...]) -> tuple[GPU, ...]:
-            return ledger.reserve(gpus, request, admit=lambda held: check(
-                quota, request.count, held, request.owner, self.queued_gpus(request.owner)))
+            said = self.booking_verdicts(request, gpus)
+            blocked = [v for v in said.values() if not v.ok]
+            try:
+                chosen = ledger.reserve(tuple(g for g in gpus if said.get(g.model, _OK).ok), request,
+                                        admit=lambda held: check(quota, request.count, held, request.owner,
+                                                                 self.queued_gpus(request.owner)))
+            except PlacementError as e:
+                if blocked and not isinstance(e, QuotaError) and e.code not in WAITABLE:  # booked GPUs would serve it
+                    raise refuse("booked", {"sentence": blocked[0].message}, requested=request.count,
+                                 models=request.models) from e
+                raise
+            self.note_booking(chosen, said)
+            return chosen
 
         try:
-            if request.count and choice.profile.queue:
+            if request.count and self.within_booking(request, reading.gpus):
+                chosen = place(reading.gpus)  # a booking's own users never queue for its GPUs
+            elif request.count and choice.profile.queue:
                 refusal = never_fits(reading.gpus, request)
                 if refusal is not None:  # no wait can cure it: refused at once, never queued
                     raise refusal
@@ -308,9 +337,52 @@ class GPUPolicyMixin(Configurable):
         return tokens
 
     def gpu_released(self, uuids: tuple[str, ...]) -> None:
-        """GPUs were given back: wake the queue."""
+        """GPUs were given back: wake the queue; a server admitted until a booked window is no longer bound."""
+        store = self.hub_state.cached(BookingStore)
+        if store is not None:
+            store.forget(getattr(self, "gpu_owner", ""))
         if uuids:
             self.hub_state.queue.wake()
+
+    # ------------------------------------------------------------ bookings (gpuspawner.bookings)
+
+    def booking_verdicts(self, request: GPURequest, gpus: tuple[GPU, ...]) -> dict[str, Verdict]:
+        """Model slug -> what the hub's bookings say about ``request`` taking GPUs of that model now
+        (:func:`gpuspawner.bookings.verdicts`), for the models it asks for; ``{}`` where nothing is booked."""
+        store = self.hub_state.cached(BookingStore)
+        bookings = [b for b in store.all() if b.state != "cancelled"] if store is not None else []
+        if not bookings or not request.count:
+            return {}
+        now = time.time()
+        job = _is_job(request.owner)
+        capacity: dict[str, int] = {}
+        model_of = {}
+        for g in gpus:
+            capacity[g.model] = capacity.get(g.model, 0) + 1
+            model_of[g.uuid] = g.model
+        members = _group_members(getattr(self, "db", None), {b.group for b in bookings if b.group})
+        holders = []
+        for owner, uuids in self.ledger.allocations().items():
+            if store.admitted.get(owner, (0.0,))[0] <= now:  # those told to leave by a window keep nothing through it
+                user = _owner_user(owner)
+                groups = {g for g, users in members.items() if user in users}
+                holders += [(user, groups, model_of[uuid]) for uuid in uuids if uuid in model_of]
+        return verdicts(bookings, capacity, _owner_user(request.owner), self.user_group_names(), request.models,
+                        request.count, now, now + self.gpu_job_time_limit if job else None,
+                        kept(bookings, holders, now), job)
+
+    def within_booking(self, request: GPURequest, gpus: tuple[GPU, ...]) -> bool:
+        """Whether ``request`` is its user's own booking's, on now (served without queueing)."""
+        return any(v.kind == "ok" and v.booking is not None for v in self.booking_verdicts(request, gpus).values())
+
+    def note_booking(self, chosen: tuple[GPU, ...], said: dict[str, Verdict]) -> None:
+        """Tell a server admitted until a booked window (progress message), and keep ``until`` for the hub."""
+        verdict = said.get(chosen[0].model) if chosen else None
+        if verdict is None or verdict.kind != "until":
+            return
+        self.hub_state.cache(BookingStore).admit(self.gpu_owner, verdict.until, verdict.booking.id)
+        self.gpu_booking_until = verdict.until
+        self.gpu_event(verdict.message, 40)
 
 
 def _groups_of(user: Any) -> list:
@@ -330,3 +402,27 @@ def _is_job(owner: str) -> bool:
         return Owner.parse(owner).is_job
     except OwnerError:
         return False
+
+
+_OK = Verdict("ok")
+
+
+def _owner_user(owner: str) -> str:
+    try:
+        return Owner.parse(owner).user
+    except OwnerError:
+        return owner.split("/", 1)[0]
+
+
+def _group_members(db: Any, groups: set[str]) -> dict[str, set[str]]:
+    """group -> its users' names, from the hub's database (none without one)."""
+    if db is None or not groups:
+        return {}
+    from jupyterhub import orm
+
+    found = {}
+    for name in groups:
+        group = orm.Group.find(db, name)
+        if group is not None:
+            found[name] = {u.name for u in group.users}
+    return found

@@ -57,7 +57,8 @@ The package: :mod:`~gpuspawner.replay.trace` (the sessions: a synthetic day or a
 records), :mod:`~gpuspawner.replay.simulation` (one policy on a simulated clock, and its
 figures), :mod:`~gpuspawner.replay.report` (the table and the chart), :mod:`~gpuspawner.replay.cli`
 (the command line), :mod:`~gpuspawner.replay.estimates` (the wait estimator measured: ``--estimates``),
-:mod:`~gpuspawner.replay.tail` (who waits longest, and why: ``--tail``).
+:mod:`~gpuspawner.replay.tail` (who waits longest, and why: ``--tail``),
+:mod:`~gpuspawner.replay.bookings` (a booking load: ``--bookings``).
 """
 
 from __future__ import annotations

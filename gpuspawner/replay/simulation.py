@@ -115,6 +115,7 @@ class _Replay:
         self.seq = itertools.count()
         self.live: dict[str, _Live] = {}
         self.waits: list[float] = []
+        self.granted_waits: list[tuple[str, float]] = []  # (owner, wait) of every grant (replay/bookings.py)
         self.refusals = self.gave_up = self.warned_culls = self.unwarned_culls = self.came_back = 0
         self.busy_s = self.idle_s = 0.0
         self.series: list[tuple[float, int, int, int]] = []
@@ -178,6 +179,10 @@ class _Replay:
         if self.queue.ahead(live.s.models, self.inventory):  # others queue for these GPUs: refused, as the hub does
             self.refused(live)
             return
+        self.place_now(live)
+
+    def place_now(self, live: _Live) -> None:
+        """Place ``live`` at once: granted, or refused (and retried later, or given up)."""
         try:
             self.place(live)
         except PlacementError:
@@ -220,6 +225,7 @@ class _Replay:
 
     def granted(self, live: _Live) -> None:
         self.waits.append(self.now - live.first_try)
+        self.granted_waits.append((live.s.owner, self.now - live.first_try))
         live.granted_at = self.now
         if live.estimate is not None:
             self.estimated.append((*live.estimate, self.now))
@@ -332,8 +338,13 @@ class _Replay:
                 self.cull_round()
             elif what == "snapshot":
                 self.snapshot()
+            else:
+                self.other(what, live, generation)
         self.advance(self.end)
         return self
+
+    def other(self, what: str, live: _Live | None, generation: int) -> None:
+        """An event a subclass schedules (replay/bookings.py: a server stopped at a booked window)."""
 
 
 def _result(runs: list[_Replay]) -> Result:
