@@ -4,7 +4,6 @@ holds, the commands, and the reservations on the session's real slurmctld 22.05.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 
 import pytest
 
@@ -20,22 +19,13 @@ from gpuspawner.backends.slurm.reservations import (
     plan,
     read_reservations,
 )
+from gpuspawner.bookings import Booking
 
 WEEK = 7 * 24 * 3600
 
 
-@dataclass(frozen=True)
-class Booking:
-    """The fields of gpuspawner.bookings.Booking the reservations read."""
-
-    id: str
-    model: str
-    count: int
-    start: float
-    end: float
-    user: str = ""
-    group: str = ""
-    repeat_weeks: int = 0
+def booking(id: str, model: str, count: int, start: float, end: float, **more) -> Booking:
+    return Booking(id=id, model=model, count=count, start=start, end=end, booked_by="admin", **more)
 
 
 TWO_NODES = [SlurmNode("gpu-1", ("gpu",), "idle", gpus={"a100": 4}),
@@ -45,7 +35,7 @@ DEBIAN, NEWER = (22, 5), (23, 11)
 
 
 def test_a_booking_of_whole_nodes_on_slurm_22_05_reserves_those_nodes_for_the_user():
-    b = Booking("b-1a2b3c", "a100", 4, 1_900_000_000, 1_900_007_200, user="ada")
+    b = booking("b-1a2b3c", "a100", 4, 1_900_000_000, 1_900_007_200, user="ada")
     [r] = plan(b, "hub1", TWO_NODES, DEBIAN, account="ada-site")
     assert (r.name, r.nodes, r.users, r.tres) == ("hub1-b-1a2b3c-0", ("gpu-1",), ("ada-site",), "")
     start = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(r.start))
@@ -53,29 +43,29 @@ def test_a_booking_of_whole_nodes_on_slurm_22_05_reserves_those_nodes_for_the_us
                                   "Users=ada-site", "Nodes=gpu-1"]
     assert holds(b, TWO_NODES, DEBIAN) == ("On this Slurm cluster a booking of 4 a100 GPUs holds whole node gpu-1 "
                                            "(4 GPUs).")
-    eight = Booking("b-2", "a100", 8, 1_900_000_000, 1_900_003_600, group="class-ml")
+    eight = booking("b-2", "a100", 8, 1_900_000_000, 1_900_003_600, group="class-ml")
     assert plan(eight, "hub1", TWO_NODES, DEBIAN)[0].nodes == ("gpu-1", "gpu-2")
     assert "Groups=class-ml" in create_args(plan(eight, "hub1", TWO_NODES, DEBIAN)[0])
 
 
 def test_less_than_a_node_on_slurm_22_05_is_refused_with_the_counts_that_can_be_booked():
-    b = Booking("b-3", "a100", 2, 1_900_000_000, 1_900_003_600, user="ada")
+    b = booking("b-3", "a100", 2, 1_900_000_000, 1_900_003_600, user="ada")
     with pytest.raises(ReservationError) as refused:
         plan(b, "hub1", TWO_NODES, DEBIAN)
     assert str(refused.value) == ("This Slurm cluster (Slurm 22.05) reserves whole nodes only, and no set of whole "
                                   "a100 nodes has exactly 2 GPUs: book 4 or 8 GPUs instead.")
     with pytest.raises(ReservationError, match="no node with h100 GPUs"):
-        holds(Booking("b-4", "h100", 1, 0, 1, user="ada"), TWO_NODES, DEBIAN)
+        holds(booking("b-4", "h100", 1, 0, 1, user="ada"), TWO_NODES, DEBIAN)
 
 
 def test_slurm_23_11_reserves_gpus_and_a_weekly_booking_one_reservation_per_window():
-    b = Booking("b-5", "a100", 2, 1_900_000_000, 1_900_003_600, user="ada", repeat_weeks=3)
+    b = booking("b-5", "a100", 2, 1_900_000_000, 1_900_003_600, user="ada", repeat_weeks=3)
     made = plan(b, "hub1", TWO_NODES, NEWER)
     assert [(r.name, r.start - b.start, r.tres, r.nodes) for r in made] == [
         (f"hub1-b-5-{n}", n * WEEK, "gres/gpu:a100=2", ()) for n in range(3)]
     assert "TRES=gres/gpu:a100=2" in create_args(made[0])
     assert holds(b, TWO_NODES, NEWER) == "On this Slurm cluster a booking of 2 a100 GPUs holds 2 GPUs."
-    assert plan(Booking("b-6", "any", 1, 0, 60, user="ada"), "hub1", TWO_NODES, NEWER)[0].tres == "gres/gpu=1"
+    assert plan(booking("b-6", "any", 1, 0, 60, user="ada"), "hub1", TWO_NODES, NEWER)[0].tres == "gres/gpu=1"
 
 
 def test_a_window_already_begun_starts_now_and_keeps_its_end():
@@ -128,20 +118,20 @@ def test_a_booking_is_a_reservation_that_holds_the_node_for_its_user_until_delet
     assert slurm.reservations() == ()
     now = time.time()
     with pytest.raises(ReservationError, match="book 2 GPUs instead"):
-        slurm.reserve(Booking("b-one", "a100", 1, now, now + 600, user="ada"))
-    booking = Booking("b-9f8e7d", "a100", 2, now, now + 600, user="ada")
-    assert slurm.holds(booking) == (f"On this Slurm cluster a booking of 2 a100 GPUs holds whole node {cluster.host} "
+        slurm.reserve(booking("b-one", "a100", 1, now, now + 600, user="ada"))
+    held = booking("b-9f8e7d", "a100", 2, now, now + 600, user="ada")
+    assert slurm.holds(held) == (f"On this Slurm cluster a booking of 2 a100 GPUs holds whole node {cluster.host} "
                                     "(2 GPUs).")
     jobs = []
     try:
-        slurm.reserve(booking)
+        slurm.reserve(held)
         [listed] = slurm.reservations()
         assert (listed.name, listed.users, listed.nodes, listed.state) == (
             "hubtest-b-9f8e7d-0", ("root",), (cluster.host,), "ACTIVE")
         assert active_for(slurm.reservations(), "root", [], time.time()) == listed.name
         # a second booking of the same GPUs then finds the node reserved, and says so
         with pytest.raises(ReservationError) as taken:
-            slurm.reserve(Booking("b-later", "a100", 2, now + 300, now + 900, user="ada"))
+            slurm.reserve(booking("b-later", "a100", 2, now + 300, now + 900, user="ada"))
         assert str(taken.value) == ("Every a100 node of this Slurm cluster is already reserved then "
                                     "(hubtest-b-9f8e7d-0): pick another time.")
         other = cluster.run("sbatch", "--parsable", "--uid=nobody", "--gres=gpu:t4:1", "--output=/dev/null",
@@ -155,10 +145,10 @@ def test_a_booking_is_a_reservation_that_holds_the_node_for_its_user_until_delet
         waiting = _job(cluster, other)
         assert waiting.state == "PENDING" and waiting.reason in ("ReqNodeNotAvail, Reserved for maintenance",
                                                                  "Resources", "ReqNodeNotAvail")
-        assert slurm.unreserve(booking.id) == 1
+        assert slurm.unreserve(held.id) == 1
         assert slurm.reservations() == ()
         _wait_for(cluster, other, "RUNNING")
     finally:
-        slurm.unreserve(booking.id)
+        slurm.unreserve(held.id)
         for job in jobs:
             cluster.run("scancel", job, check=False)

@@ -1,8 +1,8 @@
 """Bookings as Slurm advance reservations (issue 30): what a booking holds on this cluster, and the
 ``scontrol`` commands that create, list and delete this hub's reservations.
 
-**Pure part.** :func:`plan` turns a booking's windows (:mod:`gpuspawner.bookings`: a ``Booking`` with
-``id``, ``user`` or ``group``, ``model``, ``count``, ``start``, ``end``, ``repeat_weeks``) into one
+**Pure part.** :func:`plan` turns a booking's windows (:class:`gpuspawner.bookings.Booking`: its
+``id``, ``user`` or ``group``, ``model``, ``count`` and :func:`~gpuspawner.bookings.windows`) into one
 :class:`Reservation` per window: ``ReservationName`` is the hub's prefix, the booking id and the
 window's number (``jupyterhub-b-3f9a2c-0``), ``StartTime``/``Duration`` the window (whole minutes),
 ``Users=`` the booked user's account, or ``Groups=`` the booked group. What it holds depends on the
@@ -24,13 +24,14 @@ environment (``SLURM_CONF``): ``reserve(booking)``, ``unreserve(booking_id)`` an
 
 from __future__ import annotations
 
+import math
 import re
 import subprocess
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
+from ...bookings import Booking, windows
 from .capacity import SlurmNode, read_nodes
 
 __all__ = ["WORDS", "Reservation", "ReservationError", "SlurmReservations", "active_for", "create_args", "holds",
@@ -51,7 +52,6 @@ WORDS: dict[str, str] = {
 
 #: the first Slurm version that reserves GPUs (``TRES=gres/gpu...``), not only whole nodes
 GRES_RESERVATIONS = (23, 11)
-WEEK = 7 * 24 * 3600.0
 
 
 class ReservationError(ValueError):
@@ -85,8 +85,8 @@ def slurm_version(text: str) -> tuple[int, int]:
     return int(match[1]), int(match[2])
 
 
-def _windows(booking: Any) -> list[tuple[float, float]]:
-    return [(booking.start + k * WEEK, booking.end + k * WEEK) for k in range(max(1, booking.repeat_weeks))]
+def _windows(booking: Booking) -> list[tuple[float, float]]:
+    return windows(booking, -math.inf, math.inf)  # every window of its calendar
 
 
 def _whole_nodes(nodes: Sequence[tuple[str, int]], count: int) -> tuple[str, ...] | None:
@@ -113,7 +113,7 @@ def _plural(n: int) -> str:
     return "" if n == 1 else "s"
 
 
-def holds(booking: Any, nodes: Iterable[SlurmNode], version: tuple[int, int], gres_type: str | None = None) -> str:
+def holds(booking: Booking, nodes: Iterable[SlurmNode], version: tuple[int, int], gres_type: str | None = None) -> str:
     """What ``booking`` holds on this cluster, in the form's words ("... holds whole node gpu-1 (4 GPUs)."),
     or :class:`ReservationError` with the sentence saying why it cannot be held."""
     kind = gres_type or booking.model
@@ -125,7 +125,7 @@ def holds(booking: Any, nodes: Iterable[SlurmNode], version: tuple[int, int], gr
     return WORDS["holds"].format(count=booking.count, model=booking.model, s=_plural(booking.count), what=what)
 
 
-def _node_choice(booking: Any, nodes: list[SlurmNode], kind: str, version: tuple[int, int]) -> tuple[str, ...]:
+def _node_choice(booking: Booking, nodes: list[SlurmNode], kind: str, version: tuple[int, int]) -> tuple[str, ...]:
     found = _model_nodes(nodes, kind)
     if not found:
         raise ReservationError(WORDS["no_nodes"].format(model=booking.model))
@@ -138,7 +138,7 @@ def _node_choice(booking: Any, nodes: list[SlurmNode], kind: str, version: tuple
     return chosen
 
 
-def plan(booking: Any, prefix: str, nodes: Iterable[SlurmNode], version: tuple[int, int],
+def plan(booking: Booking, prefix: str, nodes: Iterable[SlurmNode], version: tuple[int, int],
          account: str | None = None, gres_type: str | None = None) -> list[Reservation]:
     """One reservation per window of ``booking`` (every repeat), named ``PREFIX-ID-N``.
 
@@ -254,7 +254,7 @@ class SlurmReservations:
     def nodes(self) -> tuple[SlurmNode, ...]:
         return read_nodes(self._check(["sinfo", "--json"]))
 
-    def plan(self, booking: Any) -> list[Reservation]:
+    def plan(self, booking: Booking) -> list[Reservation]:
         """:func:`plan` on the nodes no reservation (this hub's or another's) holds during the booking's windows
         (whole-node reservations; from Slurm 23.11 Slurm itself places the GPUs a reservation holds)."""
         version = self.version()
@@ -273,11 +273,11 @@ class SlurmReservations:
                                                          names=", ".join(sorted(r.name for r in overlapping))))
         return plan(booking, self.prefix, free, version, account, self.gres_types.get(booking.model))
 
-    def holds(self, booking: Any) -> str:
+    def holds(self, booking: Booking) -> str:
         """What ``booking`` would hold here, in the form's words (:class:`ReservationError`: cannot)."""
         return holds(booking, self.nodes(), self.version(), self.gres_types.get(booking.model))
 
-    def reserve(self, booking: Any) -> list[Reservation]:
+    def reserve(self, booking: Booking) -> list[Reservation]:
         """Create a reservation for each window of ``booking`` not yet over; all or none (a refused one
         removes those made before it). :class:`ReservationError` (a 400 sentence) when the cluster
         cannot hold it, RuntimeError with Slurm's words when Slurm refuses."""
