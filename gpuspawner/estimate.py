@@ -147,6 +147,11 @@ class History:
     def __len__(self) -> int:
         return len(self._by.get(("hub",), ()))
 
+    def add(self, profile: str, user: str, seconds: float) -> None:
+        """One more ended session."""
+        for key in (("mine", profile, user), ("profile", profile), ("hub",)):
+            bisect.insort(self._by.setdefault(key, []), float(seconds))
+
     def lengths(self, profile: str, user: str, ran: float) -> tuple[list[float], int, str]:
         """(sorted lengths, index of the first longer than ``ran``, level) at the most specific level
         with :attr:`min_samples` sessions longer than ``ran``; the hub's with fewer; level "" with none."""
@@ -186,6 +191,12 @@ class Estimate:
     def sentence(self, now: float | None = None) -> str:
         """The time and its basis: "About 10:40 UTC, likely between 10:25 UTC and 11:05 UTC. Going by ..."."""
         return f"{self.when(now)}. {self.basis}."
+
+    def as_json(self, now: float | None = None) -> dict:
+        """The REST fields: ``likely``, ``low``, ``high`` (epoch seconds or null), ``text`` (:meth:`sentence`)
+        and ``basis``."""
+        return {"likely": self.likely, "low": self.low, "high": self.high, "text": self.sentence(now),
+                "basis": self.basis}
 
 
 def latest_end(since: float, limit: float | None = None, limit_kind: str = "job", idle_since: float | None = None,

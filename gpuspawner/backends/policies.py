@@ -13,8 +13,10 @@ check, under the same lock, recording counts rather than exact GPUs; gpu-kube's
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import replace
 from typing import Any, TypeVar
 
 from traitlets import Dict, Float, Int, TraitError, validate
@@ -28,9 +30,11 @@ from ..profiles import Choice, Profile
 from ..queue import Known, Waiter, known_for, queue_alternatives
 from ..quota import Quota, check
 from ..refusals import WAITABLE, Refusal, refuse, words
+from ..waits import queue_estimate, wait_history
 from .errors import user_error
 
 T = TypeVar("T")
+_log = logging.getLogger("gpuspawner.waits")
 
 
 class GPUPolicyMixin(Configurable):
@@ -214,15 +218,26 @@ class GPUPolicyMixin(Configurable):
 
     def queue_known(self, waiter: Waiter, gpus: tuple[GPU, ...]) -> Known:
         """What the queue tells a waiting request about its GPUs (the hub's own, held in the ledger):
-        how many are held, and the earliest a notebook job holding one reaches its time limit."""
+        how many are held, the earliest a notebook job holding one reaches its time limit, and the
+        request's wait estimate (:func:`gpuspawner.waits.queue_estimate`)."""
         ledger = self.ledger
-        holders = {uuid: owner for owner, uuids in ledger.allocations().items() for uuid in uuids}
+        allocations = ledger.allocations()
+        holders = {uuid: owner for owner, uuids in allocations.items() for uuid in uuids}
         limits = {}
         for owner in set(holders.values()):
             since = ledger.since(owner)
             if since is not None and _is_job(owner):
                 limits[owner] = since + self.gpu_job_time_limit
-        return known_for(waiter, gpus, holders, limits)
+        known = known_for(waiter, gpus, holders, limits)
+        state = self.hub_state
+        try:
+            estimate = queue_estimate(waiter, gpus, state.queue, allocations, ledger.since,
+                                      wait_history(state).current(), job_time_limit=self.gpu_job_time_limit,
+                                      queue_timeout=self.gpu_queue_timeout, quota=self.gpu_quota_per_user)
+        except Exception:  # an estimate must never break a wait: the queue's own words then
+            _log.exception("wait estimate for %s failed", waiter.owner)
+            return known
+        return replace(known, estimate=estimate)
 
     async def queue_pointer(self, choice: Choice, refusal: PlacementError) -> str:
         """The words that point a refused user to a profile that would wait in the queue for what they

@@ -99,7 +99,8 @@ def build(
     ]
     queue = [
         {"position": n, "user": w.user, "server": Owner.parse(w.owner).label, "gpus": w.count,
-         "models": list(w.models) or ["any"], "profile": w.profile, "waiting_seconds": round(now - w.joined, 1)}
+         "models": list(w.models) or ["any"], "profile": w.profile, "waiting_seconds": round(now - w.joined, 1),
+         "estimate": w.estimate.as_json(now) if w.estimate is not None else None}
         for n, w in enumerate(waiters, 1)
     ]
     return {

@@ -1,0 +1,67 @@
+"""The hub's wait estimates (gpuspawner/waits.py): the history from the usage table, kept up to date by
+releases, and a waiting request's estimate from the ledger's holders and the queue ahead."""
+
+from __future__ import annotations
+
+from gpuspawner.gpu import GPU
+from gpuspawner.ledger import Ledger
+from gpuspawner.placement import GPURequest
+from gpuspawner.queue import GPUQueue
+from gpuspawner.waits import WaitHistory, queue_estimate, session_key
+
+T4 = "Tesla T4"
+HOUR = 3600.0
+GPUS = tuple(GPU("h", i, f"GPU-t4-{i}", T4) for i in range(2))
+
+
+def test_the_history_is_read_once_when_the_database_is_there_then_grows_with_each_release():
+    reads = []
+    table = [None, [(session_key("server", "tesla-t4"), "ann", HOUR)] * 12]
+
+    def read():
+        reads.append(1)
+        return table[min(len(reads) - 1, 1)]
+
+    now = [10 * HOUR]
+    waits = WaitHistory(read, lambda uuid: "tesla-t4", clock=lambda: now[0])
+    waits.observe("release", "bob/", ("GPU-t4-0",), 9 * HOUR)  # before the table is read: in it
+    assert len(waits.current()) == 0 and not waits.loaded  # the hub's database is not attached yet
+    assert len(waits.current()) == 12 and waits.loaded
+    assert len(waits.current()) == 12 and len(reads) == 2  # not read again
+    waits.observe("hold", "bob/", ("GPU-t4-0",), 9 * HOUR)
+    waits.observe("release", "bob/", ("GPU-t4-0",), 8 * HOUR)
+    assert len(waits.current()) == 13
+    assert waits.current().lengths("server/tesla-t4", "bob", 0.0)[0][-1] == 2 * HOUR  # 8:00 to 10:00
+
+
+def test_a_waiting_request_is_estimated_from_the_holders_time_limits_and_the_queue_ahead():
+    now = 100 * HOUR  # 04:00 UTC
+    ledger = Ledger()
+    queue = GPUQueue()
+    for owner, uuid in (("ann/job/7", "GPU-t4-0"), ("bob/", "GPU-t4-1")):
+        ledger.reserve(tuple(g for g in GPUS if g.uuid == uuid), GPURequest(owner=owner, count=1))
+    starts = {"ann/job/7": now - HOUR, "bob/": now - HOUR}
+    first = queue.join("cy/", "cy", 1, ("t4",), "t4q")
+    second = queue.join("dee/", "dee", 1, ("t4",), "t4q")
+    first.joined = second.joined = now
+    history = WaitHistory(lambda: [], lambda uuid: "").current()  # nothing has ended yet
+
+    def estimate(waiter):
+        return queue_estimate(waiter, GPUS, queue, ledger.allocations(), starts.get, history,
+                              job_time_limit=2 * HOUR, queue_timeout=3 * HOUR, now=now)
+
+    # the job reaches its time limit at 05:00; the server has none: the first in line gets the job's GPU
+    est = estimate(first)
+    assert (est.low, est.likely, est.high) == (now + HOUR,) * 3
+    assert est.sentence(now) == (
+        "About 05:00 UTC. No session has ended on this hub yet, so nothing tells how long sessions last; "
+        "1 of the 2 holders must give their GPUs back by a known time, the first by 05:00 UTC "
+        "(a notebook job's time limit).")
+    # the second waits behind it: nothing bounds how long the first then holds it, nor the server
+    behind = estimate(second)
+    assert behind.likely is None and behind.basis.endswith("; 1 request ahead of yours; 1 of the 2 holders must "
+                                                           "give their GPUs back by a known time, the first by "
+                                                           "05:00 UTC (a notebook job's time limit)")
+    # once the first gives up (its wait reaches the queue's limit) the second gets the GPU
+    first.joined = now - 3 * HOUR + 1800
+    assert estimate(second).likely == now + HOUR
