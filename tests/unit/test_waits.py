@@ -44,7 +44,7 @@ def test_a_waiting_request_is_estimated_from_the_holders_time_limits_and_the_que
     first = queue.join("cy/", "cy", 1, ("t4",), "t4q")
     second = queue.join("dee/", "dee", 1, ("t4",), "t4q")
     first.joined = second.joined = now
-    history = WaitHistory(lambda: [], lambda uuid: "").current()  # nothing has ended yet
+    history = WaitHistory(list, lambda uuid: "").current()  # nothing has ended yet
 
     def estimate(waiter):
         return queue_estimate(waiter, GPUS, queue, ledger.allocations(), starts.get, history,
