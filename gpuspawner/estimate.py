@@ -85,6 +85,7 @@ WORDS: dict[str, str] = {
     "bound_job": "a notebook job's time limit",
     "bound_walltime": "a server's walltime limit",
     "bound_idle": "the idle culler stops GPUs left idle",
+    "if_queued": "If you queue now: {when}. {basis}.",
 }
 _LEVELS = ("mine", "profile", "hub")
 

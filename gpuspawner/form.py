@@ -111,6 +111,7 @@ def form_context(
     offered_images: OfferedImages = None,
     default_image: str | None = None,
     host: str = "host",
+    queue_estimates: Mapping[str, str] | None = None,
 ) -> dict:
     """Everything form.html needs. ``previous`` pre-selects the user's last choice.
 
@@ -124,6 +125,8 @@ def form_context(
     the one that is ``default_image``, the spawner's configured image, as DockerSpawner's does).
     ``host``: what one place GPUs are on is called here ("host", "node"), in the words that say
     a GPU count never fits ("needs 4 GPUs on one host; the largest here has 2").
+    ``queue_estimates``: profile slug -> when a request of that ``queue: true`` profile would
+    likely start if queued now ("If you queue now: about 10:40 UTC, ..."), shown on its card.
 
     Where no GPU was found at all (``no_gpus``), only the profiles that run without a
     GPU are shown, each with no GPU preselected (:func:`~gpuspawner.profiles.without_gpus`),
@@ -140,8 +143,9 @@ def form_context(
     selected = last if remembered else default_profile(shown).slug
     return {
         "profiles": [
-            _profile_context(p, models, previous if remembered and p.slug == last else {}, unknown is not None,
-                             waits, offered_images, default_image, host)
+            {**_profile_context(p, models, previous if remembered and p.slug == last else {}, unknown is not None,
+                                waits, offered_images, default_image, host),
+             "queue_estimate": (queue_estimates or {}).get(p.slug, "")}
             for p in shown
         ],
         "selected_profile": selected,

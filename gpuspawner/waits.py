@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 
 from sqlalchemy import select
 
-from .estimate import Ask, Estimate, History, Holding, for_gpus
+from .estimate import WORDS, Ask, Estimate, History, Holding, for_gpus
 from .gpu import GPU
 from .owner import Owner, OwnerError
 from .queue import GPUQueue, Waiter, _Wanted
@@ -31,7 +31,7 @@ from .usage import Allocation
 if TYPE_CHECKING:
     from .state import HubState
 
-__all__ = ["HISTORY_ROWS", "WaitHistory", "queue_estimate", "session_key", "wait_history"]
+__all__ = ["HISTORY_ROWS", "WaitHistory", "if_queued_now", "queue_estimate", "session_key", "wait_history"]
 
 #: the newest closed usage rows read into the history at the first estimate
 HISTORY_ROWS = 20000
@@ -127,6 +127,12 @@ def queue_estimate(
     ask = Ask(waiter.owner, waiter.count, waiter.user, _ask_key(_kind(waiter.owner), wanted(waiter.models)),
               models=waiter.models)
     return for_gpus(ask, now, gpus, holders, holdings, ahead, history, quota=quota)
+
+
+def if_queued_now(estimate: Estimate, now: float | None = None) -> str:
+    """What a ``queue: true`` profile's card says: "If you queue now: about 10:40 UTC, likely between ..."."""
+    when = estimate.when(now)
+    return WORDS["if_queued"].format(when=when[:1].lower() + when[1:], basis=estimate.basis)
 
 
 def _kind(owner: str) -> str:

@@ -85,7 +85,7 @@ class GPUOptionsMixin(Configurable):
         reading = await self.inventory.read()
         return form_context(self.profiles, reading, self.ledger.held(), self.user_options or {},
                             offered_images=self.offered_images(), default_image=self.default_image(),
-                            host=self.host_word)
+                            host=self.host_word, queue_estimates=self.queue_form_estimates(self.profiles, reading.gpus))
 
     async def offered_models(self) -> set[str]:
         """The model slugs users may pick (``gpu_model``); backends override with their inventory."""

@@ -30,7 +30,7 @@ from ..profiles import Choice, Profile
 from ..queue import Known, Waiter, known_for, queue_alternatives
 from ..quota import Quota, check
 from ..refusals import WAITABLE, Refusal, refuse, words
-from ..waits import queue_estimate, wait_history
+from ..waits import if_queued_now, queue_estimate, wait_history
 from .errors import user_error
 
 T = TypeVar("T")
@@ -238,6 +238,28 @@ class GPUPolicyMixin(Configurable):
             _log.exception("wait estimate for %s failed", waiter.owner)
             return known
         return replace(known, estimate=estimate)
+
+    def queue_form_estimates(self, profiles: tuple[Profile, ...], gpus: tuple[GPU, ...]) -> dict[str, str]:
+        """Profile slug -> when a request of each ``queue: true`` profile (its default GPU count, any of
+        its models) would likely start if this user queued it now, behind everyone waiting: one
+        estimate per profile per form, none where it fails (the form still renders)."""
+        found = {}
+        state = self.hub_state
+        for profile in profiles:
+            count = profile.default_gpus or min((n for n in profile.gpu_counts if n), default=0)
+            if not profile.queue or not count:
+                continue
+            waiter = Waiter(self.gpu_owner, self.gpu_quota().user, count, tuple(profile.gpu_models), 0, -1,
+                            profile.slug)
+            try:
+                estimate = queue_estimate(waiter, gpus, state.queue, self.ledger.allocations(), self.ledger.since,
+                                          wait_history(state).current(), job_time_limit=self.gpu_job_time_limit,
+                                          queue_timeout=self.gpu_queue_timeout, quota=self.gpu_quota_per_user)
+            except Exception:
+                _log.exception("wait estimate for the form of %s failed", self.gpu_owner)
+                continue
+            found[profile.slug] = if_queued_now(estimate)
+        return found
 
     async def queue_pointer(self, choice: Choice, refusal: PlacementError) -> str:
         """The words that point a refused user to a profile that would wait in the queue for what they

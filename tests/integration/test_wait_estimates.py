@@ -89,6 +89,13 @@ def test_a_queued_spawn_reads_its_estimate_in_its_progress_and_in_rest(hub):
     assert [(q["user"], q["estimate"]["text"]) for q in own] == [("cy", NO_HISTORY)]
     assert hub.overview(user_token(hub, login(hub, "dee"), "dee")).json()["queue"] == []
 
+    # the queue profile's card tells the next user when a request queued now would likely start
+    page = login(hub, "dee").get(hub.url + "/hub/spawn", timeout=60).text
+    card = htmllib.unescape(page[page.index('data-profile="gpu-queued"'):])
+    assert card.split('<div class="gs-note gs-wait">')[1].split("</div>")[0] == (
+        "If you queue now: no start time can be given yet. No session has ended on this hub yet, so nothing tells "
+        "how long sessions last; 1 request ahead of yours; no holder of these GPUs has a time limit.")
+
     # ann's session ends (the first in the history) and cy gets her GPU; eve waits and goes by it
     hub.stop_server("ann")
     hub.wait_ready("cy")

@@ -7,7 +7,7 @@ from gpuspawner.gpu import GPU
 from gpuspawner.ledger import Ledger
 from gpuspawner.placement import GPURequest
 from gpuspawner.queue import GPUQueue
-from gpuspawner.waits import WaitHistory, queue_estimate, session_key
+from gpuspawner.waits import WaitHistory, if_queued_now, queue_estimate, session_key
 
 T4 = "Tesla T4"
 HOUR = 3600.0
@@ -65,3 +65,47 @@ def test_a_waiting_request_is_estimated_from_the_holders_time_limits_and_the_que
     # once the first gives up (its wait reaches the queue's limit) the second gets the GPU
     first.joined = now - 3 * HOUR + 1800
     assert estimate(second).likely == now + HOUR
+
+
+# ----------------------------------------------------------------- where a user reads it
+
+
+def test_a_queue_profiles_card_says_when_a_request_queued_now_would_likely_start():
+    from jinja2 import Environment, PackageLoader
+
+    from gpuspawner.estimate import Estimate
+    from gpuspawner.form import form_context
+    from gpuspawner.inventory import InventoryReading
+    from gpuspawner.profiles import load_profiles
+
+    now = 100 * HOUR
+    line = if_queued_now(Estimate(now + HOUR, now + HOUR / 2, now + 2 * HOUR, "Going by 12 sessions"), now)
+    assert line == ("If you queue now: about 05:00 UTC, likely between 04:30 UTC and 06:00 UTC. "
+                    "Going by 12 sessions.")
+    profiles = load_profiles([{"slug": "gpu", "display_name": "GPU", "gpu_counts": [1]},
+                              {"slug": "q", "display_name": "GPU, queued", "gpu_counts": [1], "queue": True}])
+    context = form_context(profiles, InventoryReading(gpus=GPUS), (), queue_estimates={"q": line})
+    html = Environment(loader=PackageLoader("gpuspawner", "templates"), autoescape=True) \
+        .get_template("form.html").render(**context)
+    card = html[html.index('data-profile="q"'):]
+    assert '<div class="gs-note gs-wait">If you queue now: about 05:00 UTC' in card
+    assert "gs-wait" not in html[html.index('data-profile="gpu"'):html.index('data-profile="q"')]
+
+
+def test_a_queued_job_shows_its_estimate_in_the_job_api_and_the_jupyterlab_job_list():
+    from types import SimpleNamespace
+
+    from gpuspawner.hub.jobs import job_json
+    from gpuspawner.jobmodel.store import JobRecord
+    from gpuspawner.labjobs.scheduler import GPUScheduler
+
+    text = "About 05:00 UTC. Going by 12 sessions."
+    estimates = {"ann/job/7f3e": {"likely": 1.0, "low": 1.0, "high": 1.0, "text": text, "basis": "Going by 12"}}
+    queued = JobRecord("7f3e", "ann", "train", "queued", {}, 0.0)
+    assert job_json(queued, estimates)["estimate"]["text"] == text
+    assert job_json(queued.changed(state="running"), estimates)["estimate"] is None
+    assert job_json(queued)["estimate"] is None  # not (or no longer) in the hub's queue
+
+    job = SimpleNamespace(tags=[])
+    GPUScheduler._apply(None, job, {**job_json(queued, estimates), "state": "queued"})
+    assert job.status_message == f"waiting for GPUs in the hub's queue. {text}"
