@@ -25,7 +25,7 @@ from sqlalchemy import select
 from .estimate import WORDS, Ask, Estimate, History, Holding, for_gpus
 from .gpu import GPU
 from .owner import Owner, OwnerError
-from .queue import GPUQueue, Waiter, _Wanted
+from .queue import GPUQueue, Waiter, _slug, _Wanted
 from .usage import Allocation
 
 if TYPE_CHECKING:
@@ -104,8 +104,12 @@ def queue_estimate(
     """``waiter``'s estimate from the ledger's ``allocations`` (owner -> GPU UUIDs), when each holding
     began (``since``), the requests ahead of it in ``queue`` and the ``history``."""
     now = time.time() if now is None else now
-    by_uuid = {g.uuid: g for g in gpus}
     wanted = _Wanted(gpus)
+    ahead_of = queue.ahead(waiter.models, gpus, before=waiter)
+    if quota is None:  # only the GPUs these requests could use matter (with a quota, the user's others too)
+        slugs = frozenset().union(*(wanted(w.models) for w in (*ahead_of, waiter)))
+        gpus = tuple(g for g in gpus if _slug(g.name) in slugs)
+    by_uuid = {g.uuid: g for g in gpus}
     holders, holdings = {}, {}
     for owner, uuids in allocations.items():
         mine = [by_uuid[u] for u in uuids if u in by_uuid]
@@ -123,7 +127,7 @@ def queue_estimate(
         holdings[owner] = Holding(start, parsed.user, session_key(parsed.kind, mine[0].model), latest,
                                   "job" if latest is not None else "")
     ahead = [Ask(w.owner, w.count, w.user, _ask_key(_kind(w.owner), wanted(w.models)), w.joined + queue_timeout,
-                 models=w.models) for w in queue.ahead(waiter.models, gpus, before=waiter)]
+                 models=w.models) for w in ahead_of]
     ask = Ask(waiter.owner, waiter.count, waiter.user, _ask_key(_kind(waiter.owner), wanted(waiter.models)),
               models=waiter.models)
     return for_gpus(ask, now, gpus, holders, holdings, ahead, history, quota=quota)
