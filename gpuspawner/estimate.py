@@ -296,6 +296,14 @@ class _Row:
         length = self.found[self.first + min(self.span - 1, int(u * self.span))] if self.span else math.inf
         return max(now, min(self.h.since + length, self.cap))
 
+    def ends(self, now: float, n: int) -> list[float]:
+        """Its drawn end in each of ``n`` scenarios."""
+        if not self.span:
+            return [max(now, self.cap)] * n
+        found, first, span, since, cap = self.found, self.first, self.span, self.h.since, self.cap
+        return [max(now, min(since + found[first + min(span - 1, int(u * span))], cap))
+                for u in _draws(self.h.owner, n)[0]]
+
     def ends_by(self, horizon: float, n: int) -> Iterable[tuple[int, float]]:
         """(scenario, draw) of the scenarios where it ends by ``horizon`` (and perhaps a few more)."""
         _, ordered, order = _draws(self.h.owner, n)
@@ -357,22 +365,29 @@ def estimate(
     def whole(j: int) -> float:
         return run(j, [(r.end(_draws(r.h.owner, samples)[0][j], now), *r.key) for r in rows])
 
+    if len(rows) <= _SPARE or (own and quota is not None):  # every scenario whole: each holder's ends at once
+        table = [r.ends(now, samples) for r in rows]
+        return _estimate(sorted(run(j, [(ends[j], *r.key) for ends, r in zip(table, rows, strict=True)])
+                                for j in range(samples)), now, holders, ahead, history, levels, beyond)
     starts: list[float | None] = [None] * samples
     starts[0] = whole(0)
-    if len(rows) > _SPARE and (own == 0 or quota is None):
-        first_ends = sorted(r.end(_draws(r.h.owner, samples)[0][0], now) for r in rows)
-        needed = bisect.bisect_right(first_ends, starts[0])
-        horizon = first_ends[min(len(first_ends) - 1, _AHEAD * needed + _SPARE)]
-        known: list[list[tuple[float, int, str, int]]] = [[(horizon, -1, "", 0)] for _ in range(samples)]
-        for r in rows:
-            for j, u in r.ends_by(horizon, samples):
-                known[j].append((r.end(u, now), *r.key))
-        for j in range(1, samples):
-            starts[j] = run(j, known[j])
+    first_ends = sorted(r.end(_draws(r.h.owner, samples)[0][0], now) for r in rows)
+    needed = bisect.bisect_right(first_ends, starts[0])
+    horizon = first_ends[min(len(first_ends) - 1, _AHEAD * needed + _SPARE)]
+    known: list[list[tuple[float, int, str, int]]] = [[(horizon, -1, "", 0)] for _ in range(samples)]
+    for r in rows:
+        for j, u in r.ends_by(horizon, samples):
+            known[j].append((r.end(u, now), *r.key))
+    for j in range(1, samples):
+        starts[j] = run(j, known[j])
     for j in range(samples):
         if starts[j] is None:
             starts[j] = whole(j)
-    starts.sort()
+    return _estimate(sorted(starts), now, holders, ahead, history, levels, beyond)
+
+
+def _estimate(starts: list[float], now: float, holders: Sequence[Holder], ahead: Sequence[Ask], history: History,
+              levels: Mapping[str, int], beyond: int) -> Estimate:
     shown = [h for h in holders if h.usable]
     return Estimate(_quantile(starts, 0.5), _quantile(starts, LOW), _quantile(starts, HIGH),
                     basis(now, shown, ahead, history, levels, beyond))

@@ -107,8 +107,7 @@ def queue_estimate(
     wanted = _Wanted(gpus)
     ahead_of = queue.ahead(waiter.models, gpus, before=waiter)
     if quota is None:  # only the GPUs these requests could use matter (with a quota, the user's others too)
-        slugs = frozenset().union(*(wanted(w.models) for w in (*ahead_of, waiter)))
-        gpus = tuple(g for g in gpus if _slug(g.name) in slugs)
+        gpus = _of_models(gpus, frozenset().union(*(wanted(w.models) for w in (*ahead_of, waiter))))
     by_uuid = {g.uuid: g for g in gpus}
     holders, holdings = {}, {}
     for owner, uuids in allocations.items():
@@ -131,6 +130,22 @@ def queue_estimate(
     ask = Ask(waiter.owner, waiter.count, waiter.user, _ask_key(_kind(waiter.owner), wanted(waiter.models)),
               models=waiter.models)
     return for_gpus(ask, now, gpus, holders, holdings, ahead, history, quota=quota)
+
+
+_FILTERED: dict[tuple[int, frozenset[str]], tuple[tuple[GPU, ...], tuple[GPU, ...]]] = {}
+
+
+def _of_models(gpus: tuple[GPU, ...], slugs: frozenset[str]) -> tuple[GPU, ...]:
+    """The GPUs of ``gpus`` whose model is one of ``slugs``, kept per inventory reading (the same tuple)."""
+    found = _FILTERED.get((id(gpus), slugs))
+    if found is not None and found[0] is gpus:
+        return found[1]
+    names = {name for name in {g.name for g in gpus} if _slug(name) in slugs}
+    mine = tuple(g for g in gpus if g.name in names)
+    if len(_FILTERED) >= 16:
+        _FILTERED.clear()
+    _FILTERED[id(gpus), slugs] = (gpus, mine)
+    return mine
 
 
 def if_queued_now(estimate: Estimate, now: float | None = None) -> str:
