@@ -17,7 +17,7 @@ on and off by signals from here):
 2. mixed load: form loads (``GET /hub/spawn`` by logged-in users), ``GET /hub/api/gpus``
    (everyone's GPUs, an admin's view) and server stops and new spawns, all at once.
    Every stop wakes the queue, and every waiting spawn computes its estimate again (its
-   place, what is held and when the first could free, in words): the time each estimate
+   place, what is held and its wait estimate, :mod:`gpuspawner.waits`): the time each estimate
    took is measured inside the hub (around ``GPUQueue.position`` ... ``describe``).
 
 Goals printed beside the figures (issue 30): form and ``/hub/api/gpus`` p99 < 100 ms,
