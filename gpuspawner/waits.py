@@ -8,7 +8,8 @@ its kind and GPU model (``server/a100-sxm4-80gb``): the usage table records thos
 form's profile.
 
 :func:`queue_estimate` estimates a waiting request from the ledger's holders of the GPUs it could
-use (each holder's latest end: a notebook job's start + the hub's ``gpu_job_time_limit``), the
+use (each holder's latest end: a notebook job's start + the hub's ``gpu_job_time_limit``; a server whose
+GPUs the culler reported idle, when the culler stops it: idle since + ``gpu_culler_idle_timeout``), the
 requests ahead of it in the queue (each gives up at its join + the queue's limit) and the history.
 The queue calls it when a request joins, whenever the queue is woken (a release, a leave) and at
 each recheck; the REST API, the progress page and the job list read the waiter's last estimate.
@@ -22,7 +23,7 @@ from typing import TYPE_CHECKING
 
 from sqlalchemy import select
 
-from .estimate import WORDS, Ask, Estimate, History, Holding, for_gpus
+from .estimate import WORDS, Ask, Estimate, History, Holding, for_gpus, latest_end
 from .gpu import GPU
 from .owner import Owner, OwnerError
 from .queue import GPUQueue, Waiter, _slug, _Wanted
@@ -50,6 +51,8 @@ class WaitHistory:
         self._read, self._model_of, self._clock = read, model_of, clock
         self.history = History(())
         self.loaded = False
+        #: owner -> since when all its GPUs have stayed below the culler's threshold (the samples it reported)
+        self.idle_since: dict[str, float] = {}
 
     def current(self) -> History:
         """The history, reading the usage table the first time it can (once the hub's database is there)."""
@@ -60,8 +63,19 @@ class WaitHistory:
                 self.loaded = True
         return self.history
 
+    def samples(self, owner: str, samples: list[tuple[float, float | None]], threshold: float) -> None:
+        """The culler's samples of ``owner``'s GPUs (time, highest utilisation %): idle since the first
+        of the latest run below ``threshold``; a busy or unknown sample ends the run (the culler's rule)."""
+        for at, utilization in sorted(samples, key=lambda s: s[0]):
+            if utilization is None or utilization >= threshold:
+                self.idle_since.pop(owner, None)
+            else:
+                self.idle_since.setdefault(owner, at)
+
     def observe(self, event: str, owner: str, uuids: tuple[str, ...], since: float) -> None:
         """The ledger's observer: a release closes a session (the usage table's row) of this length."""
+        if event == "release":
+            self.idle_since.pop(owner, None)
         if event != "release" or not self.loaded:
             return  # before the table is read, the release is read with it
         try:
@@ -98,11 +112,12 @@ def _ask_key(kind: str, slugs: frozenset[str]) -> str:
 
 def queue_estimate(
     waiter: Waiter, gpus: tuple[GPU, ...], queue: GPUQueue, allocations: Mapping[str, tuple[str, ...]],
-    since: Callable[[str], float | None], history: History, *, job_time_limit: float | None,
-    queue_timeout: float, quota: int | None = None, now: float | None = None,
+    since: Callable[[str], float | None], history: WaitHistory, *, job_time_limit: float | None,
+    queue_timeout: float, quota: int | None = None, idle_timeout: float | None = None, now: float | None = None,
 ) -> Estimate:
     """``waiter``'s estimate from the ledger's ``allocations`` (owner -> GPU UUIDs), when each holding
-    began (``since``), the requests ahead of it in ``queue`` and the ``history``."""
+    began (``since``), the requests ahead of it in ``queue`` and the ``history``; a holder idle since
+    some time (``history.idle_since``) ends by then + ``idle_timeout`` (the culler's stop) at the latest."""
     now = time.time() if now is None else now
     wanted = _Wanted(gpus)
     ahead_of = queue.ahead(waiter.models, gpus, before=waiter)
@@ -122,14 +137,14 @@ def queue_estimate(
             continue  # counts as just started
         start = since(owner)
         start = now if start is None else start
-        latest = start + job_time_limit if parsed.is_job and job_time_limit else None
-        holdings[owner] = Holding(start, parsed.user, session_key(parsed.kind, mine[0].model), latest,
-                                  "job" if latest is not None else "")
+        idle = None if parsed.is_job else history.idle_since.get(owner)  # the culler never stops a job
+        latest, bound = latest_end(start, job_time_limit if parsed.is_job else None, "job", idle, idle_timeout)
+        holdings[owner] = Holding(start, parsed.user, session_key(parsed.kind, mine[0].model), latest, bound)
     ahead = [Ask(w.owner, w.count, w.user, _ask_key(_kind(w.owner), wanted(w.models)), w.joined + queue_timeout,
                  models=w.models) for w in ahead_of]
     ask = Ask(waiter.owner, waiter.count, waiter.user, _ask_key(_kind(waiter.owner), wanted(waiter.models)),
               models=waiter.models)
-    return for_gpus(ask, now, gpus, holders, holdings, ahead, history, quota=quota)
+    return for_gpus(ask, now, gpus, holders, holdings, ahead, history.current(), quota=quota)
 
 
 _FILTERED: dict[tuple[int, frozenset[str]], tuple[tuple[GPU, ...], tuple[GPU, ...]]] = {}

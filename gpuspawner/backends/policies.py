@@ -68,6 +68,21 @@ class GPUPolicyMixin(Configurable):
         (a release anywhere in the hub wakes the queue at once). A finite number above 0."""
     ).tag(config=True)
 
+    gpu_culler_idle_timeout = Float(
+        None, allow_none=True,
+        help="""Seconds the GPU idle culler lets a server's GPUs stay idle before it stops the server
+        (its ``--idle-timeout``; ``configure(c, culler=...)`` in :mod:`gpuspawner.hub.setup` sets it).
+        Wait estimates then count a holder whose GPUs are idle (by the samples the culler reports) as
+        ending by the time it is stopped. None: no such end is assumed. A finite number above 0.""",
+    ).tag(config=True)
+
+    @validate("gpu_culler_idle_timeout")
+    def _check_culler_idle_timeout(self, proposal):
+        if proposal["value"] is not None and not 0 < proposal["value"] < float("inf"):
+            raise TraitError(f"gpu_culler_idle_timeout must be a finite number of seconds > 0 or None, "
+                             f"not {proposal['value']}")
+        return proposal["value"]
+
     @validate("gpu_quota_per_user")
     def _check_user_quota(self, proposal):
         if proposal["value"] is not None and proposal["value"] < 0:
@@ -232,8 +247,9 @@ class GPUPolicyMixin(Configurable):
         state = self.hub_state
         try:
             estimate = queue_estimate(waiter, gpus, state.queue, allocations, ledger.since,
-                                      wait_history(state).current(), job_time_limit=self.gpu_job_time_limit,
-                                      queue_timeout=self.gpu_queue_timeout, quota=self.gpu_quota_per_user)
+                                      wait_history(state), job_time_limit=self.gpu_job_time_limit,
+                                      queue_timeout=self.gpu_queue_timeout, quota=self.gpu_quota_per_user,
+                                      idle_timeout=self.gpu_culler_idle_timeout)
         except Exception:  # an estimate must never break a wait: the queue's own words then
             _log.exception("wait estimate for %s failed", waiter.owner)
             return known
@@ -253,8 +269,9 @@ class GPUPolicyMixin(Configurable):
                             profile.slug)
             try:
                 estimate = queue_estimate(waiter, gpus, state.queue, self.ledger.allocations(), self.ledger.since,
-                                          wait_history(state).current(), job_time_limit=self.gpu_job_time_limit,
-                                          queue_timeout=self.gpu_queue_timeout, quota=self.gpu_quota_per_user)
+                                          wait_history(state), job_time_limit=self.gpu_job_time_limit,
+                                          queue_timeout=self.gpu_queue_timeout, quota=self.gpu_quota_per_user,
+                                          idle_timeout=self.gpu_culler_idle_timeout)
             except Exception:
                 _log.exception("wait estimate for the form of %s failed", self.gpu_owner)
                 continue

@@ -44,7 +44,7 @@ def test_a_waiting_request_is_estimated_from_the_holders_time_limits_and_the_que
     first = queue.join("cy/", "cy", 1, ("t4",), "t4q")
     second = queue.join("dee/", "dee", 1, ("t4",), "t4q")
     first.joined = second.joined = now
-    history = WaitHistory(list, lambda uuid: "").current()  # nothing has ended yet
+    history = WaitHistory(list, lambda uuid: "")  # nothing has ended yet
 
     def estimate(waiter):
         return queue_estimate(waiter, GPUS, queue, ledger.allocations(), starts.get, history,
@@ -65,6 +65,31 @@ def test_a_waiting_request_is_estimated_from_the_holders_time_limits_and_the_que
     # once the first gives up (its wait reaches the queue's limit) the second gets the GPU
     first.joined = now - 3 * HOUR + 1800
     assert estimate(second).likely == now + HOUR
+
+
+def test_a_server_whose_gpus_the_culler_reported_idle_ends_by_the_culler_s_stop():
+    now = 100 * HOUR  # 04:00 UTC
+    ledger = Ledger()
+    queue = GPUQueue()
+    for owner, uuid in (("ann/", "GPU-t4-0"), ("bob/", "GPU-t4-1")):
+        ledger.reserve(tuple(g for g in GPUS if g.uuid == uuid), GPURequest(owner=owner, count=1))
+    waiter = queue.join("cy/", "cy", 1, ("t4",), "t4q")
+    waits = WaitHistory(list, lambda uuid: "")
+    # ann's GPU: busy, then below the threshold (5 %) since 03:30; bob's busy at the last sample
+    waits.samples("ann/", [(now - 3600, 80.0), (now - 1800, 1.0), (now - 60, 0.0)], 5.0)
+    waits.samples("bob/", [(now - 1800, 1.0), (now - 60, 50.0)], 5.0)
+    assert waits.idle_since == {"ann/": now - 1800}
+
+    def estimate(idle_timeout):
+        return queue_estimate(waiter, GPUS, queue, ledger.allocations(), lambda owner: now - 2 * HOUR, waits,
+                              job_time_limit=None, queue_timeout=HOUR, idle_timeout=idle_timeout, now=now)
+
+    est = estimate(HOUR)  # the culler stops ann's server at 04:30
+    assert (est.low, est.likely, est.high) == (now + 1800,) * 3
+    assert est.basis.endswith("the first by 04:30 UTC (the idle culler stops GPUs left idle)")
+    assert estimate(None).likely is None  # no culler: nothing bounds either server
+    waits.observe("release", "ann/", ("GPU-t4-0",), now - 2 * HOUR)  # gone: nothing kept of it
+    assert waits.idle_since == {}
 
 
 # ----------------------------------------------------------------- where a user reads it
