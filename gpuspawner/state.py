@@ -61,9 +61,58 @@ __all__ = ["GPUHubSettings", "HubState", "hub_state", "hub_state_of_app",
            "stop_serving_hub_metrics"]
 
 
-#: ``"last"``: a copy of the last ``static_gpus`` found valid. Each spawner and each settings object loads
-#: the configured list, and checking 10,000 entries again takes a quarter of a second each time.
+#: ``"last"``: the last ``static_gpus`` found valid (a copy of a plain list, or the :class:`SharedGPUs`
+#: itself). Each spawner and each settings object loads the configured list, and checking 10,000 entries
+#: again takes a quarter of a second each time.
 _STATIC_GPUS_CHECKED: dict[str, list] = {}
+
+
+class SharedGPUs(list):
+    """A configured ``static_gpus`` list, one object shared by every spawner and settings object of a hub.
+
+    traitlets deep-copies each configured value into each object it configures (10,000 entries:
+    a third of a second per spawner); this list is read-only, so it is handed over as it is
+    (``deepcopy`` returns it), and its JSON (the hub state's key) is written once.
+    """
+
+    def __deepcopy__(self, memo: dict) -> SharedGPUs:
+        return self
+
+    def _read_only(self, *args: Any, **kwargs: Any) -> None:
+        raise TypeError("the configured static_gpus are shared by every spawner and cannot be changed in place; "
+                        "set static_gpus to a new list")
+
+    __setitem__ = __delitem__ = __iadd__ = __imul__ = _read_only  # type: ignore[assignment]
+    append = extend = insert = pop = remove = clear = sort = reverse = _read_only  # type: ignore[assignment]
+
+    def json(self) -> str:
+        """``static_gpus`` as JSON with sorted keys, written at the first call."""
+        text = self.__dict__.get("_json")
+        if text is None:
+            text = self.__dict__["_json"] = _gpus_json(list(self))
+        return text
+
+
+class _GPUList(List):
+    """``List(Dict())`` that takes a :class:`SharedGPUs` as it is (no copy, its entries checked once by the
+    ``static_gpus`` validator): checking 10,000 entries as dicts again takes 10 ms per spawner."""
+
+    def validate_elements(self, obj: Any, value: Any) -> Any:
+        return value if isinstance(value, SharedGPUs) else super().validate_elements(obj, value)
+
+
+def _gpus_json(value: list) -> str:
+    return value.json() if isinstance(value, SharedGPUs) else json.dumps(value, sort_keys=True)
+
+
+def share_static_gpus(config: Config, sections: list[str]) -> None:
+    """Replace each plain ``static_gpus`` list configured in ``sections`` of ``config`` by a :class:`SharedGPUs`
+    with the same entries (the configuration's own value: set it anew to change it)."""
+    for section in sections:
+        if config._has_section(section):
+            value = config[section].get("static_gpus")
+            if type(value) is list:
+                config[section]["static_gpus"] = SharedGPUs(value)
 
 
 class GPUHubSettings(Configurable):
@@ -86,7 +135,7 @@ class GPUHubSettings(Configurable):
         """,
     ).tag(config=True)
 
-    static_gpus = List(
+    static_gpus = _GPUList(
         Dict(),
         help="""GPUs for ``gpu_inventory = "static"``: dicts with ``uuid`` and ``name``
         (the NVML name, e.g. ``"NVIDIA A100-SXM4-80GB"``) and optionally ``host``
@@ -189,12 +238,13 @@ class GPUHubSettings(Configurable):
     @validate("static_gpus")
     def _check_static_gpus(self, proposal):
         value = proposal["value"]
-        if value != _STATIC_GPUS_CHECKED.get("last"):  # every spawner loads the same list: checked once
-            try:
+        last = _STATIC_GPUS_CHECKED.get("last")
+        if value is not last and (isinstance(value, SharedGPUs) or value != last):  # one list for every spawner:
+            try:                                                                    # checked once
                 gpus_from_config(value)
             except ValueError as e:
                 raise TraitError(f"static_gpus: {e}") from e
-            _STATIC_GPUS_CHECKED["last"] = copy.deepcopy(value)
+            _STATIC_GPUS_CHECKED["last"] = value if isinstance(value, SharedGPUs) else copy.deepcopy(value)
         return value
 
     @validate("gpu_job_time_limit")
@@ -209,13 +259,15 @@ class GPUHubSettings(Configurable):
             raise TraitError(f"gpu_inventory_ttl must be >= 0 seconds, not {proposal['value']}")
         return proposal["value"]
 
-    def state_key(self) -> str:
-        """What makes two settings objects describe the same GPUs."""
-        return json.dumps(
-            [self.gpu_inventory, self.static_gpus if self.gpu_inventory == "static" else None,
-             self.simulated_gpus, self.gpu_hub_id],
-            sort_keys=True,
-        )
+    def _load_config(self, cfg: Config, section_names: list[str] | None = None, traits: dict | None = None) -> None:
+        share_static_gpus(cfg, section_names or self.section_names())  # before traitlets copies it in
+        super()._load_config(cfg, section_names=section_names, traits=traits)
+
+    def state_key(self) -> tuple[str, bool, str, str | None]:
+        """What makes two settings objects describe the same GPUs (configured ``static_gpus``: the same
+        string object for every spawner, its hash computed once)."""
+        static = _gpus_json(self.static_gpus) if self.gpu_inventory == "static" else None
+        return (self.gpu_inventory, self.simulated_gpus, self.gpu_hub_id, static)
 
 
 def settings_for(config: Config, spawner_class: type | None) -> GPUHubSettings:
@@ -409,15 +461,15 @@ class _HubStates:
 
     def __init__(self) -> None:
         self.lock = threading.Lock()  # spawners, handlers and threads may ask at once
-        self.owners: list[tuple[weakref.ref, dict[str, HubState]]] = []
+        self.owners: list[tuple[weakref.ref, dict[tuple, HubState]]] = []
 
-    def of(self, owner: object) -> dict[str, HubState]:
+    def of(self, owner: object) -> dict[tuple, HubState]:
         """The states ``owner`` holds (call with ``lock`` held)."""
         self.owners = [(ref, states) for ref, states in self.owners if ref() is not None]
         for ref, states in self.owners:
             if ref() is owner:
                 return states
-        states: dict[str, HubState] = {}
+        states: dict[tuple, HubState] = {}
         self.owners.append((weakref.ref(owner), states))
         return states
 
