@@ -34,6 +34,7 @@ def nvidia_visible_devices(uuids: Sequence[str]) -> str:
 
 
 @functools.lru_cache(maxsize=4096)  # inventories repeat a handful of names
+@functools.lru_cache(maxsize=1024)  # a handful of names, asked for every GPU of every count
 def model_slug(name: str) -> str:
     """A short, stable, URL-safe slug for a GPU model name.
 
