@@ -47,9 +47,18 @@ from pathlib import Path
 import requests
 from storm import cpu_seconds, figures, percentile
 
-from hub import BASE_HUB_CONFIG, Hub, login
+from hub import BASE_HUB_CONFIG, Hub, login, pid_alive
 
 MODELS = ("NVIDIA A100-SXM4-80GB", "NVIDIA H100 80GB HBM3")
+#: parts of the hub's CPU time (:meth:`Profiled.parts`): marks in a function's file name or name; the first
+#: part that matches counts it
+PARTS = {
+    "gpuspawner": ("/gpuspawner/",),
+    "JupyterHub": ("/jupyterhub/",),
+    "its database (SQLAlchemy, SQLite)": ("/sqlalchemy/", "sqlite3"),
+    "Tornado and sockets": ("/tornado/", "socket", "pycurl"),
+    "other": (),
+}
 PROFILE_ON, PROFILE_OFF = signal.SIGRTMIN + 1, signal.SIGRTMIN + 2  # as the hub's configuration below says
 T4_HOST_GPUS = 8  # the one host of the scarce model the queue profile waits for
 
@@ -153,8 +162,9 @@ def inventory(count: int) -> list[dict]:
 class Profiled:
     """One phase with the hub profiled: its CPU time, cProfile's figures and the estimates' times."""
 
-    def __init__(self, hub: Hub) -> None:
+    def __init__(self, hub: Hub, keep: Path | None = None) -> None:
         self.hub = hub
+        self.keep = keep  # where to copy the phase's cProfile figures
         self.cpu = 0.0
         self.stats: pstats.Stats | None = None
         self.estimates: list[float] = []
@@ -175,6 +185,9 @@ class Profiled:
             time.sleep(0.1)
         time.sleep(0.5)  # written in one go after the estimates
         self.stats = pstats.Stats(str(prof))
+        if self.keep is not None:
+            self.keep.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(prof, self.keep)
         self.estimates = json.loads((self.hub.dir / "estimates.json").read_text())
 
     def gpuspawner_share(self) -> float:
@@ -187,6 +200,26 @@ class Profiled:
             if "/gpuspawner/" in filename and "/benchmarks/" not in filename:
                 ours += tottime
         return ours / total if total else 0.0
+
+    def parts(self) -> str:
+        """The CPU time of the hub's event-loop thread per part: gpuspawner, JupyterHub's own code, its database
+        (SQLAlchemy and SQLite), Tornado and the sockets, the rest (the standard library, traitlets, ...)."""
+        parts: dict[str, float] = dict.fromkeys(PARTS, 0.0)
+        for (filename, _, func), (_, _, tottime, _, _) in self.stats.stats.items():
+            if filename == "~" and "select." in func:
+                continue
+            where = f"{filename} {func}"
+            part = next((name for name, marks in PARTS.items() if any(m in where for m in marks)), "other")
+            parts[part] += tottime
+        total = sum(parts.values()) or 1.0
+        return ", ".join(f"{name} {seconds / total:.0%}" for name, seconds in parts.items())
+
+    def per_request(self, path: str, func: str, requests: int) -> float:
+        """CPU seconds per request in function ``func`` of a file ending in ``path`` and below it (a coroutine's
+        every resumption counted, its waits not)."""
+        seconds = sum(cumtime for (filename, _, name), (_, _, _, cumtime, _) in self.stats.stats.items()
+                      if name == func and filename.endswith(path))
+        return seconds / max(1, requests)
 
     def top(self, count: int = 8) -> list[str]:
         """gpuspawner's functions with the most time in them and below them (cumulative)."""
@@ -214,8 +247,11 @@ def spawn_body(rng: random.Random) -> dict:
 
 
 def run_all(jobs: list, clients: int) -> list:
-    with ThreadPoolExecutor(clients) as pool:
+    pool = ThreadPoolExecutor(clients)
+    try:
         return list(pool.map(lambda job: job(), jobs))
+    finally:  # stopped (a signal, an error): the jobs not begun are dropped, the hub stopped sooner
+        pool.shutdown(cancel_futures=True)
 
 
 def main() -> int:
@@ -230,6 +266,8 @@ def main() -> int:
     parser.add_argument("--churn", type=int, default=10, help="server stops (and as many new spawns) in phase 2")
     parser.add_argument("--clients", type=int, default=8, help="concurrent client threads")
     parser.add_argument("--seed", type=int, default=30)
+    parser.add_argument("--keep-profiles", type=Path, metavar="DIR",
+                        help="copy each phase's cProfile figures to DIR/spawns.prof and DIR/mixed.prof")
     args = parser.parse_args()
     if args.small:
         args.users, args.gpus, args.spawns, args.queued = 100, 1000, 20, 12
@@ -267,7 +305,9 @@ def main() -> int:
         # a queued spawn's POST is answered 202 after JupyterHub's slow_spawn_timeout (10 s): their own threads
         waits = [partial(timed, partial(hub.spawn, n, {"profile": "t4q", "gpus": 1, "gpu_model": "t4"}))
                  for n in queued]
-        with Profiled(hub) as spawning, ThreadPoolExecutor(max(1, len(waits))) as waiting_pool:
+        keep = args.keep_profiles
+        with (Profiled(hub, keep and keep / "spawns.prof") as spawning,
+              ThreadPoolExecutor(max(1, len(waits))) as waiting_pool):
             queued_answers = [waiting_pool.submit(job) for job in waits]
             answers = run_all(jobs, args.clients)
             answers += [future.result() for future in queued_answers]
@@ -281,6 +321,7 @@ def main() -> int:
         share = spawning.gpuspawner_share()
         print(f"  hub CPU per spawn {per_spawn * 1000:.1f} ms (profiled), of it in gpuspawner's own code "
               f"{share:.0%}: {per_spawn * share * 1000:.1f} ms")
+        print(f"  the hub's CPU: {spawning.parts()}")
         print("  top gpuspawner functions:")
         print("\n".join(spawning.top()))
 
@@ -308,7 +349,7 @@ def main() -> int:
         jobs += [read] * args.reads
         jobs += [partial(swap, old, new) for old, new in zip(spawners, newcomers, strict=False)]
         rng.shuffle(jobs)
-        with Profiled(hub) as mixed:
+        with Profiled(hub, keep and keep / "mixed.prof") as mixed:
             run_all(jobs, args.clients)
         waiting = len(hub.api("GET", "/gpus").json().get("queue", []))
         print("\n2. mixed load (form loads, /hub/api/gpus reads, stops and spawns at once)")
@@ -317,8 +358,15 @@ def main() -> int:
         print(f"  stop/spawn answer      {figures(churn, 'ms', 1000)}")
         estimates = spawning.estimates + mixed.estimates
         print(f"  queue estimate (in the hub, {waiting} waiting) {figures(estimates, 'ms', 1000)}; goal < 10 ms")
-        print(f"  hub CPU in this phase {mixed.cpu:.1f} s (profiled), in gpuspawner's own code "
-              f"{mixed.gpuspawner_share():.0%}")
+        print(f"  hub CPU in this phase {mixed.cpu:.1f} s (profiled): {mixed.parts()}")
+        auth = mixed.per_request("jupyterhub/handlers/base.py", "prepare", len(jobs) + len(churn) // 2)
+        page = mixed.per_request("jupyterhub/handlers/pages.py", "_get", len(forms))
+        ours = mixed.per_request("gpuspawner/backends/options.py", "get_options_form", len(forms))
+        api = mixed.per_request("gpuspawner/hub/handlers.py", "get", len(reads))
+        print(f"  hub CPU per request (profiled): form {(auth + page) * 1000:.1f} ms (JupyterHub's authentication "
+              f"{auth * 1000:.1f} ms, its spawn page {(page - ours) * 1000:.1f} ms, gpuspawner's form "
+              f"{ours * 1000:.1f} ms); /hub/api/gpus {(auth + api) * 1000:.1f} ms (authentication "
+              f"{auth * 1000:.1f} ms, gpuspawner's overview {api * 1000:.1f} ms)")
         print("  top gpuspawner functions:")
         print("\n".join(mixed.top()))
         goals = [("form p99", percentile(forms, 99), 0.1), ("/hub/api/gpus p99", percentile(reads, 99), 0.1),
@@ -329,10 +377,36 @@ def main() -> int:
         print(f"the hub's log ends:\n{hub.log()}")
         raise
     finally:
+        proxy = proxy_pid(hub)
         hub.close()
+        left = [f"{what} {pid}" for what, pid in (("hub", hub.proc and hub.proc.pid), ("proxy", proxy))
+                if pid and not ended(pid)]
         shutil.rmtree(folder, ignore_errors=True)
-        print(f"\nstopped the hub and its servers; removed {folder}")
+        print(f"\nstopped the hub, its proxy and its servers; removed {folder}" if not left else
+              f"\nNOT stopped: {', '.join(left)}; removed {folder}")
     return 0
+
+
+def proxy_pid(hub: Hub) -> int | None:
+    """The pid of the hub's configurable-http-proxy, from the pid file JupyterHub writes."""
+    try:
+        return int((hub.dir / "proxy.pid").read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def ended(pid: int, timeout: float = 15) -> bool:
+    """Whether process ``pid`` ends within ``timeout`` seconds (a zombie has ended)."""
+    deadline = time.monotonic() + timeout
+    while pid_alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return not pid_alive(pid)
+
+
+def exit_on_signal(signum: int, frame) -> None:
+    """SIGTERM or SIGHUP (``timeout``, a closed terminal, a job stopped by pid): exit through ``main``'s
+    ``finally``, which stops the hub and its proxy, instead of dying and leaving them running."""
+    raise SystemExit(128 + signum)
 
 
 def wait_started(hub: Hub, names: list[str], timeout: float = 300) -> None:
@@ -348,4 +422,6 @@ def wait_started(hub: Hub, names: list[str], timeout: float = 300) -> None:
 
 if __name__ == "__main__":
     threading.current_thread().name = "hub_scale"
+    for stop_signal in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(stop_signal, exit_on_signal)
     sys.exit(main())
