@@ -127,14 +127,45 @@ def _timed_describe(self, *args, **kwargs):
 
 GPUQueue.position, GPUQueue.describe = _timed_position, _timed_describe
 
+# the event loop's longest runs of one callback (what every request behind it waits for), with what ran
+import asyncio.events
+_run = asyncio.events.Handle._run
+_profile["blocks"] = []
+
+def _what(handle):  # what a slow callback ran: a task's coroutines (outermost first), a request's path
+    task = getattr(getattr(handle, "_callback", None), "__self__", None)
+    if not isinstance(task, asyncio.Task):
+        return repr(handle)[:200]
+    names, coro, request = [], task.get_coro(), None
+    while coro is not None and len(names) < 6:
+        names.append(getattr(coro, "__qualname__", type(coro).__name__))
+        frame = getattr(coro, "cr_frame", None)
+        handler = frame.f_locals.get("self") if frame is not None else None
+        request = request or getattr(handler, "request", None)
+        coro = getattr(coro, "cr_await", None)
+    where = f"{request.method} {request.path} " if request is not None else ""
+    return where + " > ".join(names)
+
+def _timed_run(self):
+    t0 = time.perf_counter()
+    _run(self)
+    took = time.perf_counter() - t0
+    if took > 0.02 and _profile["now"] is not None:
+        _profile["blocks"].append((took, _what(self)))
+
+asyncio.events.Handle._run = _timed_run
+
 def _profile_on(signum, frame):
-    _profile["estimates"] = []
+    _profile["estimates"], _profile["blocks"] = [], []
     _profile["now"] = cProfile.Profile()
     _profile["now"].enable()
 
 def _profile_off(signum, frame):
     _profile["now"].disable()
     _profile["now"].dump_stats(settings["dir"] + "/phase.prof")
+    _profile["now"] = None
+    with open(settings["dir"] + "/blocks.json", "w") as f:
+        json.dump(sorted(_profile["blocks"], reverse=True), f)
     with open(settings["dir"] + "/estimates.json", "w") as f:
         json.dump(_profile["estimates"], f)
 
@@ -168,6 +199,7 @@ class Profiled:
         self.cpu = 0.0
         self.stats: pstats.Stats | None = None
         self.estimates: list[float] = []
+        self.blocks: list[tuple[float, str]] = []
 
     def __enter__(self) -> Profiled:
         os.kill(self.hub.proc.pid, PROFILE_ON)
@@ -189,6 +221,11 @@ class Profiled:
             self.keep.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy(prof, self.keep)
         self.estimates = json.loads((self.hub.dir / "estimates.json").read_text())
+        self.blocks = json.loads((self.hub.dir / "blocks.json").read_text())
+
+    def longest_blocks(self, count: int = 5) -> list[str]:
+        """The event loop's longest runs of one callback (over 20 ms, profiled): what requests waited behind."""
+        return [f"      {seconds * 1000:7.1f} ms  {what}" for seconds, what in self.blocks[:count]]
 
     def gpuspawner_share(self) -> float:
         """Of the CPU time of the hub's event-loop thread, the share in gpuspawner's own functions."""
@@ -367,6 +404,9 @@ def main() -> int:
               f"{auth * 1000:.1f} ms, its spawn page {(page - ours) * 1000:.1f} ms, gpuspawner's form "
               f"{ours * 1000:.1f} ms); /hub/api/gpus {(auth + api) * 1000:.1f} ms (authentication "
               f"{auth * 1000:.1f} ms, gpuspawner's overview {api * 1000:.1f} ms)")
+        print(f"  the event loop ran one callback over 20 ms {len(mixed.blocks)} times, "
+              f"{sum(b for b, _ in mixed.blocks):.1f} s in all; the longest:")
+        print("\n".join(mixed.longest_blocks()))
         print("  top gpuspawner functions:")
         print("\n".join(mixed.top()))
         goals = [("form p99", percentile(forms, 99), 0.1), ("/hub/api/gpus p99", percentile(reads, 99), 0.1),
