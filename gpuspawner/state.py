@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import asyncio
 import copy
-import json
 import logging
 import re
 import threading
@@ -45,7 +44,15 @@ from traitlets import Bool, Dict, Float, List, TraitError, Unicode, validate
 from traitlets.config import Config, Configurable
 
 from .gpu import GPU
-from .inventory import CachedInventory, NVMLInventory, StaticInventory, gpus_from_config
+from .inventory import (
+    CachedInventory,
+    NVMLInventory,
+    SharedGPUs,
+    StaticInventory,
+    gpus_from_config,
+    gpus_json,
+    share_static_gpus,
+)
 from .ledger import Ledger, cluster_resource
 from .metrics import HubMetrics
 from .outofservice import OutOfService
@@ -67,52 +74,12 @@ __all__ = ["GPUHubSettings", "HubState", "hub_state", "hub_state_of_app",
 _STATIC_GPUS_CHECKED: dict[str, list] = {}
 
 
-class SharedGPUs(list):
-    """A configured ``static_gpus`` list, one object shared by every spawner and settings object of a hub.
-
-    traitlets deep-copies each configured value into each object it configures (10,000 entries:
-    a third of a second per spawner); this list is read-only, so it is handed over as it is
-    (``deepcopy`` returns it), and its JSON (the hub state's key) is written once.
-    """
-
-    def __deepcopy__(self, memo: dict) -> SharedGPUs:
-        return self
-
-    def _read_only(self, *args: Any, **kwargs: Any) -> None:
-        raise TypeError("the configured static_gpus are shared by every spawner and cannot be changed in place; "
-                        "set static_gpus to a new list")
-
-    __setitem__ = __delitem__ = __iadd__ = __imul__ = _read_only  # type: ignore[assignment]
-    append = extend = insert = pop = remove = clear = sort = reverse = _read_only  # type: ignore[assignment]
-
-    def json(self) -> str:
-        """``static_gpus`` as JSON with sorted keys, written at the first call."""
-        text = self.__dict__.get("_json")
-        if text is None:
-            text = self.__dict__["_json"] = _gpus_json(list(self))
-        return text
-
-
 class _GPUList(List):
     """``List(Dict())`` that takes a :class:`SharedGPUs` as it is (no copy, its entries checked once by the
     ``static_gpus`` validator): checking 10,000 entries as dicts again takes 10 ms per spawner."""
 
     def validate_elements(self, obj: Any, value: Any) -> Any:
         return value if isinstance(value, SharedGPUs) else super().validate_elements(obj, value)
-
-
-def _gpus_json(value: list) -> str:
-    return value.json() if isinstance(value, SharedGPUs) else json.dumps(value, sort_keys=True)
-
-
-def share_static_gpus(config: Config, sections: list[str]) -> None:
-    """Replace each plain ``static_gpus`` list configured in ``sections`` of ``config`` by a :class:`SharedGPUs`
-    with the same entries (the configuration's own value: set it anew to change it)."""
-    for section in sections:
-        if config._has_section(section):
-            value = config[section].get("static_gpus")
-            if type(value) is list:
-                config[section]["static_gpus"] = SharedGPUs(value)
 
 
 class GPUHubSettings(Configurable):
@@ -266,7 +233,7 @@ class GPUHubSettings(Configurable):
     def state_key(self) -> tuple[str, bool, str, str | None]:
         """What makes two settings objects describe the same GPUs (configured ``static_gpus``: the same
         string object for every spawner, its hash computed once)."""
-        static = _gpus_json(self.static_gpus) if self.gpu_inventory == "static" else None
+        static = gpus_json(self.static_gpus) if self.gpu_inventory == "static" else None
         return (self.gpu_inventory, self.simulated_gpus, self.gpu_hub_id, static)
 
 
