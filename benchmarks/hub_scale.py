@@ -21,9 +21,19 @@ on and off by signals from here):
    took is measured inside the hub (around ``GPUQueue.position`` ... ``describe``).
 
 Goals printed beside the figures (issue 30): form and ``/hub/api/gpus`` p99 < 100 ms,
-an estimate < 10 ms. The top gpuspawner functions of each phase's profile follow.
-The defaults run in about 3 minutes on 2 cores (7 before the hot spots found here were fixed);
-``--small`` (100 users, 1,000 GPUs, fewer requests) in about 30 seconds.
+an estimate < 10 ms. Then, from each phase's profile: the hub's CPU per part (gpuspawner,
+JupyterHub's own code, its database: SQLAlchemy and SQLite, Tornado and the sockets, the
+rest), the CPU of one form load and one ``/hub/api/gpus`` read split into JupyterHub's
+authentication, its spawn page and gpuspawner's part, the event loop's longest runs of one
+callback (over 20 ms: what every request behind them waited for, with the request or task
+that ran) and gpuspawner's top functions. ``--keep-profiles DIR`` keeps the cProfile
+figures (``spawns.prof``, ``mixed.prof``) for ``python -m pstats``.
+
+The defaults run in about a minute on 2 cores (7 before the first hot spots found here
+were fixed, 3 before the second round); ``--small`` (100 users, 1,000 GPUs, fewer requests)
+in about 30 seconds. The hub, its configurable-http-proxy and the mock servers are stopped
+by pid on every way out, SIGTERM and SIGHUP included (the last line says so, or names what
+still runs).
 """
 
 from __future__ import annotations
