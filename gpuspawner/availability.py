@@ -20,12 +20,11 @@ Pure: :class:`Tally` adds up any source (GPU records, Kubernetes node pools);
 
 from __future__ import annotations
 
-import threading
 from collections import Counter
 from collections.abc import Collection, Iterable, Set as AbstractSet
 from dataclasses import dataclass, replace
 
-from .gpu import GPU, model_slug
+from .gpu import GPU, model_slug, per_gpus
 
 __all__ = ["ModelAvailability", "Tally", "by_model", "model_availability"]
 
@@ -165,30 +164,9 @@ class _Groups:
         return best
 
 
-#: id(tuple of GPU records) -> (that tuple, its groups), for the newest few: an inventory reading
-#: keeps one tuple of GPUs until the GPUs are read again, and every count of the form and the
-#: overview is of one of those.
-_GROUPED: dict[int, tuple[tuple[GPU, ...], _Groups]] = {}
-_GROUPED_LOCK = threading.Lock()
-
-
-def _groups(gpus: Iterable[GPU]) -> _Groups:
-    if type(gpus) is not tuple:  # (a list may change: counted each time)
-        return _Groups(gpus)
-    with _GROUPED_LOCK:
-        found = _GROUPED.get(id(gpus))
-    if found is None or found[0] is not gpus:
-        found = (gpus, _Groups(gpus))
-        with _GROUPED_LOCK:
-            while len(_GROUPED) >= 4:
-                del _GROUPED[next(iter(_GROUPED))]
-            _GROUPED[id(gpus)] = found
-    return found[1]
-
-
 def by_model(gpus: Iterable[GPU], held: Collection[str]) -> dict[str, ModelAvailability]:
     """Slug -> availability of GPU records, given the UUIDs held (UUIDs not in ``gpus`` are ignored)."""
-    return _groups(gpus).models(held if isinstance(held, AbstractSet) else frozenset(held))
+    return per_gpus(gpus, _Groups, _Groups).models(held if isinstance(held, AbstractSet) else frozenset(held))
 
 
 def model_availability(gpus: Iterable[GPU], held: Collection[str]) -> list[ModelAvailability]:

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import functools
 import re
-from collections.abc import Mapping, Sequence
+import threading
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
+from typing import Any, TypeVar
 
 from .topology import normalise_links, parse_cpus
 
@@ -28,13 +30,36 @@ _DISPLAY_DROP = ("nvidia",)
 NO_GPU_DEVICES = "void"
 
 
+T = TypeVar("T")
+
+#: (id of a tuple of GPU records, kind) -> (that tuple, what ``per_gpus`` made of it), the newest few
+_MADE: dict[tuple[int, Hashable], tuple[tuple, Any]] = {}
+_MADE_LOCK = threading.Lock()
+
+
+def per_gpus(gpus: Iterable[GPU], kind: Hashable, make: Callable[[Iterable[GPU]], T]) -> T:
+    """``make(gpus)``, worked out once per tuple of GPU records: an inventory reading keeps one tuple until
+    the GPUs are read again, and what is grouped or indexed from 10,000 of them is asked for at every form,
+    count and placement. Anything but a tuple (a list may change) is worked out each time."""
+    if type(gpus) is not tuple:
+        return make(gpus)
+    with _MADE_LOCK:
+        found = _MADE.get((id(gpus), kind))
+    if found is None or found[0] is not gpus:
+        found = (gpus, make(gpus))
+        with _MADE_LOCK:
+            while len(_MADE) >= 8:
+                del _MADE[next(iter(_MADE))]
+            _MADE[(id(gpus), kind)] = found
+    return found[1]
+
+
 def nvidia_visible_devices(uuids: Sequence[str]) -> str:
     """The ``NVIDIA_VISIBLE_DEVICES`` value for exactly these GPUs (:data:`NO_GPU_DEVICES` for none)."""
     return ",".join(uuids) or NO_GPU_DEVICES
 
 
 @functools.lru_cache(maxsize=4096)  # inventories repeat a handful of names
-@functools.lru_cache(maxsize=1024)  # a handful of names, asked for every GPU of every count
 def model_slug(name: str) -> str:
     """A short, stable, URL-safe slug for a GPU model name.
 
