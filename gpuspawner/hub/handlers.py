@@ -135,8 +135,9 @@ class _Overview:
         for uuid, numbers in from_servers.items():
             if uuid not in live or numbers.sampled_at >= live[uuid].sampled_at - 5:
                 live[uuid] = numbers
-        data = build(reading, allocations, holders, live, problems, state.queue.waiters(), time.time(),
-                     state.cache(GPUEntries))
+        kept = state.cache(GPUEntries)
+        await kept.prepare(reading)
+        data = build(reading, allocations, holders, live, problems, state.queue.waiters(), time.time(), kept)
         data["isolation"] = self.isolation()
         return data if viewer is None else own_view(data, viewer)
 
