@@ -164,11 +164,12 @@ def _what(handle):  # what a slow callback ran: a task's coroutines (outermost f
     return where + " > ".join(names)
 
 def _timed_run(self):
+    before = _what(self) if _profile["now"] is not None else ""  # (a task that ends in this run says no more)
     t0, cpu0 = time.perf_counter(), time.thread_time()
     _run(self)
     took = time.perf_counter() - t0
     if took > 0.02 and _profile["now"] is not None:
-        _profile["blocks"].append((took, time.thread_time() - cpu0, _what(self)))
+        _profile["blocks"].append((took, time.thread_time() - cpu0, before))
 
 asyncio.events.Handle._run = _timed_run
 
