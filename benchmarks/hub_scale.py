@@ -32,11 +32,9 @@ callback (over 20 ms: what every request behind them waited for, with the reques
 that ran) and gpuspawner's top functions. ``--keep-profiles DIR`` keeps the cProfile
 figures (``spawns.prof``, ``mixed.prof``) for ``python -m pstats``.
 
-The defaults run in about a minute on 2 cores (7 before the first hot spots found here
-were fixed, 3 before the second round); ``--small`` (100 users, 1,000 GPUs, fewer requests)
-in about 30 seconds. The hub, its configurable-http-proxy and the mock servers are stopped
-by pid on every way out, SIGTERM and SIGHUP included (the last line says so, or names what
-still runs).
+The defaults run in about a minute on 2 cores (7 before the first hot spots found here were
+fixed, 3 before the second round), ``--small`` (100 users, 1,000 GPUs) in 30 seconds. The hub,
+its proxy and the mock servers are stopped by pid on every way out, SIGTERM and SIGHUP included.
 """
 
 from __future__ import annotations
@@ -145,7 +143,7 @@ def _timed_describe(self, *args, **kwargs):
 GPUQueue.position, GPUQueue.describe = _timed_position, _timed_describe
 
 # the event loop's longest runs of one callback (what every request behind it waits for), with what ran
-import asyncio.events
+import asyncio.events, weakref
 _run = asyncio.events.Handle._run
 _profile["blocks"] = []
 
@@ -163,13 +161,17 @@ def _what(handle):  # what a slow callback ran: a task's coroutines (outermost f
     where = f"{request.method} {request.path} " if request is not None else ""
     return where + " > ".join(names)
 
+_said = weakref.WeakKeyDictionary()  # task -> what it runs, found at its first step (a task ends saying no more)
+
 def _timed_run(self):
-    before = _what(self) if _profile["now"] is not None else ""  # (a task that ends in this run says no more)
+    task = getattr(getattr(self, "_callback", None), "__self__", None)
+    if _profile["now"] is not None and isinstance(task, asyncio.Task) and task not in _said:
+        _said[task] = _what(self)
     t0, cpu0 = time.perf_counter(), time.thread_time()
     _run(self)
     took = time.perf_counter() - t0
     if took > 0.02 and _profile["now"] is not None:
-        _profile["blocks"].append((took, time.thread_time() - cpu0, before))
+        _profile["blocks"].append((took, time.thread_time() - cpu0, _said.get(task) or _what(self)))
 
 asyncio.events.Handle._run = _timed_run
 
