@@ -144,8 +144,7 @@ GPUQueue.position, GPUQueue.describe = _timed_position, _timed_describe
 
 # the event loop's longest runs of one callback (what every request behind it waits for), with what ran
 import asyncio.events, weakref
-_run = asyncio.events.Handle._run
-_profile["blocks"] = []
+_run, _profile["blocks"] = asyncio.events.Handle._run, []
 
 def _what(handle):  # what a slow callback ran: a task's coroutines (outermost first), a request's path
     task = getattr(getattr(handle, "_callback", None), "__self__", None)
