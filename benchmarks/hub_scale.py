@@ -99,7 +99,7 @@ http.server.ThreadingHTTPServer((url.hostname, url.port), Answer).serve_forever(
 """
 
 # The hub's own part: the inventory, profiles and mock servers, and the instruments: a profiler of the
-# event-loop thread's CPU time switched on by PROFILE_ON and off (its figures written) by PROFILE_OFF
+# event-loop thread switched on by PROFILE_ON and off (its figures written) by PROFILE_OFF
 # (JupyterHub's own SIGUSR1 logs its status), each queue estimate timed, the event loop's long runs.
 HUB_CONFIG = BASE_HUB_CONFIG + """
 import cProfile, signal, time
@@ -176,7 +176,7 @@ asyncio.events.Handle._run = _timed_run
 
 def _profile_on(signum, frame):
     _profile["estimates"], _profile["blocks"] = [], []
-    _profile["now"] = cProfile.Profile(time.thread_time)  # the thread's CPU: not the time others' work took
+    _profile["now"] = cProfile.Profile()  # (time.thread_time would leave out others' work, at twice the cost)
     _profile["now"].enable()
 
 def _profile_off(signum, frame):
