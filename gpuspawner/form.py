@@ -8,10 +8,11 @@ plain dict the Jinja2 template renders. No I/O here.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from typing import Any
 
 from .availability import ModelAvailability, model_availability
+from .bookings import ANY, Booking, held_windows, span
 from .inventory import InventoryReading
 from .profiles import OfferedImages, Profile, default_profile, without_gpus
 from .refusals import amount, words
@@ -42,11 +43,33 @@ def _count_notes(
     return notes
 
 
+#: how far ahead a booking shows on the spawn form's cards (seconds)
+BOOKED_SOON = 24 * 3600.0
+
+
+def booked_soon(bookings: Iterable[Booking], models: list[ModelAvailability], now: float,
+                within: float = BOOKED_SOON) -> dict[str, str]:
+    """Model slug (or "any") -> its bookings on now or starting within ``within``, in words, the
+    nearest first: ``"2 of 8 booked 2026-11-27 10:00-12:00 UTC by group class-ml"``."""
+    totals = {m.slug: m.total for m in models}
+    totals[ANY] = sum(totals.values())
+    found: dict[str, list[tuple[float, str]]] = {}
+    for b in bookings:
+        held = [(s, e) for s, e in held_windows(b, now, now + within) if e > now]  # released: ends earlier
+        if held and b.model in totals:
+            s, e = held[0]
+            found.setdefault(b.model, []).append(
+                (s, f"{b.count} of {totals[b.model]} booked {span(s, e)} by {b.holder}"))
+    return {slug: "; ".join(words for _, words in sorted(found[slug])) for slug in found}
+
+
 def _profile_context(
     profile: Profile, models: list[ModelAvailability], chosen: Mapping[str, Any], unknown: bool = False,
     waits: bool = False, offered_images: OfferedImages = None, default_image: str | None = None, host: str = "host",
+    booked: Mapping[str, str] | None = None,
 ) -> dict:
     offered = [m for m in models if profile.allows_model(m.slug)]
+    booked = booked or {}
     # the most GPUs one request may ask for: free on one host now, or (waits) on one host ever
     fits = (lambda m: m.most_on_one_host) if waits else (lambda m: m.largest)
     largest = {"any": max((fits(m) for m in offered), default=0)}
@@ -89,6 +112,9 @@ def _profile_context(
         "models": offered,
         # free/total of each model the profile can use, shown on its card without opening a menu
         "free_line": " \u00b7 ".join(m.card for m in offered),
+        # the bookings of those models soon (:func:`booked_soon`), on the card too
+        "booked_line": " \u00b7 ".join([f"{m.full_name}: {booked[m.slug]}" for m in offered if m.slug in booked]
+                                        + ([f"Any model: {booked[ANY]}"] if ANY in booked and offered else [])),
         "notes": notes,
         "selected_model": selected_model,
         "largest": largest,
@@ -111,6 +137,8 @@ def form_context(
     offered_images: OfferedImages = None,
     default_image: str | None = None,
     host: str = "host",
+    bookings: Iterable[Booking] = (),
+    now: float = 0.0,
 ) -> dict:
     """Everything form.html needs. ``previous`` pre-selects the user's last choice.
 
@@ -124,6 +152,8 @@ def form_context(
     the one that is ``default_image``, the spawner's configured image, as DockerSpawner's does).
     ``host``: what one place GPUs are on is called here ("host", "node"), in the words that say
     a GPU count never fits ("needs 4 GPUs on one host; the largest here has 2").
+    ``bookings``: the hub's GPU bookings; each card says those of its models on at ``now`` or
+    soon (:func:`booked_soon`).
 
     Where no GPU was found at all (``no_gpus``), only the profiles that run without a
     GPU are shown, each with no GPU preselected (:func:`~gpuspawner.profiles.without_gpus`),
@@ -138,10 +168,11 @@ def form_context(
     last = previous.get("profile")
     remembered = isinstance(last, str) and last in slugs
     selected = last if remembered else default_profile(shown).slug
+    booked = booked_soon(bookings, models, now)
     return {
         "profiles": [
             _profile_context(p, models, previous if remembered and p.slug == last else {}, unknown is not None,
-                             waits, offered_images, default_image, host)
+                             waits, offered_images, default_image, host, booked)
             for p in shown
         ],
         "selected_profile": selected,

@@ -7,11 +7,19 @@ request gets a rank when it joins: how many requests of the same user are
 already waiting. Requests are served by (rank, arrival), so a user's second
 request never goes ahead of another user's first.
 
-Requests compete only when they could use the same GPU models; a request may
-try to place only when no request ahead of it competes with it, so a queue of
-A100 requests does not hold back a T4 request. The queue is woken whenever
-GPUs are released (:meth:`GPUQueue.wake`) and re-checks every few seconds in
-case GPUs came back some other way (health, inventory).
+Requests compete only when they could use the same GPU models, so a queue of
+A100 requests does not hold back a T4 request. A request with no competing
+request ahead of it may place on any free GPU. One behind competing requests
+waits for them (``"off"``, the default), or backfills (:meth:`GPUQueue.room`,
+:data:`BACKFILL`): with ``"first-fit"`` it starts wherever it fits now (among
+the requests that fit, queue order decides, and one that cannot fit yet, such
+as 4 GPUs on one host, holds nobody back); with ``"nearest-host"`` only outside
+the (host, model) groups the requests ahead are nearest to fitting, so a 4-GPU
+request draining a host keeps it. Where the hub does not know which GPUs are
+held (gpu-kube counts them), the order is strict.
+The queue is woken whenever GPUs are released (:meth:`GPUQueue.wake`) and
+re-checks every few seconds in case GPUs came back some other way (health,
+inventory).
 
 Nothing here knows about JupyterHub: the spawner passes functions that read the
 inventory and place a request (see ``backends/policies.py``).
@@ -24,7 +32,7 @@ import functools
 import itertools
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Collection, Iterable
 from dataclasses import dataclass, field
 from typing import TypeVar
 
@@ -32,10 +40,14 @@ from .gpu import GPU, model_slug, slug_matches
 from .profiles import Choice, Profile
 from .refusals import WAITABLE, PlacementError, refuse  # WAITABLE: codes a wait can cure; others end the wait
 
-__all__ = ["WAITABLE", "WORDS", "GPUQueue", "Known", "QueueTimeout", "Waiter", "known_for", "queue_alternatives"]
+__all__ = ["BACKFILL", "WAITABLE", "WORDS", "GPUQueue", "Known", "QueueTimeout", "Waiter", "known_for",
+           "queue_alternatives"]
 
 
 T = TypeVar("T")
+
+#: How a request behind competing ones may start (``gpu_queue_backfill``; :meth:`GPUQueue.room`).
+BACKFILL = ("off", "first-fit", "nearest-host")
 
 
 class QueueTimeout(PlacementError):
@@ -205,6 +217,43 @@ class GPUQueue:
                 found.append(w)
         return found
 
+    def room(self, waiter: Waiter, gpus: Iterable[GPU], held: Collection[str],
+             backfill: str = "off") -> tuple[GPU, ...] | None:
+        """The GPUs ``waiter`` may try to place on now (``held``: the UUIDs given out), or None.
+
+        All of ``gpus`` when no competing request is ahead of it. Behind others, by ``backfill``
+        (:data:`BACKFILL`): ``"first-fit"``, all of them where some (host, model) group of a model
+        it accepts has ``waiter.count`` free GPUs; ``"nearest-host"``, the GPUs outside the groups
+        the requests ahead are nearest to fitting (per request ahead, of the groups with enough
+        healthy GPUs for it, those with the most free GPUs; all of them on a tie, so behind a
+        blocked 1-GPU request the order is strict), where one of the other groups has room for it;
+        ``"off"``, none.
+        """
+        gpus = tuple(gpus)
+        ahead = self.ahead(waiter.models, gpus, before=waiter)
+        if not ahead:
+            return gpus
+        if backfill not in BACKFILL:
+            raise ValueError(f"backfill must be one of {', '.join(BACKFILL)}, not {backfill!r}")
+        if backfill == "off":
+            return None
+        wanted = _Wanted(gpus)
+        groups: dict[tuple[str, str], list[GPU]] = {}
+        for gpu in gpus:
+            if gpu.healthy:
+                groups.setdefault((gpu.host, _slug(gpu.name)), []).append(gpu)
+        free = {key: sum(1 for g in members if g.uuid not in held) for key, members in groups.items()}
+        kept: set[tuple[str, str]] = set()
+        for other in ahead if backfill == "nearest-host" else ():
+            fits = [key for key, members in groups.items() if key[1] in wanted(other.models)
+                    and len(members) >= other.count]
+            most = max((free[key] for key in fits), default=0)
+            kept.update(key for key in fits if free[key] == most)
+        mine = wanted(waiter.models)
+        if not any(key not in kept and key[1] in mine and free[key] >= waiter.count for key in groups):
+            return None
+        return tuple(g for g in gpus if (g.host, _slug(g.name)) not in kept) if kept else gpus
+
     def position(self, waiter: Waiter, gpus: Iterable[GPU]) -> int:
         """1 + the number of competing requests ahead of ``waiter``."""
         return 1 + len(self.ahead(waiter.models, gpus, before=waiter))
@@ -245,14 +294,19 @@ class GPUQueue:
         report: Callable[[int, str], None] = lambda position, text: None,
         recheck: float = 5.0,
         known: Callable[[Waiter, tuple[GPU, ...]], Known] | None = None,
+        held: Callable[[], Collection[str]] | None = None,
+        backfill: str = "off",
     ) -> T:
-        """Wait until ``waiter`` is first among its competitors and ``place`` succeeds.
+        """Wait until ``place`` succeeds on the GPUs :meth:`room` lets ``waiter`` use.
 
         ``place`` runs synchronously right after the order was checked (no
-        await in between); a :class:`PlacementError` whose code is not in
-        :data:`WAITABLE` ends the wait. Raises :class:`QueueTimeout` after
-        ``timeout`` seconds. Always leaves the queue, also when cancelled. ``known`` says what
-        the progress ``report`` rests on (:func:`known_for`).
+        await in between); with no competing request ahead, a :class:`PlacementError` whose code
+        is not in :data:`WAITABLE` ends the wait (behind others, any refusal waits: it may come
+        from the narrower room). ``held`` (the UUIDs given out, where the hub knows them) allows
+        ``backfill`` (:meth:`room`); without it a request places only when no competing request is
+        ahead. Raises
+        :class:`QueueTimeout` after ``timeout`` seconds. Always leaves the queue, also when
+        cancelled. ``known`` says what the progress ``report`` rests on (:func:`known_for`).
         """
         deadline = self._clock() + timeout
         last_report: tuple[int, str] | None = None
@@ -260,11 +314,14 @@ class GPUQueue:
             while True:
                 waiter.event.clear()
                 gpus = await read_inventory()
-                if not self.ahead(waiter.models, gpus, before=waiter):
+                first = not self.ahead(waiter.models, gpus, before=waiter)
+                backfills = held is not None and backfill != "off"
+                room = gpus if first else self.room(waiter, gpus, held(), backfill) if backfills else None
+                if room is not None:
                     try:
-                        result = place(gpus)
+                        result = place(room)
                     except PlacementError as e:
-                        if e.code not in WAITABLE:
+                        if e.code not in WAITABLE and first:
                             raise
                     else:
                         self._served.append(self._clock())

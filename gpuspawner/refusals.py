@@ -49,6 +49,7 @@ class Refusal(str, Enum):
     QUOTA_GROUP = "quota_group"  # over a group's quota
     QUEUED_AHEAD = "queued_ahead"  # others wait in the queue for these GPUs
     QUEUE_TIMEOUT = "queue_timeout"  # waited in the queue for the queue's limit
+    BOOKED = "booked"  # the GPUs are booked (gpuspawner.bookings words it)
 
     def __str__(self) -> str:
         return self.value
@@ -66,6 +67,7 @@ R = Refusal
 #: code are fragments of other sentences (filled in first). Kept word for word: users and tests know them.
 SENTENCES: dict[str, tuple[Refusal | None, str]] = {
     # the hub places (gpu-local, gpu-docker): explain_refusal, explain_interconnect
+    "booked": (R.BOOKED, "{sentence}"),  # a sentence of gpuspawner.bookings.WORDS
     "no_gpus": (R.NO_GPUS, "This hub has no GPUs to give out. Please contact your administrators."),
     "no_matching_model": (R.NO_MATCHING_MODEL, "This hub has no GPU matching {patterns}. Models here: {models}."),
     "exceeds_host_size": (R.EXCEEDS_HOST_SIZE, "{amount} {was} requested but no machine here has more than "

@@ -236,6 +236,36 @@ class GPUHubSettings(Configurable):
         static = gpus_json(self.static_gpus) if self.gpu_inventory == "static" else None
         return (self.gpu_inventory, self.simulated_gpus, self.gpu_hub_id, static)
 
+    gpu_booking_hours_per_week = Float(
+        40.0,
+        help="""GPU-hours one user (or one group) may book for windows in one week (Monday to Sunday,
+        UTC): a booking of 2 GPUs for 3 hours counts 6, a weekly repeating one counts in each of
+        its weeks. Administrators are not held to it. At least 0.""",
+    ).tag(config=True)
+
+    gpu_booking_max_ahead = Float(30 * 24 * 3600.0, help="""How far ahead, in seconds, a booking's first window
+        may start (default 30 days). Administrators are not held to it. At least 0.""").tag(config=True)
+
+    gpu_booking_max_window = Float(12 * 3600.0, help="""The longest one booked window may last, in seconds (default
+        12 hours). Administrators are not held to it (a weekly window lasts at most a week). Above 0.""",
+                                   ).tag(config=True)
+
+    gpu_booking_grace = Float(
+        15 * 60.0,
+        help="""Seconds a booked window waits, after it starts, for one of its users to hold GPUs of
+        its model; then the window is released (its GPUs go back to everyone; the booking is
+        recorded as ``released`` with the time, and a weekly booking's later windows still hold).
+        Above 0.""",
+    ).tag(config=True)
+
+    @validate("gpu_booking_hours_per_week", "gpu_booking_max_ahead", "gpu_booking_max_window", "gpu_booking_grace")
+    def _check_booking_limits(self, proposal):
+        value, name = proposal["value"], proposal["trait"].name
+        least = 0 if name in ("gpu_booking_hours_per_week", "gpu_booking_max_ahead") else 1
+        if not least <= value < float("inf"):
+            raise TraitError(f"{name} must be a finite number {'>= 0' if not least else '> 0'}, not {value}")
+        return value
+
 
 def settings_for(config: Config, spawner_class: type | None) -> GPUHubSettings:
     """The GPU settings ``spawner_class`` gets from ``config``, read by traitlets itself.

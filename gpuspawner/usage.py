@@ -65,7 +65,7 @@ log = logging.getLogger("gpuspawner.usage")
 
 SCHEMA_VERSION = 1
 #: why an allocation ended: servers' reasons, then notebook jobs' (a job's final state)
-END_REASONS = ("stopped", "culled", "failed", "crashed", "completed", "cancelled", "timed_out")
+END_REASONS = ("stopped", "culled", "failed", "crashed", "completed", "cancelled", "timed_out", "booking")
 #: how the usage page says each end reason (None: still held): (words, what it means)
 END_REASON_WORDS: dict[str | None, tuple[str, str]] = {
     None: ("Running", "still holds its GPUs"),
@@ -76,6 +76,8 @@ END_REASON_WORDS: dict[str | None, tuple[str, str]] = {
     "completed": ("Completed", "the job ran to its end"),
     "cancelled": ("Cancelled", "the job was cancelled by its user, an administrator or the REST API"),
     "timed_out": ("Timed out", "the job was stopped at its time limit"),
+    "booking": ("Stopped: GPUs booked", "stopped when a booking of its GPUs began (it was told so at its start, "
+                                        "and warned before)"),
 }
 #: Longest gap (seconds) between two utilisation samples that still counts as busy or idle.
 MAX_GAP = 300.0

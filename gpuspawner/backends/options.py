@@ -11,6 +11,7 @@ profile form) override the readers; backends that count GPUs their own way overr
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from jinja2 import Environment, PackageLoader, select_autoescape
@@ -20,6 +21,7 @@ from tornado import web
 from traitlets import default, observe
 from traitlets.config import Configurable
 
+from ..db import BookingStore
 from ..form import form_context, has_choices
 from ..profiles import OPTION_KEYS, Choice, OfferedImages, OptionsError, is_form_field, options_from_form, parse_options
 from .errors import user_error
@@ -83,9 +85,10 @@ class GPUOptionsMixin(Configurable):
     async def options_form_context(self) -> dict:
         """What the form shows; backends that count GPUs their own way override this."""
         reading = await self.inventory.read()
+        bookings = self.hub_state.cached(BookingStore)  # made at the hub's start (hub.bookings)
         return form_context(self.profiles, reading, self.ledger.held(), self.user_options or {},
                             offered_images=self.offered_images(), default_image=self.default_image(),
-                            host=self.host_word)
+                            host=self.host_word, bookings=bookings.all() if bookings else (), now=time.time())
 
     async def offered_models(self) -> set[str]:
         """The model slugs users may pick (``gpu_model``); backends override with their inventory."""

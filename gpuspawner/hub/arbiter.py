@@ -36,17 +36,14 @@ culler's service needs, beside its own scopes, those in :data:`ARBITER_SCOPES`.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
 import time
 from datetime import timedelta
 
-from tornado.httpclient import AsyncHTTPClient, HTTPRequest
-
 from ..idle import IdleTracker
-from .culler import NOTICE_ID, _duration, highest_utilization, idle_summary, kernel_activity, start_key, warning_message
 from .handlers import SCOPE
+from .judging import HubHTTP, Judge, _duration, start_key
 from .usage import REPORT_SCOPE
 
 #: what the idle culler's role needs beside its own (list:users, read:users:activity, read:servers, delete:servers)
@@ -102,22 +99,9 @@ class GPUCullArbiter:
         self._trackers: dict[float, IdleTracker] = {}  # one per idle timeout (the culler's --timeout)
         self._newest: dict[str, float] = {}  # start key -> newest sample time fed to the trackers
         self._overview: tuple[float, asyncio.Future] | None = None
-        self._http: AsyncHTTPClient | None = None
-
-    async def _call(self, method: str, url: str, body: dict | None = None) -> tuple[int, dict | None]:
-        if self._http is None:
-            self._http = AsyncHTTPClient(force_instance=True)
-        request = HTTPRequest(
-            url, method=method, body=None if body is None else json.dumps(body),
-            headers={"Authorization": f"token {os.environ['JUPYTERHUB_API_TOKEN']}",
-                     "Content-Type": "application/json"},
-            connect_timeout=10, request_timeout=30, follow_redirects=False,
-        )
-        response = await self._http.fetch(request, raise_error=False)
-        try:
-            return response.code, json.loads(response.body) if response.body else None
-        except ValueError:
-            return response.code, None
+        self._call = HubHTTP()  # the culler's own token, read at each call
+        self._judge = Judge(self._call, self._api, threshold=self.threshold, warn_before=self.warn_before,
+                            kernel_activity=kernel_activity, source="idle-culler", log=_log, prefix="gpuspawner: ")
 
     def _api(self, path: str) -> str:
         return os.environ.get("JUPYTERHUB_API_URL", "http://127.0.0.1:8081/hub/api").rstrip("/") + path
@@ -169,59 +153,27 @@ class GPUCullArbiter:
             _log().error("gpuspawner: GPUCullArbiter(warn_before=%g) must be less than the idle culler's "
                          "--timeout (%s); culling no GPU server", self.warn_before, inactive_limit)
             return False
-        return await self._judge(holder, float(inactive_limit))
+        return await self._judge_holder(holder, float(inactive_limit))
 
-    async def _judge(self, holder: dict, idle_timeout: float) -> bool:
+    async def _judge_holder(self, holder: dict, idle_timeout: float) -> bool:
         owner, key = holder["owner"], start_key(holder)
         if holder.get("state") != "running" or not holder.get("url"):
             return False
         base = (holder["url"] if holder["url"].startswith("http") else self.url + holder["url"]).rstrip("/")
-        code, sample = await self._call("GET", f"{base}/api/gpus?history=1")
-        if code != 200 or not isinstance(sample, dict):
-            _log().warning("gpuspawner: %s: cannot read its GPU monitor (HTTP %s); not culling it now", owner, code)
-            return False
-        samples = [(s["time"], highest_utilization(s)) for s in sample.get("history", [])]
-        samples.append((sample["time"], highest_utilization(sample)))
-        activity: list[float] = []
-        if self.kernel_activity:
-            code, kernels = await self._call("GET", f"{base}/api/kernels")
-            if code != 200:
-                _log().warning("gpuspawner: %s: cannot read its kernels (HTTP %s); not culling it now", owner, code)
-                return False
-            activity = kernel_activity(kernels, sample["time"])
-        await self._report(owner, samples)
-        oldest, newest = min(at for at, _ in samples), max(at for at, _ in samples)
-        seen = self._newest.get(key)
-        if seen is not None and oldest > seen:  # time the monitor no longer remembers counts as use
-            samples.append(((seen + oldest) / 2, 100.0))
-        self._newest[key] = max(newest, seen or newest)
-        now = time.time()
-        tracker = self._tracker(idle_timeout)
-        action, idle_for = tracker.observe(key, samples, now, activity=activity)
-        what = idle_summary(holder["uuids"], self.threshold, idle_for, self.kernel_activity)
-        if action == "warn" and await self._warn(base, owner, idle_for):
-            tracker.warned(key, now)
-            _log().warning("gpuspawner: warned %s: %s", owner, what)
+        # the idle culler decides every --cull-every: the stop comes then, not to the second
+        action, what = await self._judge.judge(self._tracker(idle_timeout), key, holder, base, time.time(),
+                                               history="1", when=f"in {_duration(self.warn_before)} or a little later",
+                                               gap=self._gap)
         if action != "stop":
             return False
-        await self._report(owner, [], end_reason="culled")
+        await self._judge.report(owner, end_reason="culled")
         _log().warning("gpuspawner: culling %s: %s (warned %s before)", owner, what, _duration(self.warn_before))
         return True
 
-    async def _warn(self, base: str, owner: str, idle_for: float) -> bool:
-        """Post the warning to the server's notices (JupyterLab shows it); whether the server took it."""
-        when = f"in {_duration(self.warn_before)} or a little later"  # the idle culler decides every --cull-every
-        notice = {"id": NOTICE_ID, "level": "warning", "source": "idle-culler",
-                  "message": warning_message(when, self.threshold, idle_for, self.kernel_activity)}
-        code, _ = await self._call("POST", f"{base}/api/gpus/notices", notice)
-        if not 200 <= code < 300:
-            _log().warning("gpuspawner: %s: its server did not take the warning (HTTP %s)", owner, code)
-        return 200 <= code < 300
-
-    async def _report(self, owner: str, samples: list, end_reason: str | None = None) -> None:
-        body: dict = {"owner": owner, "threshold": self.threshold, "samples": [list(s) for s in samples]}
-        if end_reason:
-            body["end_reason"] = end_reason
-        code, data = await self._call("POST", self._api("/gpus/usage/report"), body)
-        if code != 200:
-            _log().warning("gpuspawner: %s: the hub did not take the usage report (HTTP %s %s)", owner, code, data)
+    def _gap(self, key: str, samples: list) -> None:
+        """Time the monitor no longer remembers (since the newest sample of the last look) counts as use."""
+        oldest, newest = min(at for at, _ in samples), max(at for at, _ in samples)
+        seen = self._newest.get(key)
+        if seen is not None and oldest > seen:
+            samples.append(((seen + oldest) / 2, 100.0))
+        self._newest[key] = max(newest, seen or newest)

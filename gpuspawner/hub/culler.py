@@ -65,101 +65,37 @@ import argparse
 import asyncio
 import errno
 import fcntl
-import json
 import logging
 import os
 import signal
 import sys
 import time
-from datetime import datetime
 from urllib.parse import quote
 
-from tornado.httpclient import AsyncHTTPClient, HTTPRequest
-
 from ..idle import IdleTracker
+from .judging import NOTICE_ID, HubHTTP, Judge, _duration, post_notice, start_key, warning_message
+
+__all__ = ["NOTICE_ID", "Culler", "IdleTracker", "main", "parse_args", "post_notice", "warning_message"]
 
 log = logging.getLogger("gpuspawner.culler")
 
-NOTICE_ID = "gpu-culler"
 PID_FILE = "jupyterhub-gpu-culler.pid"
 HUB_CHECK_INTERVAL = 1.0  # seconds between checks that the hub is still there
 TAKEOVER_GRACE = 5.0  # seconds a previous culler gets to exit on SIGTERM, then again on SIGKILL
-
-
-def _duration(seconds: float) -> str:
-    seconds = max(0, round(seconds))
-    if seconds < 120:
-        return f"{seconds} seconds"
-    if seconds < 7200:
-        return f"{round(seconds / 60)} minutes"
-    return f"{seconds / 3600:.1f} hours"
-
-
-def start_key(holder: dict) -> str:
-    """One start of one server: its owner and when it took its GPUs (``since`` on the overview)."""
-    since = holder.get("since")
-    return f"{holder['owner']}@{since!r}"
-
-
-def kernel_activity(kernels: list, now: float) -> list[float]:
-    """When a server's kernels (``GET /api/kernels``) were last active; ``now`` for one running code."""
-    times = []
-    for kernel in kernels if isinstance(kernels, list) else []:
-        if not isinstance(kernel, dict):
-            continue
-        if kernel.get("execution_state") in ("busy", "starting"):
-            times.append(now)
-        try:
-            times.append(datetime.fromisoformat(str(kernel["last_activity"]).replace("Z", "+00:00")).timestamp())
-        except (KeyError, ValueError):
-            pass
-    return times
-
-
-def idle_summary(uuids: list[str], threshold: float, idle_for: float, kernels: bool) -> str:
-    """What kept a server idle, for the log: its GPUs (and, where they count, its kernels)."""
-    kernels_too = " and its kernels ran no code" if kernels else ""
-    return (f"its GPUs ({', '.join(uuids)}) stayed below {threshold:g}% utilisation{kernels_too} "
-            f"for {_duration(idle_for)}")
-
-
-def warning_message(when: str, threshold: float, idle_for: float, kernels: bool) -> str:
-    """The notice a server gets before it is stopped ``when`` (words: "in 10 minutes")."""
-    below = f"below {threshold:g}% utilisation"
-    why = ("its GPUs and kernels are idle (GPUs " if kernels else "its GPUs are idle (") + below
-    return (f"This server will be stopped {when} because {why}{', no code run,' if kernels else ''} "
-            f"for {_duration(idle_for)}). Use them, or stop the server yourself to give them to others.")
-
-
-def highest_utilization(sample: dict) -> float | None:
-    values = [g.get("utilization_gpu") for g in sample.get("gpus", [])]
-    values = [v for v in values if isinstance(v, (int, float))]
-    return max(values) if values else None
 
 
 class Culler:
     def __init__(self, args: argparse.Namespace, api_url: str, token: str) -> None:
         self.args = args
         self.api_url = api_url.rstrip("/")
-        self.token = token
         self.tracker = IdleTracker(args.threshold, args.idle_timeout, args.warn_before)
-        self.http = AsyncHTTPClient(force_instance=True)
+        self.call = HubHTTP(token)
+        self.judge = Judge(self.call, lambda path: self.api_url + path, threshold=args.threshold,
+                           warn_before=args.warn_before, kernel_activity=args.kernel_activity == "on",
+                           source="gpu-culler", log=lambda: log)
 
     def close(self) -> None:
-        self.http.close()
-
-    async def _call(self, method: str, url: str, body: dict | None = None) -> tuple[int, dict | None]:
-        request = HTTPRequest(
-            url, method=method, headers={"Authorization": f"token {self.token}", "Content-Type": "application/json"},
-            body=json.dumps(body) if body is not None else None, allow_nonstandard_methods=True,
-            connect_timeout=10, request_timeout=30, follow_redirects=False,
-        )
-        response = await self.http.fetch(request, raise_error=False)
-        try:
-            data = json.loads(response.body) if response.body else None
-        except ValueError:
-            data = None
-        return response.code, data
+        self.call.close()
 
     def _server_url(self, path: str) -> str:
         return path if path.startswith("http") else self.args.url.rstrip("/") + path
@@ -170,7 +106,7 @@ class Culler:
         The key (:func:`start_key`) names one start of one server, so that what is
         tracked of an earlier start never carries over to the next.
         """
-        code, data = await self._call("GET", f"{self.api_url}/gpus")
+        code, data = await self.call("GET", f"{self.api_url}/gpus")
         if code != 200 or not data:
             log.error("cannot read the GPU overview: HTTP %s %s", code, data)
             return {}
@@ -188,52 +124,19 @@ class Culler:
         owner = holder["owner"]
         base = self._server_url(holder["url"]).rstrip("/")
         window = max(self.args.period * 3, 30)
-        code, sample = await self._call("GET", f"{base}/api/gpus?history={window:g}")
-        if code != 200 or not sample:
-            log.warning("%s: cannot read its GPU monitor (HTTP %s); not judging it this time", owner, code)
+        action, what = await self.judge.judge(self.tracker, key, holder, base, now, history=f"{window:g}",
+                                              when=f"in {_duration(self.args.warn_before)}")
+        if action != "stop":
             return
-        samples = [(s["time"], highest_utilization(s)) for s in sample.get("history", [])]
-        samples.append((sample["time"], highest_utilization(sample)))
-        activity: list[float] = []
-        if self.args.kernel_activity == "on":
-            code, kernels = await self._call("GET", f"{base}/api/kernels")
-            if code != 200:
-                log.warning("%s: cannot read its kernels (HTTP %s); not judging it this time", owner, code)
-                return
-            activity = kernel_activity(kernels, sample["time"])
-        await self.report(owner, samples=samples)
-        action, idle_for = self.tracker.observe(key, samples, now, activity=activity)
-        kernels = self.args.kernel_activity == "on"
-        what = idle_summary(holder["uuids"], self.args.threshold, idle_for, kernels)
-        if action == "warn":
-            message = warning_message(f"in {_duration(self.args.warn_before)}", self.args.threshold, idle_for, kernels)
-            notice = {"id": NOTICE_ID, "level": "warning", "message": message, "source": "gpu-culler"}
-            code, _ = await self._call("POST", f"{base}/api/gpus/notices", notice)
-            if not 200 <= code < 300:  # not warned: no stop until a warning got through
-                log.warning("%s: its server did not take the warning (HTTP %s); trying again next round", owner, code)
-                return
-            self.tracker.warned(key, now)
-            log.warning("warned %s (notice HTTP %s): %s; stopping it in %s unless they are used",
-                        owner, code, what, _duration(self.args.warn_before))
-        elif action == "stop":
-            if key not in await self.holders():
-                log.info("%s: not stopped: the start that was warned no longer holds its GPUs", owner)
-                return
-            user, server = holder["user"], holder["server"]
-            path = f"/users/{quote(user)}/servers/{quote(server)}" if server else f"/users/{quote(user)}/server"
-            await self.report(owner, end_reason="culled")  # before the stop: the usage record says why it ended
-            code, _ = await self._call("DELETE", self.api_url + path)
-            log.warning("stopping %s because %s (idle timeout %s, warned %s before): HTTP %s",
-                        owner, what, _duration(self.args.idle_timeout), _duration(self.args.warn_before), code)
-
-    async def report(self, owner: str, samples: list | None = None, end_reason: str | None = None) -> None:
-        """Tell the hub's usage accounting what was sampled, or why the server is about to stop."""
-        body: dict = {"owner": owner, "threshold": self.args.threshold, "samples": samples or []}
-        if end_reason:
-            body["end_reason"] = end_reason
-        code, data = await self._call("POST", f"{self.api_url}/gpus/usage/report", body)
-        if code != 200:
-            log.warning("%s: the hub did not take the usage report (HTTP %s %s)", owner, code, data)
+        if key not in await self.holders():
+            log.info("%s: not stopped: the start that was warned no longer holds its GPUs", owner)
+            return
+        user, server = holder["user"], holder["server"]
+        path = f"/users/{quote(user)}/servers/{quote(server)}" if server else f"/users/{quote(user)}/server"
+        await self.judge.report(owner, end_reason="culled")  # before the stop: the usage record says why it ended
+        code, _ = await self.call("DELETE", self.api_url + path)
+        log.warning("stopping %s because %s (idle timeout %s, warned %s before): HTTP %s",
+                    owner, what, _duration(self.args.idle_timeout), _duration(self.args.warn_before), code)
 
     async def once(self) -> None:
         holders = await self.holders()

@@ -5,7 +5,7 @@ from gpuspawner.hub.setup import configure
 configure(c, culler={"url": "http://127.0.0.1:8000", "idle_timeout": 3600})
 ```
 
-It registers the pages ``/hub/gpus`` and ``/hub/gpus/usage`` and APIs
+It registers the pages ``/hub/gpus``, ``/hub/gpus/usage`` and ``/hub/gpus/bookings`` and APIs
 ``/hub/api/gpus`` and ``/hub/api/gpus/usage`` (everyone's for admins, each user's own
 for them; linked from the hub's navigation bar by ``templates/page.html``, and
 JupyterHub's admin page gets a section of the GPUs each server holds from
@@ -20,9 +20,11 @@ every user for themselves, and to their servers' tokens, by adding
 ``custom:gpu-jobs!user`` to the ``user`` and ``server`` roles), once the hub is up
 attaches usage accounting to the hub's database (so every allocation is recorded
 from the hub's start, whether or not a server spawns or a page is read) and
-recovers the jobs a previous run of the hub left, creates the hub-internal
+recovers the jobs a previous run of the hub left, reads the GPU bookings
+(``/hub/api/gpus/bookings``, :mod:`.bookings`) and releases unused windows on a timer, tells, warns
+and stops the servers admitted until a booked window (:mod:`.booking_notices`), creates the hub-internal
 service ``gpuspawner-overview`` (scope ``access:servers``) whose token reads
-the servers' monitors, and, with ``culler``, starts the GPU idle culler as a
+the servers' monitors (and posts the booking notices), and, with ``culler``, starts the GPU idle culler as a
 managed service with the role it needs. It also checks the spawner's settings
 (:func:`check_spawner`): a hub whose servers could not start, or would run as
 root, stops at start with sentences saying why and what to do. The culler is told the pid of the
@@ -47,7 +49,7 @@ from ..recommended import (
     RECOMMENDED_QUEUE_TIMEOUT as RECOMMENDED_QUEUE_TIMEOUT,
     RECOMMENDED_QUOTA_PER_USER as RECOMMENDED_QUOTA_PER_USER,
 )
-from . import jobs, usage, usage_page
+from . import booking_notices, bookings, bookings_page, jobs, usage, usage_page
 from .culler import parse_args as culler_arguments
 from .handlers import SCOPE, SETTINGS_KEY, handlers
 
@@ -68,7 +70,8 @@ def configure(c: Any, *, culler: dict | None = None, python: str = sys.executabl
     """Add the GPU overview, its scope, and optionally the GPU idle culler, to config ``c``; check the spawner."""
     check_spawner(c)
     c.JupyterHub.extra_handlers.extend(usage.handlers() + usage_page.handlers() + handlers())
-    c.JupyterHub.extra_handlers.extend(jobs.handlers())
+    c.JupyterHub.extra_handlers.extend(jobs.handlers() + bookings.handlers())
+    c.JupyterHub.extra_handlers.extend(bookings_page.handlers())
     paths = c.JupyterHub.template_paths
     if isinstance(paths, LazyConfigValue):  # a list of its own, so JupyterHub's folder comes after ours
         paths = c.JupyterHub.template_paths = paths.get_value([])
@@ -180,6 +183,8 @@ def _when_hub_is_up() -> None:
             loop.call_later(0.2, when_ready)
             return
         usage.attach_recorder(app.tornado_settings)
+        bookings.start_keeping(app.tornado_settings)
+        booking_notices.watch(app.tornado_settings)
         recovery = jobs.job_manager(app.tornado_settings).recovered()
         recovery.add_done_callback(_log_failure(app))
 

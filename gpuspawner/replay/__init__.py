@@ -8,9 +8,10 @@ code, driven by a simulated clock instead of the wall clock:
   ``clock``, :func:`~gpuspawner.placement.place` through ``Ledger.reserve``);
 - quotas (:func:`~gpuspawner.quota.check`, as the ledger's ``admit``);
 - the queue's order (:class:`~gpuspawner.queue.GPUQueue`: ``join``, ``ahead``,
-  ``leave``; a waiting request places only when no competing request is ahead
-  of it, exactly as ``GPUQueue.serve`` decides; :data:`~gpuspawner.queue.WAITABLE`
-  says which refusals wait);
+  ``room``, ``leave``; a waiting request places on the GPUs ``room`` lets it use
+  under the policy's ``backfill`` (by default only with no competing request
+  ahead of it), exactly as ``GPUQueue.serve`` decides;
+  :data:`~gpuspawner.queue.WAITABLE` says which refusals wait);
 - the GPU culler's warning and stop rules
   (:class:`~gpuspawner.idle.IdleTracker`, fed the samples it would read).
 
@@ -40,7 +41,8 @@ mean ``batch_hours``, always stopped). Each asks for 1, 2 or 4 GPUs
 GPU culler, JupyterHub's idle culler stops servers without kernel or browser
 activity for an hour, without warning. ``gpuspawner``: the runnable hub's
 settings (:data:`gpuspawner.recommended.RECOMMENDED_CULLER`, queue on, queue
-limit and user quota as configured there). A sweep varies the culler's idle
+limit and user quota as configured there), and the same with the queue's
+backfill (``gpu_queue_backfill``) first-fit and nearest-host. A sweep varies the culler's idle
 timeout and queue on/off. A session culled while its user would still come
 back (a pause, not the end) is asked for again when the user returns, with
 the rest of its work; its new wait counts.
@@ -54,7 +56,9 @@ sessions culled with and without warning, and culled users who came back.
 The package: :mod:`~gpuspawner.replay.trace` (the sessions: a synthetic day or a hub's usage
 records), :mod:`~gpuspawner.replay.simulation` (one policy on a simulated clock, and its
 figures), :mod:`~gpuspawner.replay.report` (the table and the chart), :mod:`~gpuspawner.replay.cli`
-(the command line), :mod:`~gpuspawner.replay.estimates` (the wait estimator measured: ``--estimates``).
+(the command line), :mod:`~gpuspawner.replay.estimates` (the wait estimator measured: ``--estimates``),
+:mod:`~gpuspawner.replay.tail` (who waits longest, and why: ``--tail``),
+:mod:`~gpuspawner.replay.bookings` (a booking load: ``--bookings``).
 """
 
 from __future__ import annotations

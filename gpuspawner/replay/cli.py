@@ -10,7 +10,8 @@ import sys
 from ..estimate import HIGH, LOW
 from .estimates import COLUMNS as ESTIMATE_COLUMNS, Figures, fit, measure
 from .report import chart, table
-from .simulation import Result, default_policies, replay
+from .simulation import default_policies, replay
+from .tail import describe, tail
 from .trace import OFFICE_HOURS, TraceParams, gpus, load_history, offered_load, synthetic_trace
 
 
@@ -41,6 +42,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--fit-seed", type=int, default=1001,
                    help="with --estimates: the first seed of the days whose history the estimator uses, "
                         "held out from the days measured (default 1001)")
+    p.add_argument("--tail", action="store_true",
+                   help="also say who waited longest with the runnable hub's settings, and why: what the GPUs "
+                        "they could use were doing while they waited (busy, held idle, free but kept for a "
+                        "request ahead, free but too few on one host, between tries)")
+    p.add_argument("--bookings", action="store_true",
+                   help="measure a booking load instead (policy gpuspawner): share of bookings honoured at their "
+                        "start, everyone else's waits (see gpuspawner/replay/bookings.py)")
     p.add_argument("--json", action="store_true", help="print the figures as JSON")
     p.add_argument("--markdown", action="store_true", help="print the table as Markdown")
     return p.parse_args(argv)
@@ -68,18 +76,38 @@ def estimates(args: argparse.Namespace, inventory: tuple) -> list[Figures]:
           f"draws on the history of seeds {args.fit_seed}-{args.fit_seed + last} and is measured on seeds "
           f"{args.seed}-{args.seed + last}: held out. Its interval, the {100 * LOW:g}-{100 * HIGH:g}% quantiles, "
           f"was chosen on other days (seeds 2001-2005 and 4001-4005, history of 1001-1005), not on these figures.")
+    return _shown(out, args, ESTIMATE_COLUMNS)
+
+
+def _shown(out: list, args: argparse.Namespace, columns: list) -> list:
+    """Print ``out`` (figures objects) as JSON or as a table of ``columns``; return it."""
     if args.json:
         print(json.dumps([f.__dict__ for f in out], indent=1))
     else:
-        print(table(out, markdown=args.markdown, columns=ESTIMATE_COLUMNS))
+        print(table(out, markdown=args.markdown, columns=columns))
     return out
 
 
-def main(argv: list[str] | None = None) -> list[Result] | list[Figures]:
+def bookings(args: argparse.Namespace, inventory: tuple) -> list:
+    """``--bookings``: the booking load's figures on the synthetic days."""
+    from .bookings import COLUMNS as BOOKING_COLUMNS, measure
+
+    policy = next(p for p in default_policies(()) if p.name == "gpuspawner")
+    days = _days(args, inventory, args.seed, args.load)
+    out = measure(days, inventory, policy, args.hours)
+    load = statistics.mean(offered_load(d, len(inventory), args.hours) for d in days)
+    print(f"Bookings, policy gpuspawner, {len(inventory)} GPUs, {len(days)} day(s) (seeds {args.seed}-"
+          f"{args.seed + len(days) - 1}), offered load {100 * load:.0f}% before the booked sessions")
+    return _shown(out, args, BOOKING_COLUMNS)
+
+
+def main(argv: list[str] | None = None) -> list:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     inventory = gpus(args.gpus)
     if args.estimates:
         return estimates(args, inventory)
+    if args.bookings:
+        return bookings(args, inventory)
     if args.history:
         days = [load_history(args.history)]
     else:
@@ -95,8 +123,12 @@ def main(argv: list[str] | None = None) -> list[Result] | list[Figures]:
         print(f"{sessions} sessions over {len(days)} day(s) of {args.hours:g} h on {len(inventory)} GPUs, "
               f"offered load {100 * load:.0f}%")
         print(table(results, markdown=args.markdown))
+    if args.tail:
+        policy = next(p for p in default_policies(()) if p.name == "gpuspawner")
+        print(describe(*tail(days, inventory, policy, args.hours), policy.name))
     if args.chart:
-        shown = [r for r in results if r.policy in ("jupyterhub-default", "gpuspawner")]
+        charted = ("jupyterhub-default", "gpuspawner", "gpuspawner, backfill first-fit")
+        shown = [r for r in results if r.policy in charted]
         if chart(shown, args.chart, len(inventory)):
             print(f"chart: {args.chart}")
         else:

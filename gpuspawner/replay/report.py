@@ -42,7 +42,8 @@ def chart(results: list[Result], path: str, capacity: int) -> bool:
         ax.set_ylim(0, capacity)
         ax.set_ylabel("GPUs")
         ax.set_title(f"{result.policy}: held-idle {result.held_idle_pct:.0f}%, median wait "
-                     f"{result.median_wait_min:g} min, utilisation {result.utilisation_pct:.0f}%", fontsize=9)
+                     f"{result.median_wait_min:g} min, p95 wait {result.p95_wait_min:.0f} min, "
+                     f"utilisation {result.utilisation_pct:.0f}%", fontsize=9)
     axes[0, 0].legend(loc="upper left", fontsize=8, ncol=3)
     axes[-1, 0].set_xlabel("hour of the day")
     axes[-1, 0].set_xlim(0, 24)

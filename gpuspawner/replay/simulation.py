@@ -14,7 +14,7 @@ from ..gpu import GPU
 from ..idle import IdleTracker
 from ..ledger import Ledger
 from ..placement import GPURequest, PlacementError
-from ..queue import WAITABLE, GPUQueue, Waiter
+from ..queue import BACKFILL, WAITABLE, GPUQueue, Waiter
 from ..quota import Quota, check
 from ..recommended import RECOMMENDED_CULLER, RECOMMENDED_QUEUE_TIMEOUT, RECOMMENDED_QUOTA_PER_USER
 from .trace import Session
@@ -34,15 +34,19 @@ class Policy:
     quota_per_user: int | None = None
     retry_minutes: float = 10.0
     retries: int = 3
+    backfill: str = "off"  # the queue's gpu_queue_backfill (GPUQueue.room)
 
 
 def default_policies(timeouts: Iterable[float] = (900, 1800, 3600, 7200)) -> list[Policy]:
-    """(a) JupyterHub's default, (b) gpuspawner as configured, (c) the sweep."""
+    """(a) JupyterHub's default, (b) gpuspawner as configured, and with the queue's other backfill rules,
+    (c) the sweep."""
     out = [
         Policy("jupyterhub-default", queue=False, gpu_culler=None, kernel_cull_after=3600),
         Policy("gpuspawner", queue=True, gpu_culler=dict(RECOMMENDED_CULLER),
                quota_per_user=RECOMMENDED_QUOTA_PER_USER),
     ]
+    for backfill in BACKFILL[1:]:
+        out.append(replace(out[-1], name=f"gpuspawner, backfill {backfill}", backfill=backfill))
     for timeout in timeouts:
         for queue in (True, False):
             culler = {**RECOMMENDED_CULLER, "idle_timeout": timeout,
@@ -111,6 +115,7 @@ class _Replay:
         self.seq = itertools.count()
         self.live: dict[str, _Live] = {}
         self.waits: list[float] = []
+        self.granted_waits: list[tuple[str, float]] = []  # (owner, wait) of every grant (replay/bookings.py)
         self.refusals = self.gave_up = self.warned_culls = self.unwarned_culls = self.came_back = 0
         self.busy_s = self.idle_s = 0.0
         self.series: list[tuple[float, int, int, int]] = []
@@ -145,10 +150,10 @@ class _Replay:
     def request(self, live: _Live) -> GPURequest:
         return GPURequest(owner=live.s.owner, count=live.s.count, models=live.s.models)
 
-    def place(self, live: _Live) -> None:
+    def place(self, live: _Live, room: tuple[GPU, ...] | None = None) -> None:
         quota = Quota(live.s.user, self.policy.quota_per_user)
         request = self.request(live)
-        self.ledger.reserve(self.inventory, request,
+        self.ledger.reserve(self.inventory if room is None else room, request,
                             admit=lambda held: check(quota, request.count, held, request.owner))
 
     def ask(self, live: _Live) -> None:
@@ -174,6 +179,10 @@ class _Replay:
         if self.queue.ahead(live.s.models, self.inventory):  # others queue for these GPUs: refused, as the hub does
             self.refused(live)
             return
+        self.place_now(live)
+
+    def place_now(self, live: _Live) -> None:
+        """Place ``live`` at once: granted, or refused (and retried later, or given up)."""
         try:
             self.place(live)
         except PlacementError:
@@ -182,17 +191,21 @@ class _Replay:
         self.granted(live)
 
     def serve(self) -> None:
-        """Every waiter with no competing request ahead of it tries to place (GPUQueue.serve's rule)."""
+        """Every waiter tries to place on the GPUs the queue lets it use (GPUQueue.serve's rule: all of
+        them with no competing request ahead, else its backfill room, ``GPUQueue.room``)."""
         for waiter in self.queue.waiters():
             live = self.live.get(waiter.owner)
             if live is None or live.waiter is not waiter:
                 continue
-            if self.queue.ahead(waiter.models, self.inventory, before=waiter):
+            first = not self.queue.ahead(waiter.models, self.inventory, before=waiter)
+            room = (self.inventory if first else
+                    self.queue.room(waiter, self.inventory, self.ledger.held(), self.policy.backfill))
+            if room is None:
                 continue
             try:
-                self.place(live)
+                self.place(live, room)
             except PlacementError as e:
-                if e.code in WAITABLE:
+                if e.code in WAITABLE or not first:
                     continue
                 self.queue.leave(waiter)
                 live.waiter = None
@@ -212,6 +225,7 @@ class _Replay:
 
     def granted(self, live: _Live) -> None:
         self.waits.append(self.now - live.first_try)
+        self.granted_waits.append((live.s.owner, self.now - live.first_try))
         live.granted_at = self.now
         if live.estimate is not None:
             self.estimated.append((*live.estimate, self.now))
@@ -324,8 +338,13 @@ class _Replay:
                 self.cull_round()
             elif what == "snapshot":
                 self.snapshot()
+            else:
+                self.other(what, live, generation)
         self.advance(self.end)
         return self
+
+    def other(self, what: str, live: _Live | None, generation: int) -> None:
+        """An event a subclass schedules (replay/bookings.py: a server stopped at a booked window)."""
 
 
 def _result(runs: list[_Replay]) -> Result:

@@ -7,7 +7,8 @@ import json
 import pytest
 from tornado import web
 
-from gpuspawner.hub.culler import IdleTracker, highest_utilization, kernel_activity, parse_args, start_key
+from gpuspawner.hub.culler import IdleTracker, parse_args
+from gpuspawner.hub.judging import highest_utilization, kernel_activity, start_key
 from gpuspawner.monitor.notices import NoticeBoard, parse_notice
 
 

@@ -229,6 +229,42 @@ async def test_a_user_waiting_in_the_queue_cannot_also_hold_past_the_quota():
     assert state.ledger.allocations() == {"alice/a": ("GPU-a",)}
 
 
+@pytest.mark.parametrize("backfill", ["first-fit", "nearest-host"])
+async def test_the_hubs_queue_starts_small_spawns_beside_a_big_one_that_waits(backfill):
+    # gpu_queue_backfill (rules: tests/unit/test_queue_backfill.py)
+    static = [{"uuid": f"GPU-{h}{i}", "name": A100, "host": h, "index": i} for h in ("x", "y") for i in range(4)]
+    state = HubState(GPUHubSettings(gpu_inventory="static", static_gpus=static))
+    reading = await state.inventory.read()
+    queued = profile_from_config({"display_name": "A100, queued", "gpu_models": ["a100"], "gpu_counts": [1, 4],
+                                  "queue": True})
+    on = {h: tuple(g for g in reading.gpus if g.host == h) for h in ("x", "y")}
+    state.ledger.reserve(on["x"], GPURequest("old/x", 1))  # x: 3 free
+    state.ledger.reserve(on["y"], GPURequest("old/y", 3))  # y: 1 free
+
+    def spawn(user: str, count: int):
+        spawner = _Spawns(state, user, gpu_queue_recheck=0.05, gpu_queue_backfill=backfill)
+        return asyncio.ensure_future(spawner.place_request(
+            reading, GPURequest(f"{user}/", count, ("a100",)), Choice(queued, count, "a100")))
+
+    big = spawn("ada", 4)
+    while not state.queue.waiters():
+        await asyncio.sleep(0.01)
+    small = await asyncio.wait_for(spawn("bob", 1), 5)  # behind ada, started on y's free GPU (best fit)
+    assert [g.host for g in small] == ["y"] and not big.done()
+    third = spawn("cy", 1)  # y is full now
+    if backfill == "first-fit":  # cy fits on x: she starts, ada still waits
+        assert [g.host for g in await asyncio.wait_for(third, 5)] == ["x"] and not big.done()
+        return
+    await asyncio.sleep(0.3)  # nearest-host: x stays ada's, cy waits behind her
+    assert not third.done() and [w.owner for w in state.queue.waiters()] == ["ada/", "cy/"]
+    state.ledger.release("old/x")
+    state.queue.wake()
+    assert {g.host for g in await asyncio.wait_for(big, 5)} == {"x"}
+    state.ledger.release("old/y")
+    state.queue.wake()
+    assert [g.host for g in await asyncio.wait_for(third, 5)] == ["y"]
+
+
 # ---------------------------------------------------------------- profile keys
 
 

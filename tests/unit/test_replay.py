@@ -7,6 +7,7 @@ import pytest
 from gpuspawner.estimate import History
 from gpuspawner.replay import Policy, Session, TraceParams, gpus, main, offered_load, replay, synthetic_trace
 from gpuspawner.replay.estimates import measure
+from gpuspawner.replay.tail import describe, tail
 
 CULLER = {"period": 60, "threshold": 5, "idle_timeout": 600, "warn_before": 300}
 
@@ -69,11 +70,12 @@ def test_synthetic_trace_offers_the_load_asked():
 def test_a_request_that_leaves_the_queue_lets_the_next_one_place_at_once():
     # one of 2 T4s held by a all along; b asks for 2 at 60 and waits; c asks for 1 at 300, free, but
     # behind b. b's wait ends at 60 + 1200 (it gives up, no retries): leaving wakes the queue, as in
-    # GPUQueue.leave, so c places then (waits 960 s), not at the next release or arrival
+    # GPUQueue.leave, so c places then (waits 960 s), not at the next release or arrival (the queue's
+    # backfill off: with it, c starts at once beside b, tests/unit/test_queue_backfill.py)
     sessions = [Session(0, "a", 0, 1, ("t4",), [("active", 7200)]),
                 Session(1, "b", 60, 2, ("t4",), [("active", 600)]),
                 Session(2, "c", 300, 1, ("t4",), [("active", 600)])]
-    policy = Policy("q", queue=True, gpu_culler=None, queue_timeout=1200, retries=0)
+    policy = Policy("q", queue=True, gpu_culler=None, queue_timeout=1200, retries=0, backfill="off")
     r = replay([sessions], gpus("t4=2"), policy, hours=2)
     assert (r.served, r.gave_up, r.median_wait_min, r.p95_wait_min) == (2, 1, 8.0, 16.0)
 
@@ -121,3 +123,28 @@ def test_the_replay_prints_the_estimate_figures(capsys):
               "culled, came back"]
     assert all(t in out[1] for t in titles)
     assert out[2].split()[0] == "86" and len(out) == 3  # offered load 86 % on that day
+
+
+def test_the_tail_says_what_held_each_long_wait_up():
+    # 8 T4s on two hosts of 4: a holds 3 on the first all along, b 3 on the second until 1200; c asks for 2
+    # at 60 (one free on each host: too few on one host), reaches the queue's 10-minute limit at 660, asks
+    # again at 1260 (between tries meanwhile) and starts then: 1200 s, half each
+    sessions = [Session(0, "a", 0, 3, ("t4",), [("active", 7200)]),
+                Session(1, "b", 10, 3, ("t4",), [("active", 1190)]),
+                Session(2, "c", 60, 2, ("t4",), [("active", 600)])]
+    policy = Policy("q", queue=True, gpu_culler=None, queue_timeout=600, retries=1)
+    served, long = tail([sessions], gpus("t4=8"), policy, hours=1, over=600)
+    assert served == 3 and [(w.owner, w.wait, w.tries) for w in long] == [("c/s2", 1200.0, 2)]
+    assert dict(long[0].states) == {"free, too few on one host": 600.0, "between tries": 600.0}
+    text = describe(served, long, "q", over=600).splitlines()
+    assert text[0] == ("Who waits longest (q): 1 of 3 served requests waited over 10 minutes (33.3 %; 2 GPUs: 1); "
+                       "0 of them were culled users who came back.")
+    assert text[1] == ("While they waited, the GPUs they could use were: busy 0 %, held idle 0 %, free, kept 0 %, "
+                       "free, too few on one host 50 %, between tries 50 %.")
+    assert text[2] == "    20.0 min  2 x t4, 2 tries: free, too few on one host 50 %, between tries 50 %"
+
+
+def test_the_replay_prints_the_tail(capsys):
+    main(["--days", "1", "--timeouts", "8", "--tail"])
+    out = capsys.readouterr().out
+    assert "\nWho waits longest (gpuspawner): " in out and "\nWhile they waited, the GPUs they could use were: " in out
