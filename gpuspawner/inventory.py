@@ -10,19 +10,15 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import json
 import socket
 import threading
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Protocol
 
 from . import nvml
 from .gpu import GPU, gpu_from_record
-
-if TYPE_CHECKING:
-    from traitlets.config import Config
 
 
 @dataclass(frozen=True)
@@ -171,47 +167,6 @@ def gpus_from_config(entries: Iterable[dict]) -> list[GPU]:
         except (TypeError, ValueError) as e:
             raise ValueError(f"static GPU entry {n}: {e}") from None
     return gpus
-
-
-class SharedGPUs(list):
-    """A configured ``static_gpus`` list, one object shared by every spawner and settings object of a hub.
-
-    traitlets deep-copies each configured value into each object it configures (10,000 entries:
-    a third of a second per spawner); this list is read-only, so it is handed over as it is
-    (``deepcopy`` returns it), and its JSON (the hub state's key) is written once.
-    """
-
-    def __deepcopy__(self, memo: dict) -> SharedGPUs:
-        return self
-
-    def _read_only(self, *args: Any, **kwargs: Any) -> None:
-        raise TypeError("the configured static_gpus are shared by every spawner and cannot be changed in place; "
-                        "set static_gpus to a new list")
-
-    __setitem__ = __delitem__ = __iadd__ = __imul__ = _read_only  # type: ignore[assignment]
-    append = extend = insert = pop = remove = clear = sort = reverse = _read_only  # type: ignore[assignment]
-
-    def json(self) -> str:
-        """``static_gpus`` as JSON with sorted keys, written at the first call."""
-        text = self.__dict__.get("_json")
-        if text is None:
-            text = self.__dict__["_json"] = gpus_json(list(self))
-        return text
-
-
-def gpus_json(value: list) -> str:
-    """``static_gpus`` as JSON with sorted keys (a :class:`SharedGPUs`: written once)."""
-    return value.json() if isinstance(value, SharedGPUs) else json.dumps(value, sort_keys=True)
-
-
-def share_static_gpus(config: Config, sections: list[str]) -> None:
-    """Replace each plain ``static_gpus`` list configured in ``sections`` of ``config`` by a :class:`SharedGPUs`
-    with the same entries (the configuration's own value: set it anew to change it)."""
-    for section in sections:
-        if config._has_section(section):
-            value = config[section].get("static_gpus")
-            if type(value) is list:
-                config[section]["static_gpus"] = SharedGPUs(value)
 
 
 class CachedInventory:

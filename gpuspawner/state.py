@@ -40,24 +40,17 @@ import weakref
 from collections.abc import Awaitable, Callable, Hashable
 from typing import Any, TypeVar
 
-from traitlets import Bool, Dict, Float, List, TraitError, Unicode, validate
+from traitlets import Bool, Dict, Float, TraitError, Unicode, validate
 from traitlets.config import Config, Configurable
 
 from .gpu import GPU
-from .inventory import (
-    CachedInventory,
-    NVMLInventory,
-    SharedGPUs,
-    StaticInventory,
-    gpus_from_config,
-    gpus_json,
-    share_static_gpus,
-)
+from .inventory import CachedInventory, NVMLInventory, StaticInventory, gpus_from_config
 from .ledger import Ledger, cluster_resource
 from .metrics import HubMetrics
 from .outofservice import OutOfService
 from .queue import GPUQueue
 from .reconcile import Flights
+from .static_gpus import SharedGPUs, StaticGPUList, gpus_json, share_static_gpus
 from .usage import UsageRecorder
 
 log = logging.getLogger("gpuspawner")
@@ -68,18 +61,9 @@ __all__ = ["GPUHubSettings", "HubState", "hub_state", "hub_state_of_app",
            "stop_serving_hub_metrics"]
 
 
-#: ``"last"``: the last ``static_gpus`` found valid (a copy of a plain list, or the :class:`SharedGPUs`
-#: itself). Each spawner and each settings object loads the configured list, and checking 10,000 entries
-#: again takes a quarter of a second each time.
+#: ``"last"``: the last ``static_gpus`` found valid (a copy, or the :class:`SharedGPUs` itself). Each spawner
+#: and settings object loads the configured list, and checking 10,000 entries takes a quarter of a second.
 _STATIC_GPUS_CHECKED: dict[str, list] = {}
-
-
-class _GPUList(List):
-    """``List(Dict())`` that takes a :class:`SharedGPUs` as it is (no copy, its entries checked once by the
-    ``static_gpus`` validator): checking 10,000 entries as dicts again takes 10 ms per spawner."""
-
-    def validate_elements(self, obj: Any, value: Any) -> Any:
-        return value if isinstance(value, SharedGPUs) else super().validate_elements(obj, value)
 
 
 class GPUHubSettings(Configurable):
@@ -102,7 +86,7 @@ class GPUHubSettings(Configurable):
         """,
     ).tag(config=True)
 
-    static_gpus = _GPUList(
+    static_gpus = StaticGPUList(
         Dict(),
         help="""GPUs for ``gpu_inventory = "static"``: dicts with ``uuid`` and ``name``
         (the NVML name, e.g. ``"NVIDIA A100-SXM4-80GB"``) and optionally ``host``
@@ -231,8 +215,7 @@ class GPUHubSettings(Configurable):
         super()._load_config(cfg, section_names=section_names, traits=traits)
 
     def state_key(self) -> tuple[str, bool, str, str | None]:
-        """What makes two settings objects describe the same GPUs (configured ``static_gpus``: the same
-        string object for every spawner, its hash computed once)."""
+        """What makes two settings objects describe the same GPUs (``static_gpus``: one string, hashed once)."""
         static = gpus_json(self.static_gpus) if self.gpu_inventory == "static" else None
         return (self.gpu_inventory, self.simulated_gpus, self.gpu_hub_id, static)
 
