@@ -93,8 +93,7 @@ class GPUOptionsMixin(Configurable):
 
     async def offered_models(self) -> set[str]:
         """The model slugs users may pick (``gpu_model``); backends override with their inventory."""
-        reading = await self.inventory.read()
-        return {g.model for g in reading.gpus}
+        return set((await self.inventory.read()).models)
 
     def offered_images(self) -> OfferedImages:
         """The images a profile without ``images`` offers (:data:`~gpuspawner.profiles.OfferedImages`):
