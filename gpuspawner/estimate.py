@@ -38,10 +38,12 @@ sentence says what is known instead (:data:`WORDS`). The hub's queue can call :f
 from __future__ import annotations
 
 import bisect
+import functools
 import heapq
 import math
 import random
 import time
+from array import array
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -83,6 +85,7 @@ WORDS: dict[str, str] = {
     "bound_job": "a notebook job's time limit",
     "bound_walltime": "a server's walltime limit",
     "bound_idle": "the idle culler stops GPUs left idle",
+    "if_queued": "If you queue now: {when}. {basis}.",
 }
 _LEVELS = ("mine", "profile", "hub")
 
@@ -145,6 +148,11 @@ class History:
     def __len__(self) -> int:
         return len(self._by.get(("hub",), ()))
 
+    def add(self, profile: str, user: str, seconds: float) -> None:
+        """One more ended session."""
+        for key in (("mine", profile, user), ("profile", profile), ("hub",)):
+            bisect.insort(self._by.setdefault(key, []), float(seconds))
+
     def lengths(self, profile: str, user: str, ran: float) -> tuple[list[float], int, str]:
         """(sorted lengths, index of the first longer than ``ran``, level) at the most specific level
         with :attr:`min_samples` sessions longer than ``ran``; the hub's with fewer; level "" with none."""
@@ -185,6 +193,12 @@ class Estimate:
         """The time and its basis: "About 10:40 UTC, likely between 10:25 UTC and 11:05 UTC. Going by ..."."""
         return f"{self.when(now)}. {self.basis}."
 
+    def as_json(self, now: float | None = None) -> dict:
+        """The REST fields: ``likely``, ``low``, ``high`` (epoch seconds or null), ``text`` (:meth:`sentence`)
+        and ``basis``."""
+        return {"likely": self.likely, "low": self.low, "high": self.high, "text": self.sentence(now),
+                "basis": self.basis}
+
 
 def latest_end(since: float, limit: float | None = None, limit_kind: str = "job", idle_since: float | None = None,
                idle_timeout: float | None = None) -> tuple[float | None, str]:
@@ -200,9 +214,14 @@ def latest_end(since: float, limit: float | None = None, limit_kind: str = "job"
     return min(ends, default=(None, ""))
 
 
-def _draws(owner: str, n: int) -> list[float]:
+@functools.lru_cache(maxsize=16384)
+def _draws(owner: str, n: int) -> tuple[array, array, array]:
+    """``owner``'s ``n`` draws (uniform in [0, 1), one per scenario), the same every run and kept while it
+    holds GPUs: in scenario order, sorted, and the scenario of each sorted draw."""
     rng = random.Random(owner)  # a str seed is hashed with SHA-512: the same every run
-    return [rng.random() for _ in range(n)]
+    drawn = [rng.random() for _ in range(n)]
+    order = sorted(range(n), key=drawn.__getitem__)
+    return array("d", drawn), array("d", (drawn[j] for j in order)), array("H", order)
 
 
 def _lengths(history: History, owner: str, profile: str, user: str, ran: float, n: int) -> tuple[list[float], str]:
@@ -211,17 +230,19 @@ def _lengths(history: History, owner: str, profile: str, user: str, ran: float, 
     if not level:
         return [math.inf] * n, ""
     span = len(found) - first
-    return [found[first + min(span - 1, int(u * span))] for u in _draws(owner, n)], level
+    return [found[first + min(span - 1, int(u * span))] for u in _draws(owner, n)[0]], level
 
 
 def _start(free: Mapping[str, int], ends: list[tuple[float, int, str, int]], queue: Sequence[tuple],
-           now: float, own: int, quota: float) -> float:
-    """When the last of ``queue`` starts: ``(count, held for, gives up at, same user, groups)`` in queue order.
+           now: float, own: int, quota: float) -> float | None:
+    """When the last of ``queue`` starts: ``(count, held for, gives up at, same user, groups)`` in queue order
+    (groups None: any).
 
     ``ends``: when each holding gives its GPUs back, ``(time, GPUs, group, GPUs of the user asking)``
     (group "": GPUs elsewhere, counted only against the quota); ``own``: the GPUs that user holds
     now, which with what it asks may not exceed ``quota``. A request takes the group with the fewest
-    free GPUs that has room for it (the placement's best fit).
+    free GPUs that has room for it (the placement's best fit). An end of -1 GPUs is a horizon: ``ends``
+    holds every end before it, none after; None when the start lies beyond it.
     """
     heapq.heapify(ends)
     room = dict(free)
@@ -231,13 +252,15 @@ def _start(free: Mapping[str, int], ends: list[tuple[float, int, str, int]], que
             continue  # it left the queue before its turn
         cap = quota - count if same else math.inf
         while True:
-            fits = [(room.get(g, 0), g) for g in groups if room.get(g, 0) >= count]
+            fits = [(n, g) for g, n in room.items() if n >= count and (groups is None or g in groups)]
             if fits and own <= cap:
                 break
             if not ends or ends[0][0] > gives_up:
                 fits = []
                 break
             end, n, group, mine = heapq.heappop(ends)
+            if n < 0:
+                return None  # what happens next depends on ends not known here
             t = max(t, end)
             own -= mine
             if group:
@@ -260,44 +283,111 @@ def _quantile(values: list[float], q: float) -> float | None:
     return None if v == math.inf else v
 
 
+class _Row:
+    """A holder as the scenarios see it: its drawn end in scenario ``j`` is :meth:`end`."""
+
+    __slots__ = ("h", "found", "first", "span", "cap", "key")
+
+    def __init__(self, h: Holder, found: list[float], first: int, cap: float, same: bool) -> None:
+        self.h, self.found, self.first, self.span, self.cap = h, found, first, len(found) - first, cap
+        self.key = (h.count if h.usable else 0, h.group if h.usable else "", h.count * same)
+
+    def end(self, u: float, now: float) -> float:
+        length = self.found[self.first + min(self.span - 1, int(u * self.span))] if self.span else math.inf
+        return max(now, min(self.h.since + length, self.cap))
+
+    def ends(self, now: float, n: int) -> list[float]:
+        """Its drawn end in each of ``n`` scenarios."""
+        if not self.span:
+            return [max(now, self.cap)] * n
+        found, first, span, since, cap = self.found, self.first, self.span, self.h.since, self.cap
+        return [max(now, min(since + found[first + min(span - 1, int(u * span))], cap))
+                for u in _draws(self.h.owner, n)[0]]
+
+    def ends_by(self, horizon: float, n: int) -> Iterable[tuple[int, float]]:
+        """(scenario, draw) of the scenarios where it ends by ``horizon`` (and perhaps a few more)."""
+        _, ordered, order = _draws(self.h.owner, n)
+        if self.cap <= horizon:
+            cut = n
+        elif not self.span:
+            return ()
+        else:  # its end is by the horizon where the index of its drawn length is below ``m``
+            m = bisect.bisect_right(self.found, horizon - self.h.since) - self.first
+            cut = n if m >= self.span else bisect.bisect_left(ordered, m / self.span + 1e-12)
+        return zip(order[:cut], ordered[:cut], strict=True)
+
+
+#: the scenarios first run with only the holders' ends up to a horizon that holds :data:`_AHEAD` times the
+#: ends the first scenario needed and :data:`_SPARE` more; a scenario that needs more runs again whole
+_AHEAD, _SPARE = 4, 32
+
+
 def estimate(
     ask: Ask, now: float, free: Mapping[str, int], holders: Sequence[Holder], ahead: Sequence[Ask],
     history: History, samples: int = SAMPLES, quota: int | None = None,
 ) -> Estimate:
     """When ``ask`` likely starts, behind ``ahead`` (in queue order), with ``free`` GPUs per group and
     ``holders`` of the rest (and of the asking user's GPUs elsewhere, ``usable=False``), where a user
-    may hold ``quota`` GPUs at most."""
+    may hold ``quota`` GPUs at most.
+
+    Only the ends that can matter are simulated: each scenario first runs with the holders' ends up
+    to a horizon (set by the first scenario, run whole); a scenario whose start lies past it runs
+    again whole, so the result is that of simulating every holder in every scenario."""
     levels: Counter[str] = Counter()
     beyond = 0
     rows = []
+    limit = math.inf if quota is None else quota
+
+    def same(user: str) -> bool:
+        return bool(ask.user) and user == ask.user
+
     for h in holders:
-        drawn, level = _lengths(history, h.owner, h.profile, h.user, max(0.0, now - h.since), samples)
-        cap = math.inf if h.latest is None else max(h.latest, now)
+        found, first, level = history.lengths(h.profile, h.user, max(0.0, now - h.since))
         if not h.usable:
             pass
         elif level:
             levels[level] += 1
         elif len(history):
             beyond += 1
-        rows.append(([max(now, min(h.since + length, cap)) for length in drawn], h))
+        rows.append(_Row(h, found if level else [], first, math.inf if h.latest is None else max(h.latest, now),
+                         same(h.user)))
     holds = [_lengths(history, a.owner, a.profile, a.user, 0.0, samples)[0] for a in ahead]
-    limit = math.inf if quota is None else quota
-    def same(user: str) -> bool:
-        return bool(ask.user) and user == ask.user
-
     own = sum(h.count for h in holders if same(h.user))
-    every = sorted(set(free) | {h.group for h in holders if h.usable})
-    queue = [(a.count, math.inf, math.inf if a.gives_up is None else a.gives_up, same(a.user),
-              every if a.groups is None else sorted(a.groups)) for a in ahead]
-    queue.append((ask.count, math.inf, math.inf, True, every if ask.groups is None else sorted(ask.groups)))
-    starts = []
-    for j in range(samples):
-        ends = [(ends_j[j], h.count if h.usable else 0, h.group if h.usable else "", h.count * same(h.user))
-                for ends_j, h in rows]
+    queue = [(a.count, math.inf, math.inf if a.gives_up is None else a.gives_up, same(a.user), a.groups)
+             for a in ahead]
+    queue.append((ask.count, math.inf, math.inf, True, ask.groups))
+
+    def run(j: int, ends: list[tuple[float, int, str, int]]) -> float | None:
         for i, drawn in enumerate(holds):
             queue[i] = (queue[i][0], drawn[j], *queue[i][2:])
-        starts.append(_start(free, ends, queue, now, own, limit))
-    starts.sort()
+        return _start(free, ends, queue, now, own, limit)
+
+    def whole(j: int) -> float:
+        return run(j, [(r.end(_draws(r.h.owner, samples)[0][j], now), *r.key) for r in rows])
+
+    if len(rows) <= _SPARE or (own and quota is not None):  # every scenario whole: each holder's ends at once
+        table = [r.ends(now, samples) for r in rows]
+        return _estimate(sorted(run(j, [(ends[j], *r.key) for ends, r in zip(table, rows, strict=True)])
+                                for j in range(samples)), now, holders, ahead, history, levels, beyond)
+    starts: list[float | None] = [None] * samples
+    starts[0] = whole(0)
+    first_ends = sorted(r.end(_draws(r.h.owner, samples)[0][0], now) for r in rows)
+    needed = bisect.bisect_right(first_ends, starts[0])
+    horizon = first_ends[min(len(first_ends) - 1, _AHEAD * needed + _SPARE)]
+    known: list[list[tuple[float, int, str, int]]] = [[(horizon, -1, "", 0)] for _ in range(samples)]
+    for r in rows:
+        for j, u in r.ends_by(horizon, samples):
+            known[j].append((r.end(u, now), *r.key))
+    for j in range(1, samples):
+        starts[j] = run(j, known[j])
+    for j in range(samples):
+        if starts[j] is None:
+            starts[j] = whole(j)
+    return _estimate(sorted(starts), now, holders, ahead, history, levels, beyond)
+
+
+def _estimate(starts: list[float], now: float, holders: Sequence[Holder], ahead: Sequence[Ask], history: History,
+              levels: Mapping[str, int], beyond: int) -> Estimate:
     shown = [h for h in holders if h.usable]
     return Estimate(_quantile(starts, 0.5), _quantile(starts, LOW), _quantile(starts, HIGH),
                     basis(now, shown, ahead, history, levels, beyond))
@@ -340,14 +430,20 @@ def for_gpus(
     applies, what the asking user holds elsewhere counts against it."""
     gpus = tuple(gpus)
     wanted = _Wanted(gpus)
-    asks = [replace(a, groups=frozenset(f"{g.host}/{g.name}" for g in gpus
-                                        if g.healthy and _slug(g.name) in wanted(a.models)))
-            for a in (*ahead, ask)]
-    seen = frozenset().union(*(a.groups for a in asks))
+    named = [(g, f"{g.host}/{g.name}") for g in gpus]
+    healthy: dict[str, set[str]] = {}  # model slug -> the groups of its healthy GPUs
+    for g, group in named:
+        if g.healthy:
+            healthy.setdefault(_slug(g.name), set()).add(group)
+    groups: dict[tuple[str, ...], frozenset[str]] = {}
+    for a in (*ahead, ask):
+        if a.models not in groups:
+            groups[a.models] = frozenset().union(*(healthy.get(s, ()) for s in wanted(a.models)))
+    asks = [replace(a, groups=groups[a.models]) for a in (*ahead, ask)]
+    seen = frozenset().union(*groups.values())
     free: Counter[str] = Counter()
     held: Counter[tuple[str, str]] = Counter()
-    for g in gpus:
-        group = f"{g.host}/{g.name}"
+    for g, group in named:
         owner = holders.get(g.uuid)
         if group not in seen:
             if owner is not None and quota is not None and (holdings.get(owner) or Holding(now)).user == ask.user:

@@ -139,6 +139,7 @@ def form_context(
     host: str = "host",
     bookings: Iterable[Booking] = (),
     now: float = 0.0,
+    queue_estimates: Mapping[str, str] | None = None,
 ) -> dict:
     """Everything form.html needs. ``previous`` pre-selects the user's last choice.
 
@@ -154,6 +155,8 @@ def form_context(
     a GPU count never fits ("needs 4 GPUs on one host; the largest here has 2").
     ``bookings``: the hub's GPU bookings; each card says those of its models on at ``now`` or
     soon (:func:`booked_soon`).
+    ``queue_estimates``: profile slug -> when a request of that ``queue: true`` profile would
+    likely start if queued now ("If you queue now: about 10:40 UTC, ..."), shown on its card.
 
     Where no GPU was found at all (``no_gpus``), only the profiles that run without a
     GPU are shown, each with no GPU preselected (:func:`~gpuspawner.profiles.without_gpus`),
@@ -171,8 +174,9 @@ def form_context(
     booked = booked_soon(bookings, models, now)
     return {
         "profiles": [
-            _profile_context(p, models, previous if remembered and p.slug == last else {}, unknown is not None,
-                             waits, offered_images, default_image, host, booked)
+            {**_profile_context(p, models, previous if remembered and p.slug == last else {}, unknown is not None,
+                                waits, offered_images, default_image, host, booked),
+             "queue_estimate": (queue_estimates or {}).get(p.slug, "")}
             for p in shown
         ],
         "selected_profile": selected,

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import functools
 import re
-from collections.abc import Mapping, Sequence
+import threading
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
+from typing import Any, TypeVar
 
 from .topology import normalise_links, parse_cpus
 
@@ -26,6 +28,30 @@ _DISPLAY_DROP = ("nvidia",)
 #: mount the driver's libraries and tools. A CPU-only server needs neither, and a
 #: set value overrides the ``NVIDIA_VISIBLE_DEVICES=all`` CUDA images ship.
 NO_GPU_DEVICES = "void"
+
+
+T = TypeVar("T")
+
+#: (id of a tuple of GPU records, kind) -> (that tuple, what ``per_gpus`` made of it), the newest few
+_MADE: dict[tuple[int, Hashable], tuple[tuple, Any]] = {}
+_MADE_LOCK = threading.Lock()
+
+
+def per_gpus(gpus: Iterable[GPU], kind: Hashable, make: Callable[[Iterable[GPU]], T]) -> T:
+    """``make(gpus)``, worked out once per tuple of GPU records: an inventory reading keeps one tuple until
+    the GPUs are read again, and what is grouped or indexed from 10,000 of them is asked for at every form,
+    count and placement. Anything but a tuple (a list may change) is worked out each time."""
+    if type(gpus) is not tuple:
+        return make(gpus)
+    with _MADE_LOCK:
+        found = _MADE.get((id(gpus), kind))
+    if found is None or found[0] is not gpus:
+        found = (gpus, make(gpus))
+        with _MADE_LOCK:
+            while len(_MADE) >= 8:
+                del _MADE[next(iter(_MADE))]
+            _MADE[(id(gpus), kind)] = found
+    return found[1]
 
 
 def nvidia_visible_devices(uuids: Sequence[str]) -> str:

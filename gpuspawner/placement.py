@@ -56,7 +56,7 @@ from itertools import combinations
 from typing import NamedTuple
 
 from gpuspawner.availability import ModelAvailability, by_model
-from gpuspawner.gpu import GPU, model_rank
+from gpuspawner.gpu import GPU, model_rank, per_gpus
 from gpuspawner.refusals import WAITABLE, PlacementError, explain_interconnect, explain_refusal
 from gpuspawner.request import GPURequest
 from gpuspawner.topology import CLASS_NAMES, INTERCONNECTS, NVLINK_CLASSES, level_rank, nvlink_count, set_class
@@ -397,12 +397,13 @@ def place(inventory: Iterable[GPU], held: Collection[str], request: GPURequest) 
 
     ``held`` holds the UUIDs already allocated. The result is ordered by
     index. Inventory UUIDs are assumed unique. ``inventory`` may be a
-    :class:`PlacementIndex` (built once, much faster). See the module
-    docstring for the rules.
+    :class:`PlacementIndex` (built once, much faster); a tuple of GPUs (an
+    inventory reading's) is indexed at its first placement and the index kept
+    (:func:`~gpuspawner.gpu.per_gpus`). See the module docstring for the rules.
     """
     if request.count == 0:
         return ()
-    index = inventory if isinstance(inventory, PlacementIndex) else PlacementIndex(inventory)
+    index = inventory if isinstance(inventory, PlacementIndex) else per_gpus(inventory, PlacementIndex, PlacementIndex)
     return place_in(index.state(held), held, request)
 
 

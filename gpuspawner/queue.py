@@ -34,7 +34,7 @@ import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Collection, Iterable
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from .gpu import GPU, model_slug, slug_matches
 from .profiles import Choice, Profile
@@ -73,6 +73,8 @@ class Waiter:
     profile: str = ""
     joined: float = field(default_factory=time.time)
     event: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
+    #: its last :class:`~gpuspawner.estimate.Estimate` (None before the first), made by the queue's ``known``
+    estimate: Any = field(default=None, repr=False)
 
     @property
     def key(self) -> tuple[int, int]:
@@ -149,6 +151,7 @@ class Known:
     held: int = 0
     what: str = "GPUs"
     ends: float | None = None
+    estimate: Any = None  # the request's :class:`~gpuspawner.estimate.Estimate`, where one was made
 
 
 def known_for(
@@ -268,16 +271,20 @@ class GPUQueue:
     def describe(self, position: int, waiting: int = 0, known: Known | None = None, now: float | None = None) -> str:
         """What a request at ``position`` of ``waiting`` (for the same GPUs) is told, and what it rests on.
 
-        The pace of the last serves when the queue has served two or more; else when the first of
+        The request's estimate where ``known`` has one (:mod:`gpuspawner.waits`); else the pace of the
+        last serves when the queue has served two or more; else when the first of
         those GPUs must come back (``known.ends``: a job's time limit), or that no end is known.
         ``now`` (epoch seconds, default the wall clock) decides whether that time needs its date.
         """
         known = known or Known()
+        now = time.time() if now is None else now
         estimate = self.estimate(position)
-        if estimate is not None:
+        if known.estimate is not None:
+            when = f"{known.estimate.when(now)}. {known.estimate.basis}"
+        elif estimate is not None:
             when = WORDS["pace"].format(minutes=_minutes(estimate), served=len(self._served))
         elif known.ends is not None:
-            when = WORDS["job_ends"].format(time=_utc_time(known.ends, time.time() if now is None else now))
+            when = WORDS["job_ends"].format(time=_utc_time(known.ends, now))
         else:
             when = WORDS["no_end"]
         gpus = WORDS["gpus"].format(held=known.held, total=known.total, what=known.what)
@@ -328,7 +335,9 @@ class GPUQueue:
                         return result
                 position = self.position(waiter, gpus)
                 waiting = len(self.ahead(waiter.models, gpus))  # every request for these GPUs, this one too
-                text = self.describe(position, waiting, known(waiter, gpus) if known else None)
+                found = known(waiter, gpus) if known else None
+                waiter.estimate = found.estimate if found else None
+                text = self.describe(position, waiting, found)
                 if (position, text) != last_report:
                     report(position, text)
                     last_report = (position, text)

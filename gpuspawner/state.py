@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import asyncio
 import copy
-import json
 import logging
 import re
 import threading
@@ -41,7 +40,7 @@ import weakref
 from collections.abc import Awaitable, Callable, Hashable
 from typing import Any, TypeVar
 
-from traitlets import Bool, Dict, Float, List, TraitError, Unicode, validate
+from traitlets import Bool, Dict, Float, TraitError, Unicode, validate
 from traitlets.config import Config, Configurable
 
 from .gpu import GPU
@@ -51,6 +50,7 @@ from .metrics import HubMetrics
 from .outofservice import OutOfService
 from .queue import GPUQueue
 from .reconcile import Flights
+from .static_gpus import SharedGPUs, StaticGPUList, gpus_json, share_static_gpus
 from .usage import UsageRecorder
 
 log = logging.getLogger("gpuspawner")
@@ -61,8 +61,8 @@ __all__ = ["GPUHubSettings", "HubState", "hub_state", "hub_state_of_app",
            "stop_serving_hub_metrics"]
 
 
-#: ``"last"``: a copy of the last ``static_gpus`` found valid. Each spawner and each settings object loads
-#: the configured list, and checking 10,000 entries again takes a quarter of a second each time.
+#: ``"last"``: the last ``static_gpus`` found valid (a copy, or the :class:`SharedGPUs` itself). Each spawner
+#: and settings object loads the configured list, and checking 10,000 entries takes a quarter of a second.
 _STATIC_GPUS_CHECKED: dict[str, list] = {}
 
 
@@ -86,7 +86,7 @@ class GPUHubSettings(Configurable):
         """,
     ).tag(config=True)
 
-    static_gpus = List(
+    static_gpus = StaticGPUList(
         Dict(),
         help="""GPUs for ``gpu_inventory = "static"``: dicts with ``uuid`` and ``name``
         (the NVML name, e.g. ``"NVIDIA A100-SXM4-80GB"``) and optionally ``host``
@@ -189,12 +189,13 @@ class GPUHubSettings(Configurable):
     @validate("static_gpus")
     def _check_static_gpus(self, proposal):
         value = proposal["value"]
-        if value != _STATIC_GPUS_CHECKED.get("last"):  # every spawner loads the same list: checked once
-            try:
+        last = _STATIC_GPUS_CHECKED.get("last")
+        if value is not last and (isinstance(value, SharedGPUs) or value != last):  # one list for every spawner:
+            try:                                                                    # checked once
                 gpus_from_config(value)
             except ValueError as e:
                 raise TraitError(f"static_gpus: {e}") from e
-            _STATIC_GPUS_CHECKED["last"] = copy.deepcopy(value)
+            _STATIC_GPUS_CHECKED["last"] = value if isinstance(value, SharedGPUs) else copy.deepcopy(value)
         return value
 
     @validate("gpu_job_time_limit")
@@ -209,13 +210,14 @@ class GPUHubSettings(Configurable):
             raise TraitError(f"gpu_inventory_ttl must be >= 0 seconds, not {proposal['value']}")
         return proposal["value"]
 
-    def state_key(self) -> str:
-        """What makes two settings objects describe the same GPUs."""
-        return json.dumps(
-            [self.gpu_inventory, self.static_gpus if self.gpu_inventory == "static" else None,
-             self.simulated_gpus, self.gpu_hub_id],
-            sort_keys=True,
-        )
+    def _load_config(self, cfg: Config, section_names: list[str] | None = None, traits: dict | None = None) -> None:
+        share_static_gpus(cfg, section_names or self.section_names())  # before traitlets copies it in
+        super()._load_config(cfg, section_names=section_names, traits=traits)
+
+    def state_key(self) -> tuple[str, bool, str, str | None]:
+        """What makes two settings objects describe the same GPUs (``static_gpus``: one string, hashed once)."""
+        static = gpus_json(self.static_gpus) if self.gpu_inventory == "static" else None
+        return (self.gpu_inventory, self.simulated_gpus, self.gpu_hub_id, static)
 
     gpu_booking_hours_per_week = Float(
         40.0,
@@ -439,15 +441,15 @@ class _HubStates:
 
     def __init__(self) -> None:
         self.lock = threading.Lock()  # spawners, handlers and threads may ask at once
-        self.owners: list[tuple[weakref.ref, dict[str, HubState]]] = []
+        self.owners: list[tuple[weakref.ref, dict[tuple, HubState]]] = []
 
-    def of(self, owner: object) -> dict[str, HubState]:
+    def of(self, owner: object) -> dict[tuple, HubState]:
         """The states ``owner`` holds (call with ``lock`` held)."""
         self.owners = [(ref, states) for ref, states in self.owners if ref() is not None]
         for ref, states in self.owners:
             if ref() is owner:
                 return states
-        states: dict[str, HubState] = {}
+        states: dict[tuple, HubState] = {}
         self.owners.append((weakref.ref(owner), states))
         return states
 

@@ -88,12 +88,12 @@ class GPUOptionsMixin(Configurable):
         bookings = self.hub_state.cached(BookingStore)  # made at the hub's start (hub.bookings)
         return form_context(self.profiles, reading, self.ledger.held(), self.user_options or {},
                             offered_images=self.offered_images(), default_image=self.default_image(),
-                            host=self.host_word, bookings=bookings.all() if bookings else (), now=time.time())
+                            host=self.host_word, bookings=bookings.all() if bookings else (), now=time.time(),
+                            queue_estimates=self.queue_form_estimates(self.profiles, reading.gpus))
 
     async def offered_models(self) -> set[str]:
         """The model slugs users may pick (``gpu_model``); backends override with their inventory."""
-        reading = await self.inventory.read()
-        return {g.model for g in reading.gpus}
+        return set((await self.inventory.read()).models)
 
     def offered_images(self) -> OfferedImages:
         """The images a profile without ``images`` offers (:data:`~gpuspawner.profiles.OfferedImages`):

@@ -13,8 +13,10 @@ check, under the same lock, recording counts rather than exact GPUs; gpu-kube's
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Awaitable, Callable, Collection, Mapping
+from dataclasses import replace
 from typing import Any, TypeVar
 
 from traitlets import Dict, Float, Int, TraitError, Unicode, validate
@@ -30,9 +32,11 @@ from ..profiles import Choice, Profile
 from ..queue import BACKFILL, Known, Waiter, known_for, queue_alternatives
 from ..quota import Quota, QuotaError, check
 from ..refusals import WAITABLE, Refusal, refuse, words
+from ..waits import if_queued_now, queue_estimate, wait_history
 from .errors import user_error
 
 T = TypeVar("T")
+_log = logging.getLogger("gpuspawner.waits")
 
 
 class GPUPolicyMixin(Configurable):
@@ -65,6 +69,21 @@ class GPUPolicyMixin(Configurable):
         5.0, help="""Seconds between re-checks of a waiting spawn when nothing was released meanwhile
         (a release anywhere in the hub wakes the queue at once). A finite number above 0."""
     ).tag(config=True)
+
+    gpu_culler_idle_timeout = Float(
+        None, allow_none=True,
+        help="""Seconds the GPU idle culler lets a server's GPUs stay idle before it stops the server
+        (its ``--idle-timeout``; ``configure(c, culler=...)`` in :mod:`gpuspawner.hub.setup` sets it).
+        Wait estimates then count a holder whose GPUs are idle (by the samples the culler reports) as
+        ending by the time it is stopped. None: no such end is assumed. A finite number above 0.""",
+    ).tag(config=True)
+
+    @validate("gpu_culler_idle_timeout")
+    def _check_culler_idle_timeout(self, proposal):
+        if proposal["value"] is not None and not 0 < proposal["value"] < float("inf"):
+            raise TraitError(f"gpu_culler_idle_timeout must be a finite number of seconds > 0 or None, "
+                             f"not {proposal['value']}")
+        return proposal["value"]
 
     gpu_queue_backfill = Unicode(
         "off",
@@ -269,15 +288,50 @@ class GPUPolicyMixin(Configurable):
 
     def queue_known(self, waiter: Waiter, gpus: tuple[GPU, ...]) -> Known:
         """What the queue tells a waiting request about its GPUs (the hub's own, held in the ledger):
-        how many are held, and the earliest a notebook job holding one reaches its time limit."""
+        how many are held, the earliest a notebook job holding one reaches its time limit, and the
+        request's wait estimate (:func:`gpuspawner.waits.queue_estimate`)."""
         ledger = self.ledger
-        holders = {uuid: owner for owner, uuids in ledger.allocations().items() for uuid in uuids}
+        allocations = ledger.allocations()
+        holders = {uuid: owner for owner, uuids in allocations.items() for uuid in uuids}
         limits = {}
         for owner in set(holders.values()):
             since = ledger.since(owner)
             if since is not None and _is_job(owner):
                 limits[owner] = since + self.gpu_job_time_limit
-        return known_for(waiter, gpus, holders, limits)
+        known = known_for(waiter, gpus, holders, limits)
+        state = self.hub_state
+        try:
+            estimate = queue_estimate(waiter, gpus, state.queue, allocations, ledger.since,
+                                      wait_history(state), job_time_limit=self.gpu_job_time_limit,
+                                      queue_timeout=self.gpu_queue_timeout, quota=self.gpu_quota_per_user,
+                                      idle_timeout=self.gpu_culler_idle_timeout)
+        except Exception:  # an estimate must never break a wait: the queue's own words then
+            _log.exception("wait estimate for %s failed", waiter.owner)
+            return known
+        return replace(known, estimate=estimate)
+
+    def queue_form_estimates(self, profiles: tuple[Profile, ...], gpus: tuple[GPU, ...]) -> dict[str, str]:
+        """Profile slug -> when a request of each ``queue: true`` profile (its default GPU count, any of
+        its models) would likely start if this user queued it now, behind everyone waiting: one
+        estimate per profile per form, none where it fails (the form still renders)."""
+        found = {}
+        state = self.hub_state
+        for profile in profiles:
+            count = profile.default_gpus or min((n for n in profile.gpu_counts if n), default=0)
+            if not profile.queue or not count:
+                continue
+            waiter = Waiter(self.gpu_owner, self.gpu_quota().user, count, tuple(profile.gpu_models), 0, -1,
+                            profile.slug)
+            try:
+                estimate = queue_estimate(waiter, gpus, state.queue, self.ledger.allocations(), self.ledger.since,
+                                          wait_history(state), job_time_limit=self.gpu_job_time_limit,
+                                          queue_timeout=self.gpu_queue_timeout, quota=self.gpu_quota_per_user,
+                                          idle_timeout=self.gpu_culler_idle_timeout)
+            except Exception:
+                _log.exception("wait estimate for the form of %s failed", self.gpu_owner)
+                continue
+            found[profile.slug] = if_queued_now(estimate)
+        return found
 
     async def queue_pointer(self, choice: Choice, refusal: PlacementError) -> str:
         """The words that point a refused user to a profile that would wait in the queue for what they

@@ -17,7 +17,8 @@ servers' tokens, see :mod:`.setup`) or ``admin:servers`` for the user
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+import time
+from collections.abc import Awaitable, Callable, Mapping
 from datetime import datetime, timezone
 
 from jupyterhub.apihandlers import APIHandler
@@ -42,8 +43,9 @@ def _iso(epoch: float | None) -> str | None:
     return datetime.fromtimestamp(epoch, timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
-def job_json(record: JobRecord) -> dict:
-    """A job as the REST API shows it (the README's job contract)."""
+def job_json(record: JobRecord, estimates: Mapping[str, dict] | None = None) -> dict:
+    """A job as the REST API shows it (the README's job contract); ``estimates``: owner -> the wait
+    estimate of each request in the hub's queue (:func:`queue_estimates`), a queued job's is its ``estimate``."""
     spec = record.spec
     gpus = [{"uuid": g["uuid"], "name": g.get("name"), "index": g.get("index"), "host": g.get("host")}
             for g in record.gpus]
@@ -56,7 +58,15 @@ def job_json(record: JobRecord) -> dict:
         "parameters": spec.get("parameters") or {}, "time_limit": spec.get("time_limit"),
         "created": _iso(record.created), "started": _iso(record.started), "ended": _iso(record.ended),
         "exit_code": record.exit_code,
+        "estimate": (estimates or {}).get(str(Owner.of_job(record.user, record.id))) if record.state == "queued"
+        else None,
     }
+
+
+def queue_estimates(state: HubState) -> dict[str, dict]:
+    """Owner -> the last wait estimate of each request waiting in the hub's queue (REST fields)."""
+    now = time.time()
+    return {w.owner: w.estimate.as_json(now) for w in state.queue.waiters() if w.estimate is not None}
 
 
 def job_manager(settings: dict) -> JobManager:
@@ -146,7 +156,8 @@ class JobsHandler(_JobsBase):
         self.check_access(user_name)
         records = self.jobs.list(user_name)
         self.set_header("Cache-Control", "no-store")
-        self.finish(dumps({"jobs": [job_json(r) for r in records]}))
+        estimates = queue_estimates(self.jobs.state)
+        self.finish(dumps({"jobs": [job_json(r, estimates) for r in records]}))
 
     async def post(self, user_name: str) -> None:
         user = self.check_access(user_name)
@@ -171,7 +182,7 @@ class JobHandler(_JobsBase):
     async def get(self, user_name: str, job_id: str) -> None:
         self.check_access(user_name)
         self.set_header("Cache-Control", "no-store")
-        self.finish(dumps(job_json(self._record(user_name, job_id))))
+        self.finish(dumps(job_json(self._record(user_name, job_id), queue_estimates(self.jobs.state))))
 
     async def delete(self, user_name: str, job_id: str) -> None:
         self.check_access(user_name)

@@ -107,6 +107,8 @@ def configure(c: Any, *, culler: dict | None = None, python: str = sys.executabl
                 value = culler[key]
                 command += [flag, ("on" if value else "off") if isinstance(value, bool) else str(value)]
         culler_arguments(command[3:])  # a bad setting stops the hub's start, naming it (not only the culler's)
+        # wait estimates count an idle server as ending when the culler stops it
+        c.GPUSpawnerMixin.gpu_culler_idle_timeout = culler_arguments(command[3:]).idle_timeout
         c.JupyterHub.services.append({"name": CULLER_SERVICE, "command": command})
         roles.append({"name": CULLER_SERVICE, "description": "Stop servers whose GPUs stay idle",
                       "scopes": CULLER_SCOPES, "services": [CULLER_SERVICE]})

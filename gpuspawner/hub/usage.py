@@ -34,6 +34,7 @@ from ..inputs import OptionsError, check_json, dumps, field_name, read_json, sho
 from ..owner import Owner, OwnerError
 from ..state import hub_state_of_app
 from ..usage import END_REASONS, Allocation
+from ..waits import wait_history
 from .handlers import _Overview
 
 REPORT_SCOPE = "custom:gpus:report"
@@ -348,6 +349,7 @@ class UsageReportHandler(_Overview, APIHandler):
         usage = self.hub_state.usage
         usage.attach(self.db)
         known = usage.sample(report.owner, report.samples, report.threshold)
+        wait_history(self.hub_state).samples(report.owner, report.samples, report.threshold)  # idle: wait estimates
         if report.end_reason is not None:
             known = usage.end_reason(report.owner, report.end_reason) and known
         self.finish(dumps({"owner": report.owner, "recorded": known}))

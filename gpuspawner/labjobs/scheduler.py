@@ -225,7 +225,9 @@ class GPUScheduler(Scheduler):
         # tags (shown in the job's detail view): the GPUs it got and, once ended, why it ended
         job.tags = [f"GPU: {g}" for g in gpus] or ["GPU: none"]
         if answer["state"] == "queued":
-            job.status_message = "waiting for GPUs in the hub's queue"
+            estimate = (answer.get("estimate") or {}).get("text")  # where it waits in the hub's own queue
+            job.status_message = f"waiting for GPUs in the hub's queue. {estimate}" if estimate else \
+                "waiting for GPUs in the hub's queue"
         elif answer["state"] in ("starting", "running"):
             job.status_message = None
         else:

@@ -9,7 +9,8 @@ in test-artifacts/ (walk-user-01-login.png, ..., walk-admin-05-usage.png).
 
 Steps marked "issue 29" check what that issue added: the form's free/total on
 each card and counts that never fit, a refusal that names the queued profile,
-the queue's estimate (its form part); the navbar links, the admin page's GPU
+the queue's estimate (its form part; issue 30: the wait estimate's sentence on the progress page);
+the navbar links, the admin page's GPU
 section (JupyterHub's admin app has no place for a column: a section below it),
 each user's own usage view and end reasons in words (its pages part). Each walk
 fails where one of them is missing.
@@ -182,10 +183,13 @@ def test_new_user_gets_gpus_is_pointed_to_the_queue_runs_a_job_and_reads_their_u
     more.wait_for_url(re.compile(r"/hub/spawn-pending/ada/more"))
     message = more.locator("#progress-message")
     expect(message).to_contain_text("Waiting for a free GPU: number 1 in the queue")
-    # issue 29: an estimate, and what it rests on, instead of "no estimate yet"
+    # issue 29: an estimate, and what it rests on, instead of "no estimate yet"; issue 30: the wait
+    # estimate's sentence (no session has ended yet: bob's job's time limit is what bounds the wait)
+    clock = r"(\d{4}-\d\d-\d\d )?\d\d:\d\d UTC"
     expect(message).to_contain_text(re.compile(
-        r"4 of 4 GPUs held\. The first could free by (\d{4}-\d\d-\d\d )?\d\d:\d\d UTC, when a notebook job holding one "
-        r"reaches its time limit"))
+        rf"4 of 4 GPUs held\. About {clock}(, likely between {clock} and {clock})?\. No session has ended on this hub "
+        rf"yet, so nothing tells how long sessions last; 1 of the 2 holders must give their GPUs back by a known "
+        rf"time, the first by {clock} \(a notebook job's time limit\)\."))
     shot(more, "user", 5, "queued")
     bob.cancel_job(bobs_job)  # bob's job ends: her queued server gets a T4
     more.wait_for_url(re.compile(r"/user/ada/more/"), timeout=120_000)

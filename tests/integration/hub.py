@@ -204,22 +204,28 @@ class Hub:
         raise TimeoutError(f"hub did not answer within {timeout}s:\n{self.log()}")
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 30) -> None:
-        if self.proc is None or self.proc.poll() is not None:
+        """Stop the hub, then its proxy by pid (also when the hub had ended on its own: a hub that dies
+        or is killed leaves its configurable-http-proxy running)."""
+        if self.proc is None:
             return
-        self.proc.send_signal(sig)
-        try:
-            self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
         self._stop_proxy()
 
     def _stop_proxy(self) -> None:
         pid_file = self.dir / "proxy.pid"
         if sig_pid := (pid_file.read_text().strip() if pid_file.exists() else ""):
             pid = int(sig_pid)
-            if pid_alive(pid) and b"configurable-http-proxy" in Path(f"/proc/{pid}/cmdline").read_bytes():
-                os.kill(pid, signal.SIGTERM)
+            try:
+                if pid_alive(pid) and b"configurable-http-proxy" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                    os.kill(pid, signal.SIGTERM)
+            except OSError:  # it ended meanwhile
+                pass
 
     def restart(self) -> None:
         self.stop()
@@ -242,8 +248,11 @@ class Hub:
     def close(self) -> None:
         """Stop every server this hub started, then the hub, all by pid; delete the accounts it made."""
         if self.proc is not None and self.proc.poll() is None:
-            for name in self.user_names():
-                self.api("DELETE", f"/users/{name}/server")
+            try:
+                for name in self.user_names():
+                    self.api("DELETE", f"/users/{name}/server")
+            except requests.RequestException:  # a hub that does not answer: its servers are stopped by pid below
+                pass
         self.server_pids |= self.marked_pids()
         for pid in list(self.server_pids):
             if pid_alive(pid):

@@ -117,11 +117,12 @@ def test_a_new_user_reads_what_fits_is_pointed_to_the_queue_and_finds_their_last
     assert r.status_code == 409
     assert r.json()["message"] == "No Tesla T4 is free right now: 0 of 2 free. Try again later."
 
-    # queued: the progress says the place and what is known, not "no estimate yet"
+    # queued: the progress says the place and what the estimate rests on, not "no estimate yet"
     r = hub.spawn("cy", {"profile": "gpu-queued", "gpus": 1})
     assert r.status_code in (201, 202), r.text  # JupyterHub answers before a slow start ends
     waiting = ("Waiting for a free GPU: number 1 in the queue (1 of 1 waiting for these GPUs); 4 of 4 GPUs held. "
-               "No server here has a time limit, so no end time is known.")
+               "No start time can be given yet. No session has ended on this hub yet, so nothing tells how long "
+               "sessions last; no holder of these GPUs has a time limit.")
     assert waiting in progress_until(hub, "cy", waiting)
     hub.stop_server("ann")
     hub.wait_ready("cy")

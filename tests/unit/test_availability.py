@@ -130,3 +130,23 @@ def test_counting_per_host_group_gives_what_counting_each_gpu_gives(entries):
     for g in gpus:
         one_by_one.add(g.model, g.name, g.host, free=int(g.healthy and g.uuid not in held), in_service=g.healthy)
     assert by_model(gpus, held) == one_by_one.models()
+
+
+def _one_by_one(gpus: list[GPU], held: set[str]) -> dict[str, ModelAvailability]:
+    tally = Tally()
+    for g in gpus:
+        tally.add(g.model, g.name, g.host, free=int(g.healthy and g.uuid not in held), in_service=g.healthy)
+    return tally.models()
+
+
+@settings(max_examples=40, deadline=None)
+@given(_GPUS, st.lists(st.sets(st.integers(0, 30), max_size=8), min_size=1, max_size=3))
+def test_counts_of_one_reading_follow_what_is_held(entries, helds):
+    """An inventory reading's GPUs (one tuple) are grouped once and counted for whatever is held at each
+    count: the figures are those of counting every GPU again, UUIDs held by two records included."""
+    gpus = [GPU(host, n, f"g{n % 9}", name, healthy=healthy) for n, (host, name, healthy, _) in enumerate(entries)]
+    reading = tuple(gpus)
+    for numbers in [*helds, helds[0]]:
+        held = {f"g{n}" for n in numbers}
+        assert by_model(reading, held) == _one_by_one(gpus, held)
+        assert by_model(reading, sorted(held)) == _one_by_one(gpus, held)  # any collection of UUIDs

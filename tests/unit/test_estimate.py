@@ -193,3 +193,33 @@ def test_a_user_at_the_quota_waits_for_their_own_gpus_elsewhere():
     ask = Ask("me/b", 1, "me", "p", models=("t4",))
     assert for_gpus(ask, 0.0, gpus(), holders, holdings, [], history, quota=2).likely == HOUR / 2
     assert for_gpus(ask, 0.0, gpus(), holders, holdings, [], history, quota=3).likely == 0.0
+
+
+# ----------------------------------------------------------------- only the ends that can matter
+
+@settings(max_examples=15, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 2), st.floats(0, 4 * HOUR), st.none() | st.floats(0, 6 * HOUR),
+                          st.integers(0, 2)), min_size=40, max_size=80),
+       st.lists(st.integers(1, 3), max_size=4), st.integers(1, 3), lengths)
+def test_simulating_only_the_ends_that_can_matter_gives_the_same_estimate_as_simulating_all(
+        held, ahead_counts, count, history):
+    import gpuspawner.estimate as module
+
+    now = 4 * HOUR
+    rows = [Holder(f"u{i}/", n, now - ran, f"node{g}/{A100}", f"u{i % 7}", "p", None if lat is None else now + lat,
+                   "job") for i, (n, ran, lat, g) in enumerate(held)]
+    ahead = [Ask(f"w{i}/", n, f"w{i}", "p") for i, n in enumerate(ahead_counts)]
+    h = History(("p", f"u{i % 7}", s) for i, s in enumerate(history))
+    ask = Ask("me/", count, "me", "p")
+    saved = module._AHEAD, module._SPARE
+
+    def with_horizon(spare_ahead: int, spare: int):
+        module._AHEAD, module._SPARE = spare_ahead, spare
+        try:
+            return estimate(ask, now, {}, rows, ahead, h)
+        finally:
+            module._AHEAD, module._SPARE = saved
+
+    whole = with_horizon(0, 10**9)  # every scenario with every holder
+    assert with_horizon(*saved) == whole
+    assert with_horizon(0, 1) == whole  # a horizon most scenarios pass: those run again whole

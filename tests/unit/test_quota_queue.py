@@ -196,6 +196,7 @@ class _Spawns(GPUPolicyMixin):
         self.hub_state = state
         self.user = SimpleNamespace(name=user, groups=[])
         self.events: list[str] = []
+        self.gpu_job_time_limit = 3600.0
 
     @property
     def ledger(self) -> Ledger:

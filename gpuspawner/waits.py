@@ -1,0 +1,177 @@
+"""The hub's wait estimates: what :mod:`gpuspawner.estimate` is given for a request in the hub's queue.
+
+:class:`WaitHistory` (one per hub, ``state.cache(WaitHistory, ...)``, see :func:`wait_history`)
+holds the lengths of ended sessions: read once from the usage table (``gpuspawner_allocations``,
+the newest :data:`HISTORY_ROWS` closed rows) the first time an estimate needs them, then kept up
+to date from the ledger's releases, never read again per estimate. A session's "profile" there is
+its kind and GPU model (``server/a100-sxm4-80gb``): the usage table records those, not the spawn
+form's profile.
+
+:func:`queue_estimate` estimates a waiting request from the ledger's holders of the GPUs it could
+use (each holder's latest end: a notebook job's start + the hub's ``gpu_job_time_limit``; a server whose
+GPUs the culler reported idle, when the culler stops it: idle since + ``gpu_culler_idle_timeout``), the
+requests ahead of it in the queue (each gives up at its join + the queue's limit) and the history.
+The queue calls it when a request joins, whenever the queue is woken (a release, a leave) and at
+each recheck; the REST API, the progress page and the job list read the waiter's last estimate.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING
+
+from sqlalchemy import select
+
+from .estimate import WORDS, Ask, Estimate, History, Holding, for_gpus, latest_end
+from .gpu import GPU
+from .owner import Owner, OwnerError
+from .queue import GPUQueue, Waiter, _slug, _Wanted
+from .usage import Allocation
+
+if TYPE_CHECKING:
+    from .state import HubState
+
+__all__ = ["HISTORY_ROWS", "WaitHistory", "if_queued_now", "queue_estimate", "session_key", "wait_history"]
+
+#: the newest closed usage rows read into the history at the first estimate
+HISTORY_ROWS = 20000
+
+
+def session_key(kind: str, model: str) -> str:
+    """The history's "profile" of a session: its kind (server or job) and GPU model slug."""
+    return f"{kind}/{model}" if model else kind
+
+
+class WaitHistory:
+    """Lengths of ended GPU sessions on this hub: the usage table once, then each release as it happens."""
+
+    def __init__(self, read: Callable[[], list[tuple[str, str, float]] | None],
+                 model_of: Callable[[str], str], clock: Callable[[], float] = time.time) -> None:
+        self._read, self._model_of, self._clock = read, model_of, clock
+        self.history = History(())
+        self.loaded = False
+        #: owner -> since when all its GPUs have stayed below the culler's threshold (the samples it reported)
+        self.idle_since: dict[str, float] = {}
+
+    def current(self) -> History:
+        """The history, reading the usage table the first time it can (once the hub's database is there)."""
+        if not self.loaded:
+            rows = self._read()
+            if rows is not None:
+                self.history = History(rows)
+                self.loaded = True
+        return self.history
+
+    def samples(self, owner: str, samples: list[tuple[float, float | None]], threshold: float) -> None:
+        """The culler's samples of ``owner``'s GPUs (time, highest utilisation %): idle since the first
+        of the latest run below ``threshold``; a busy or unknown sample ends the run (the culler's rule)."""
+        for at, utilization in sorted(samples, key=lambda s: s[0]):
+            if utilization is None or utilization >= threshold:
+                self.idle_since.pop(owner, None)
+            else:
+                self.idle_since.setdefault(owner, at)
+
+    def observe(self, event: str, owner: str, uuids: tuple[str, ...], since: float) -> None:
+        """The ledger's observer: a release closes a session (the usage table's row) of this length."""
+        if event == "release":
+            self.idle_since.pop(owner, None)
+        if event != "release" or not self.loaded:
+            return  # before the table is read, the release is read with it
+        try:
+            kind, user = (parsed := Owner.parse(owner)).kind, parsed.user
+        except OwnerError:
+            return
+        model = self._model_of(uuids[0]) if uuids else ""
+        self.history.add(session_key(kind, model), user, max(0.0, self._clock() - since))
+
+
+def _read_rows(state: HubState) -> list[tuple[str, str, float]] | None:
+    session = state.usage.session
+    if session is None:
+        return None
+    query = (select(Allocation.kind, Allocation.model, Allocation.user, Allocation.started, Allocation.ended)
+             .where(Allocation.ended.isnot(None)).order_by(Allocation.id.desc()).limit(HISTORY_ROWS))
+    return [(session_key(kind, model), user, max(0.0, ended - started))
+            for kind, model, user, started, ended in session.execute(query)]
+
+
+def wait_history(state: HubState) -> WaitHistory:
+    """This hub's :class:`WaitHistory`, made (and told of the ledger's releases) on first use."""
+    def make() -> WaitHistory:
+        found = WaitHistory(lambda: _read_rows(state), lambda uuid: state.gpu_info(uuid)["model"])
+        state.ledger.observe(found.observe)
+        return found
+
+    return state.cache(WaitHistory, make)
+
+
+def _ask_key(kind: str, slugs: frozenset[str]) -> str:
+    return session_key(kind, next(iter(slugs)) if len(slugs) == 1 else "")
+
+
+def queue_estimate(
+    waiter: Waiter, gpus: tuple[GPU, ...], queue: GPUQueue, allocations: Mapping[str, tuple[str, ...]],
+    since: Callable[[str], float | None], history: WaitHistory, *, job_time_limit: float | None,
+    queue_timeout: float, quota: int | None = None, idle_timeout: float | None = None, now: float | None = None,
+) -> Estimate:
+    """``waiter``'s estimate from the ledger's ``allocations`` (owner -> GPU UUIDs), when each holding
+    began (``since``), the requests ahead of it in ``queue`` and the ``history``; a holder idle since
+    some time (``history.idle_since``) ends by then + ``idle_timeout`` (the culler's stop) at the latest."""
+    now = time.time() if now is None else now
+    wanted = _Wanted(gpus)
+    ahead_of = queue.ahead(waiter.models, gpus, before=waiter)
+    if quota is None:  # only the GPUs these requests could use matter (with a quota, the user's others too)
+        gpus = _of_models(gpus, frozenset().union(*(wanted(w.models) for w in (*ahead_of, waiter))))
+    by_uuid = {g.uuid: g for g in gpus}
+    holders, holdings = {}, {}
+    for owner, uuids in allocations.items():
+        mine = [by_uuid[u] for u in uuids if u in by_uuid]
+        if not mine:
+            continue  # cluster tokens, or GPUs gone from the inventory
+        for g in mine:
+            holders[g.uuid] = owner
+        try:
+            parsed = Owner.parse(owner)
+        except OwnerError:
+            continue  # counts as just started
+        start = since(owner)
+        start = now if start is None else start
+        idle = None if parsed.is_job else history.idle_since.get(owner)  # the culler never stops a job
+        latest, bound = latest_end(start, job_time_limit if parsed.is_job else None, "job", idle, idle_timeout)
+        holdings[owner] = Holding(start, parsed.user, session_key(parsed.kind, mine[0].model), latest, bound)
+    ahead = [Ask(w.owner, w.count, w.user, _ask_key(_kind(w.owner), wanted(w.models)), w.joined + queue_timeout,
+                 models=w.models) for w in ahead_of]
+    ask = Ask(waiter.owner, waiter.count, waiter.user, _ask_key(_kind(waiter.owner), wanted(waiter.models)),
+              models=waiter.models)
+    return for_gpus(ask, now, gpus, holders, holdings, ahead, history.current(), quota=quota)
+
+
+_FILTERED: dict[tuple[int, frozenset[str]], tuple[tuple[GPU, ...], tuple[GPU, ...]]] = {}
+
+
+def _of_models(gpus: tuple[GPU, ...], slugs: frozenset[str]) -> tuple[GPU, ...]:
+    """The GPUs of ``gpus`` whose model is one of ``slugs``, kept per inventory reading (the same tuple)."""
+    found = _FILTERED.get((id(gpus), slugs))
+    if found is not None and found[0] is gpus:
+        return found[1]
+    names = {name for name in {g.name for g in gpus} if _slug(name) in slugs}
+    mine = tuple(g for g in gpus if g.name in names)
+    if len(_FILTERED) >= 16:
+        _FILTERED.clear()
+    _FILTERED[id(gpus), slugs] = (gpus, mine)
+    return mine
+
+
+def if_queued_now(estimate: Estimate, now: float | None = None) -> str:
+    """What a ``queue: true`` profile's card says: "If you queue now: about 10:40 UTC, likely between ..."."""
+    when = estimate.when(now)
+    return WORDS["if_queued"].format(when=when[:1].lower() + when[1:], basis=estimate.basis)
+
+
+def _kind(owner: str) -> str:
+    try:
+        return Owner.parse(owner).kind
+    except OwnerError:
+        return "server"
+
