@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import Sequence
+from typing import Any
 
 from traitlets import Bool, Dict, List, TraitError, validate
 from traitlets.config import Application
@@ -396,6 +397,13 @@ class GPUSpawnerMixin(GPUOptionsMixin, GPUReconcileMixin, GPUStateMixin, GPUPoli
             return None
         reading = await self.inventory.read()
         return never_fits(reading.gpus, self.gpu_request(choice))
+
+    @classmethod
+    def booking_keeper(cls, config) -> Any | None:
+        """What holds the hub's bookings on the cluster, made from ``config`` (the hub calls it once,
+        :mod:`gpuspawner.hub.booking_keeper` says what it must do); None (here): the hub's own
+        placement keeps them. gpu-slurm's holds them as Slurm reservations."""
+        return None
 
     @staticmethod
     def describe_request(choice: Choice) -> str:

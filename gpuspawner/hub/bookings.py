@@ -52,6 +52,7 @@ from ..gpu import slug_matches
 from ..inputs import OptionsError, dumps, read_json, shown
 from ..owner import Owner, OwnerError
 from ..state import HubState, hub_state_of_app, settings_for
+from . import booking_keeper as keeping
 from .handlers import ADMIN_SCOPE
 from .usage import BadParameter, parse_time
 
@@ -88,10 +89,10 @@ def status(b: Booking, now: float) -> str:
     return "released" if b.state == "released" else "ended"
 
 
-def booking_json(b: Booking, now: float) -> dict:
+def booking_json(b: Booking, now: float, holds: str = "") -> dict:
     coming = windows(b, now, math.inf)[:SHOWN_WINDOWS]
     return {**as_record(b), "windows": [{"start": s, "end": e} for s, e in coming],
-            "window": span(*(coming[0] if coming else (b.start, b.end))), "status": status(b, now)}
+            "window": span(*(coming[0] if coming else (b.start, b.end))), "status": status(b, now), "holds": holds}
 
 
 def resolve_model(model: str, slugs: Iterable[str]) -> str:
@@ -198,8 +199,9 @@ class BookingsHandler(_Bookings):
         me, groups, admin = self.caller()
         model = self.get_argument("model", "")
         now = time.time()
-        shown_ = [booking_json(b, now) for b in self.store.all()
-                  if self.visible(b, me, groups, admin) and (not model or b.model == model)]
+        seen_ = [b for b in self.store.all() if self.visible(b, me, groups, admin) and (not model or b.model == model)]
+        held = await keeping.holds(self.settings, seen_)
+        shown_ = [booking_json(b, now, held.get(b.id, "")) for b in seen_]
         seen = {b["id"] for b in shown_}
         admitted = []
         for owner, (until, booking_id) in sorted(self.store.admitted.items()):
@@ -221,14 +223,16 @@ class BookingsHandler(_Bookings):
             reading = await self.hub_state.inventory.read()
             capacity = Counter(g.model for g in reading.gpus)
             b = replace(b, model=resolve_model(b.model, capacity))
-            check_new(b, self.store.all(), limits_of(self.settings), capacity, now, admin)
         except OptionsError as e:
             raise web.HTTPError(400, "%s", str(e)) from e
-        except BookingError as e:
-            raise web.HTTPError(400, "%s", f"{e.field}: {e}") from e
-        self.store.save(b)
+        async with keeping.serial(self.settings):  # checked, held on the cluster (gpu-slurm), then saved
+            try:
+                check_new(b, self.store.all(), limits_of(self.settings), capacity, now, admin)
+            except BookingError as e:
+                raise web.HTTPError(400, "%s", f"{e.field}: {e}") from e
+            holds = await keeping.reserve_then_save(self.settings, b, self.store.save)
         self.set_header("Location", f"{self.request.path.rstrip('/')}/{b.id}")
-        self.answer(booking_json(b, now), 201)
+        self.answer(booking_json(b, now, holds), 201)
 
     def check_names(self, b: Booking) -> None:
         from jupyterhub import orm
@@ -244,7 +248,8 @@ class BookingHandler(_Bookings):
 
     async def get(self, booking_id: str) -> None:
         b, _ = self.mine(booking_id)
-        self.answer(booking_json(b, time.time()))
+        held = await keeping.holds(self.settings, [b])
+        self.answer(booking_json(b, time.time(), held.get(b.id, "")))
 
     async def delete(self, booking_id: str) -> None:
         b, may = self.mine(booking_id)
@@ -252,7 +257,9 @@ class BookingHandler(_Bookings):
             raise web.HTTPError(403, f"Booking {b.id} is for group {b.group}: only {b.booked_by} or an "
                                      "administrator may cancel it.")
         if b.state != "cancelled":
-            self.store.change(b, state="cancelled")
+            async with keeping.serial(self.settings):
+                await keeping.unreserve(self.settings, b)
+                self.store.change(b, state="cancelled")
             for owner, (_, booking_id) in list(self.store.admitted.items()):
                 if booking_id == b.id:  # a server told to leave for it may stay
                     self.store.forget(owner)
@@ -308,8 +315,9 @@ def release_unused(settings: Mapping, now: float | None = None) -> list[Booking]
 
 
 def start_keeping(settings: Mapping) -> PeriodicCallback:
-    """Read the bookings now (the hub's start) and release unused windows on a timer."""
-    store_of(settings)
+    """Read the bookings now (the hub's start), release unused windows on a timer, and reconcile them with
+    the cluster where it holds them (:mod:`.booking_keeper`)."""
+    keeping.start(settings, store_of(settings))
     grace = limits_of(settings).grace
     timer = PeriodicCallback(lambda: release_unused(settings), 1000 * min(60.0, max(1.0, grace / 4)))
     timer.start()

@@ -28,14 +28,14 @@ import math
 import re
 import subprocess
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from ...bookings import Booking, windows
 from .capacity import SlurmNode, read_nodes
 
-__all__ = ["WORDS", "Reservation", "ReservationError", "SlurmReservations", "active_for", "create_args", "holds",
-           "plan", "read_reservations", "slurm_version"]
+__all__ = ["WORDS", "Reservation", "ReservationError", "SlurmReservations", "active_for", "create_args", "held",
+           "holds", "plan", "read_reservations", "slurm_version"]
 
 #: Every sentence about what a booking holds on gpu-slurm, key -> template.
 WORDS: dict[str, str] = {
@@ -123,6 +123,16 @@ def holds(booking: Booking, nodes: Iterable[SlurmNode], version: tuple[int, int]
         chosen = _node_choice(booking, list(nodes), kind, version)
         what = WORDS["holds_nodes"].format(s=_plural(len(chosen)), nodes=", ".join(chosen), gpus=booking.count)
     return WORDS["holds"].format(count=booking.count, model=booking.model, s=_plural(booking.count), what=what)
+
+
+def held(booking: Booking, listed: Iterable[Reservation]) -> str:
+    """What ``booking``'s reservations among ``listed`` hold, in the bookings page's words ("whole node
+    gpu-1 (4 GPUs)", "2 GPUs"); "" when none is listed."""
+    mine = [r for r in listed if re.fullmatch(rf".+-{re.escape(booking.id)}-\d+", r.name)]
+    nodes = sorted({name for r in mine for name in r.nodes})
+    if nodes:
+        return WORDS["holds_nodes"].format(s=_plural(len(nodes)), nodes=", ".join(nodes), gpus=booking.count)
+    return WORDS["holds_gpus"].format(count=booking.count, s=_plural(booking.count)) if mine else ""
 
 
 def _node_choice(booking: Booking, nodes: list[SlurmNode], kind: str, version: tuple[int, int]) -> tuple[str, ...]:
@@ -263,7 +273,8 @@ class SlurmReservations:
             return plan(booking, self.prefix, (), version, account, self.gres_types.get(booking.model))
         windows = _windows(booking)
         overlapping = [r for r in read_reservations(self._check(["scontrol", "show", "reservation", "-o"]))
-                       if any(r.start < end and start < r.end for start, end in windows)]
+                       if r.booking_id(self.prefix) != booking.id  # its own windows made before hold for it
+                       and any(r.start < end and start < r.end for start, end in windows)]
         taken = {name for r in overlapping for name in r.nodes}
         nodes = self.nodes()
         free = [n for n in nodes if n.name not in taken]
@@ -277,15 +288,15 @@ class SlurmReservations:
         """What ``booking`` would hold here, in the form's words (:class:`ReservationError`: cannot)."""
         return holds(booking, self.nodes(), self.version(), self.gres_types.get(booking.model))
 
-    def reserve(self, booking: Booking) -> list[Reservation]:
-        """Create a reservation for each window of ``booking`` not yet over; all or none (a refused one
-        removes those made before it). :class:`ReservationError` (a 400 sentence) when the cluster
-        cannot hold it, RuntimeError with Slurm's words when Slurm refuses."""
+    def reserve(self, booking: Booking, only: Collection[str] | None = None) -> list[Reservation]:
+        """Create a reservation for each window of ``booking`` not yet over (``only``: those of these
+        names); all or none (a refused one removes those made before it). :class:`ReservationError`
+        (a 400 sentence) when the cluster cannot hold it, RuntimeError with Slurm's words when Slurm refuses."""
         now = time.time()
         made = []
         try:
             for r in self.plan(booking):
-                if r.end > now:
+                if r.end > now and (only is None or r.name in only):
                     self._check(create_args(r, now), booking.id)
                     made.append(r)
         except RuntimeError:
@@ -305,13 +316,17 @@ class SlurmReservations:
         is in use": Slurm deletes none such) is ended now instead: the job runs on, nobody else waits for it."""
         gone = 0
         for r in self.reservations():
-            if r.booking_id(self.prefix) != booking_id:
-                continue
-            try:
-                self._check(["scontrol", "delete", f"ReservationName={r.name}"], booking_id)
-            except RuntimeError as e:
-                if "in use" not in str(e):
-                    raise
-                self._check(["scontrol", "update", f"ReservationName={r.name}", "EndTime=now"], booking_id)
-            gone += 1
+            if r.booking_id(self.prefix) == booking_id:
+                self.remove(r)
+                gone += 1
         return gone
+
+    def remove(self, r: Reservation) -> None:
+        """Delete reservation ``r``, or end it now where a job runs in it (see :meth:`unreserve`)."""
+        booking_id = r.booking_id(self.prefix) or ""
+        try:
+            self._check(["scontrol", "delete", f"ReservationName={r.name}"], booking_id)
+        except RuntimeError as e:
+            if "in use" not in str(e):
+                raise
+            self._check(["scontrol", "update", f"ReservationName={r.name}", "EndTime=now"], booking_id)

@@ -43,6 +43,7 @@ from ...placement import GPURequest, PlacementError
 from ...profiles import Choice, load_profiles
 from ..base import GPUSpawnerMixin, checked_cuda_map
 from ..claim import Claim
+from .booking import SlurmBookingKeeper
 from .capacity import UNTYPED, NeverFits, choose_type, cuda_constraint
 from .cuda import DriverCuda
 from .reading import SlurmReadingMixin
@@ -186,6 +187,17 @@ class GPUSlurmSpawner(SlurmJobMixin, SlurmReadingMixin, SlurmReconcileMixin, GPU
         """,
     ).tag(config=True)
 
+    slurm_reservation_user = Unicode(
+        "",
+        help="""
+        The account that creates and removes the Slurm advance reservations holding GPU
+        bookings (``scontrol create reservation``, ``scontrol delete reservation``, and the
+        ``sinfo`` and ``scontrol show reservation`` they need), through ``exec_prefix`` (its
+        ``{username}``). Slurm lets only its operators and administrators create
+        reservations, so name such an account. Empty: the account the hub runs as.
+        """,
+    ).tag(config=True)
+
     job_python = Unicode(
         "python3",
         help="""
@@ -234,6 +246,11 @@ class GPUSlurmSpawner(SlurmJobMixin, SlurmReadingMixin, SlurmReconcileMixin, GPU
         except TraitError as e:
             return [str(e)]
         return []
+
+    @classmethod
+    def booking_keeper(cls, config) -> SlurmBookingKeeper:
+        """Bookings held as Slurm advance reservations (:mod:`.booking`), made with ``config``'s settings."""
+        return SlurmBookingKeeper.of(cls(config=config))
 
     def offers_gpus(self) -> bool:
         """Whether some profile lets a user pick GPUs (then the site's own GPU settings are refused)."""
