@@ -67,10 +67,10 @@ def serial(settings: Mapping) -> asyncio.Lock:
     return _keeping(settings).lock
 
 
-async def reserve_then_save(settings: Mapping, b: Booking, save: Callable[[Booking], Booking]) -> str:
-    """Hold ``b`` on the cluster, then save it; what it holds ("" without a keeper). HTTP 400 with the
-    keeper's sentence when the cluster cannot hold it, 503 when it does not answer: nothing is written."""
-    keeper = keeper_of(settings)
+async def reserve_then_save(keeper: Any | None, b: Booking, save: Callable[[Booking], Booking]) -> str:
+    """Hold ``b`` on the cluster (``keeper``: :func:`keeper_of`), then save it; what it holds ("" without a
+    keeper). HTTP 400 with the keeper's sentence when the cluster cannot hold it, 503 when it does not
+    answer: nothing is written. Where the save fails, the reservation is removed."""
     if keeper is None:
         save(b)
         return ""

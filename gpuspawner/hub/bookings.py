@@ -13,9 +13,10 @@
   Anyone else: 403.
 
 A booking answers as its fields (:class:`gpuspawner.bookings.Booking`) plus ``windows`` (the
-next few, ``[{"start", "end"}]``), ``window`` (the first, in words) and ``status``: ``upcoming``,
+next few, ``[{"start", "end"}]``), ``window`` (the first, in words), ``status``: ``upcoming``,
 ``active`` (a window holds its GPUs now), ``released`` (unused past the grace period),
-``cancelled`` or ``ended``.
+``cancelled`` or ``ended``, and ``holds``: what the cluster holds for it where the backend keeps
+bookings there (gpu-slurm's reservations: "whole node gpu-1 (4 GPUs)"; :mod:`.booking_keeper`), else "".
 
 An unused window is released ``gpu_booking_grace`` seconds after it starts when none of the
 booking's users holds GPUs of its model; :func:`start_keeping` checks on a timer.
@@ -230,7 +231,7 @@ class BookingsHandler(_Bookings):
                 check_new(b, self.store.all(), limits_of(self.settings), capacity, now, admin)
             except BookingError as e:
                 raise web.HTTPError(400, "%s", f"{e.field}: {e}") from e
-            holds = await keeping.reserve_then_save(self.settings, b, self.store.save)
+            holds = await keeping.reserve_then_save(keeping.keeper_of(self.settings), b, self.store.save)
         self.set_header("Location", f"{self.request.path.rstrip('/')}/{b.id}")
         self.answer(booking_json(b, now, holds), 201)
 

@@ -6,15 +6,17 @@ timer) removes stray reservations of its own and makes missing ones again, or sa
 
 from __future__ import annotations
 
+import asyncio
 import time
 from dataclasses import replace
 
 import pytest
 import requests
 
-from gpuspawner.backends.slurm.booking import wanted, window_names
+from gpuspawner.backends.slurm.booking import SlurmBookingKeeper, wanted, window_names
 from gpuspawner.backends.slurm.reservations import Reservation, SlurmReservations, read_reservations
 from gpuspawner.bookings import WEEK, Booking
+from gpuspawner.hub.booking_keeper import reserve_then_save
 from hub import login
 from slurmhub import OVERVIEW_CONFIG, add_user, running_hub
 
@@ -159,6 +161,26 @@ def test_a_live_booking_slurm_cannot_hold_again_says_so_in_its_note_until_it_is_
     wait_until(lambda: bookings(hub)[b["id"]]["note"] == "class", "the note as booked once it is held again")
     assert name in listed(slurm_cluster, hub)
     assert call(hub, "DELETE", f"/{b['id']}").status_code == 204
+
+
+def test_a_booking_whose_save_fails_leaves_no_reservation(slurm_cluster, monkeypatch):
+    """The row is committed only after the reservation exists; where the commit fails, it is removed."""
+    for key, value in slurm_cluster.env.items():
+        monkeypatch.setenv(key, value)
+    keeper = SlurmBookingKeeper("jupyterhub-savefails")
+    start = time.time() + 10 * H
+    b = Booking(id="b-nosave", user=WHO, booked_by=WHO, model="a100", count=2, start=start, end=start + H)
+    saved = []
+
+    def save(booking: Booking) -> Booking:
+        saved.append([r.name for r in read_reservations(slurm_cluster.run("scontrol", "show", "reservation",
+                                                                           "-o").stdout)])
+        raise OSError("database is locked")
+
+    with pytest.raises(OSError):
+        asyncio.run(reserve_then_save(keeper, b, save))
+    assert saved == [["jupyterhub-savefails-b-nosave-0"]]  # reserved before the save was tried
+    assert "jupyterhub-savefails" not in slurm_cluster.run("scontrol", "show", "reservation", "-o").stdout
 
 
 def test_which_reservations_a_live_booking_wants():
