@@ -9,6 +9,7 @@ the test cluster, through a hub.
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -16,8 +17,10 @@ from jupyterhub import orm
 from jupyterhub.objects import Hub, Server
 from jupyterhub.user import User
 from sqlalchemy.orm import object_session
+from traitlets.config import Config
 
 from gpuspawner.backends.slurm.spawner import GPUSlurmSpawner
+from gpuspawner.bookings import Booking
 from gpuspawner.reconcile import Workload
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -25,9 +28,11 @@ FIXTURES = Path(__file__).parent / "fixtures"
 PREFIX = """#!/bin/sh
 account="$1"; shift
 printf '%s %s\\n' "$account" "$*" >> {log}
-case "$1" in
-  sinfo) cat {fixtures}/sinfo-mixed.json ;;
-  squeue) cat {fixtures}/squeue-one-pending.json ;;
+case "$1 $2" in
+  "sinfo -V") echo "slurm-wlm 22.05.8" ;;
+  sinfo*) cat {fixtures}/sinfo-mixed.json ;;
+  squeue*) cat {fixtures}/squeue-one-pending.json ;;
+  "scontrol show") echo "No reservations in the system" ;;
 esac
 """
 
@@ -86,6 +91,23 @@ async def test_an_orphaned_job_is_cancelled_with_the_sites_cancel_command_as_its
                      create_system_users=True, system_user_prefix="site-")
     await ann.end_orphan(Workload("4711", "bob/job/5e1f0c", (), "", "Slurm job 4711"))
     assert calls(log) == ["site-bob scancel --full 4711"]
+
+
+async def test_a_bookings_reservation_is_made_through_the_prefix_as_the_reservation_account(prefix):
+    script, log = prefix
+    config = Config()
+    config.GPUSlurmSpawner.update(exec_prefix=f"{script} {{username}}", slurm_reservation_user="slurm-ops",
+                                  create_system_users=True, system_user_prefix="site-")
+    config.GPUSpawnerMixin.gpu_hub_id = "hub7"
+    keeper = GPUSlurmSpawner.booking_keeper(config)
+    start = time.time() + 3600
+    b = Booking(id="b-1a2b3c", user="ann", booked_by="ann", model="a100-sxm4-80gb", count=2, start=start,
+                end=start + 3600)
+    assert await keeper.reserve(b) == "whole node vm (2 GPUs)"
+    made = calls(log)[-1].split()
+    assert made[:5] == ["slurm-ops", "scontrol", "create", "reservation", "ReservationName=jupyterhub-hub7-b-1a2b3c-0"]
+    assert made[-2:] == ["Users=site-ann", "Nodes=vm"]
+    assert {line.split()[0] for line in calls(log)} == {"slurm-ops"}
 
 
 async def test_a_prefix_that_cannot_be_filled_in_reads_as_unknown_with_the_reason():
