@@ -6,6 +6,7 @@ import argparse
 import json
 import statistics
 import sys
+from dataclasses import replace
 
 from ..estimate import HIGH, LOW
 from .estimates import COLUMNS as ESTIMATE_COLUMNS, Figures, fit, measure
@@ -39,6 +40,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--estimate-loads", default="0.85,0.7",
                    help="with --estimates: the trace's --load values to measure at (default 0.85,0.7: the "
                         "documented days, offered load 85 %% and 71 %%)")
+    p.add_argument("--backfill", default="off", choices=("off", "first-fit", "nearest-host"),
+                   help="with --estimates: the queue's backfill rule (gpu_queue_backfill) the hub runs and the "
+                        "estimates follow (default off, the hub's default)")
     p.add_argument("--fit-seed", type=int, default=1001,
                    help="with --estimates or --choices: the first seed of the days whose history the estimator uses, "
                         "held out from the days measured (default 1001)")
@@ -69,7 +73,7 @@ def _days(args: argparse.Namespace, inventory: tuple, seed: int, load: float) ->
 
 def estimates(args: argparse.Namespace, inventory: tuple) -> list[Figures]:
     """``--estimates``: the estimator's figures at each load, fitted on held-out days."""
-    policy = next(p for p in default_policies(()) if p.name == "gpuspawner")
+    policy = replace(next(p for p in default_policies(()) if p.name == "gpuspawner"), backfill=args.backfill)
     out = []
     for load in (float(x) for x in args.estimate_loads.split(",") if x.strip()):
         history = fit(_days(args, inventory, args.fit_seed, load), inventory, policy, args.hours)
@@ -77,7 +81,8 @@ def estimates(args: argparse.Namespace, inventory: tuple) -> list[Figures]:
         offered = statistics.mean(offered_load(d, len(inventory), args.hours) for d in days)
         out.append(measure(days, inventory, policy, history, offered, args.hours)[1])
     last = args.days - 1
-    print(f"Wait estimates, policy gpuspawner, {len(inventory)} GPUs, {args.days} day(s) per load: the estimator "
+    rule = "" if args.backfill == "off" else f", backfill {args.backfill}"
+    print(f"Wait estimates, policy gpuspawner{rule}, {len(inventory)} GPUs, {args.days} day(s) per load: the estimator "
           f"draws on the history of seeds {args.fit_seed}-{args.fit_seed + last} and is measured on seeds "
           f"{args.seed}-{args.seed + last}: held out. Its interval, the {100 * LOW:g}-{100 * HIGH:g}% quantiles, "
           f"was chosen on other days (seeds 2001-2005 and 4001-4005, history of 1001-1005), not on these figures.")

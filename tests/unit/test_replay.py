@@ -191,3 +191,9 @@ def test_the_replay_prints_what_users_choose(capsys):
     assert [line.split("  ")[0] for line in out[2:]] == [
         "gpuspawner", "gpuspawner, users choose", "gpuspawner, backfill first-fit",
         "gpuspawner, backfill first-fit, users choose"]
+
+
+def test_the_estimates_are_measured_under_the_backfill_rule_asked(capsys):
+    main(["--estimates", "--days", "1", "--estimate-loads", "0.85", "--backfill", "first-fit"])
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("Wait estimates, policy gpuspawner, backfill first-fit, 16 GPUs, 1 day(s) per load")
