@@ -48,7 +48,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from .estimate_backfill import give_back, start_backfill, take
+from .estimate_backfill import NearestHost, give_back, start_backfill, take
 from .gpu import GPU
 from .queue import BACKFILL, _slug, _utc_time, _Wanted
 
@@ -357,12 +357,14 @@ def estimate(
              for a in ahead]
     queue.append((ask.count, math.inf, math.inf, True, ask.groups))
 
+    nearest = NearestHost(queue, sizes) if backfill == "nearest-host" else None
+
     def run(j: int, ends: list[tuple[float, int, str, int]]) -> float | None:
         for i, drawn in enumerate(holds):
             queue[i] = (queue[i][0], drawn[j], *queue[i][2:])
         if backfill == "off":
             return _start(free, ends, queue, now, own, limit)
-        return start_backfill(free, ends, queue, now, own, limit, backfill, sizes)
+        return start_backfill(free, ends, queue, now, own, limit, nearest)
 
     def whole(j: int) -> float:
         return run(j, [(r.end(_draws(r.h.owner, samples)[0][j], now), *r.key) for r in rows])
