@@ -12,10 +12,10 @@ model (the trace's ``any``), for each model of the inventory alone (its own prof
 - else they come back at the soonest estimate (with that model) and then queue, whatever it says.
 
 Figures (:class:`ChoiceFigures`), per policy: p95 of the wait of those who queued (from when they
-decided to queue: their first try, or their return), p95 and median of "asked -> started" for
-everyone (from their first try, time away included, so demand that moved is not hidden),
-held-idle, users who took another model, users who came back at their estimate, and culled users
-who came back.
+decided to queue, their first try or their return, to their start, less any time away), p95 and
+median of "asked -> started" for everyone (from their first try, time away included, so demand
+that moved is not hidden), held-idle, users who took another model, users who came back at their
+estimate, and culled users who came back.
 """
 
 from __future__ import annotations
@@ -65,16 +65,18 @@ class _Choosing(_Replay):
         self.models = [m for m, name in MODELS.items() if any(g.name == name for g in inventory)]
         self.queued_waits: list[float] = []
         self.other_model = self.later = 0
-        self.decided: dict[int, float] = {}  # id(live) -> when its user decided to queue
-        self.deferrals: dict[int, int] = {}  # id(live) -> times its user came back later instead
+        # per request (the object itself, never its id: an id is reused once a request is gone)
+        self.decided: dict[_Live, float] = {}  # when its user decided to queue
+        self.deferrals: dict[_Live, int] = {}  # times its user came back later instead
+        self.spent: dict[_Live, float] = {}  # time it waited in the queue before it went away
 
     def _likely(self, live: _Live, models: tuple[str, ...]) -> float:
         likely = self.estimate_of(self, _Live(replace(live.s, models=models))).likely
         return float("inf") if likely is None else likely
 
     def ask(self, live: _Live) -> None:
-        if not self.policy.queue or self.deferrals.get(id(live), 0) >= MAX_DEFERRALS:
-            self.decided.setdefault(id(live), self.now)
+        if not self.policy.queue or self.deferrals.get(live, 0) >= MAX_DEFERRALS:
+            self.decided.setdefault(live, self.now)
             super().ask(live)
             return
         asked = self._likely(live, live.s.models)
@@ -84,19 +86,20 @@ class _Choosing(_Replay):
                 options += [(self._likely(live, (m,)), (m,)) for m in self.models]
             soonest, models = min(options)
             if soonest > self.now + self.patience and soonest < float("inf"):
-                self.later += id(live) not in self.deferrals
-                self.deferrals[id(live)] = self.deferrals.get(id(live), 0) + 1
-                self.decided.pop(id(live), None)
+                self.later += live not in self.deferrals
+                self.deferrals[live] = self.deferrals.get(live, 0) + 1
+                if live in self.decided:  # it had queued (and reached the queue's limit): that wait counts
+                    self.spent[live] = self.spent.get(live, 0.0) + self.now - self.decided.pop(live)
                 self.at(soonest, "retry", live, live.generation)
                 return
             if models != live.s.models:
                 self.other_model += 1
                 live.s = replace(live.s, models=models)
-        self.decided.setdefault(id(live), self.now)
+        self.decided.setdefault(live, self.now)
         super().ask(live)
 
     def granted(self, live: _Live) -> None:
-        self.queued_waits.append(self.now - self.decided.pop(id(live), self.now))
+        self.queued_waits.append(self.now - self.decided.pop(live, self.now) + self.spent.pop(live, 0.0))
         super().granted(live)
 
 
