@@ -22,7 +22,9 @@ has room for it (a group: one host's GPUs of a model it asked for; a request nev
 it takes the fullest group with room, the placement's best fit) and its user stays within the
 quota (``quota``: GPUs per user, counting what the user holds elsewhere); a request ahead that
 would not start before it gives up (``gives_up``: when the queue's limit ends its wait) leaves
-the queue then instead. The likely start is the median scenario, the interval the :data:`LOW` and
+the queue then instead (that is strict order, the queue's default; under its ``gpu_queue_backfill``
+rules, ``backfill``, the requests start as :mod:`gpuspawner.estimate_backfill` says). The likely
+start is the median scenario, the interval the :data:`LOW` and
 :data:`HIGH` quantiles. Each holder's and request's
 draws come from a generator seeded by its owner's name, so the same state always gives the same
 estimate, and adding a holder or a request ahead changes nobody else's draws: where all use the

@@ -9,7 +9,8 @@ model (the trace's ``any``), for each model of the inventory alone (its own prof
 
 - where the estimate for the request as asked is within the user's ``patience``, they queue as asked;
 - else, where another model's estimate is sooner and within ``patience``, they take that model;
-- else they come back at the soonest estimate (with that model) and then queue, whatever it says.
+- else they come back at the soonest estimate (with that model) and look again; after
+  :data:`MAX_DEFERRALS` returns they queue whatever it says.
 
 Figures (:class:`ChoiceFigures`), per policy: p95 of the wait of those who queued (from when they
 decided to queue, their first try or their return, to their start, less any time away), p95 and
