@@ -13,6 +13,7 @@ from dataclasses import replace
 import pytest
 import requests
 
+from chromium import NEEDS_BROWSER, hub_login, playwright_sync_api
 from gpuspawner.backends.slurm.booking import SlurmBookingKeeper, wanted, window_names
 from gpuspawner.backends.slurm.reservations import Reservation, SlurmReservations, read_reservations
 from gpuspawner.bookings import WEEK, Booking
@@ -21,6 +22,7 @@ from hub import login
 from slurmhub import OVERVIEW_CONFIG, add_user, running_hub
 
 pytestmark = [pytest.mark.integration, pytest.mark.slurm]
+sync_api = playwright_sync_api()
 
 H = 3600
 #: the booked user: a hub user whose name is an account of this host (Slurm checks ``Users=``)
@@ -161,6 +163,26 @@ def test_a_live_booking_slurm_cannot_hold_again_says_so_in_its_note_until_it_is_
     wait_until(lambda: bookings(hub)[b["id"]]["note"] == "class", "the note as booked once it is held again")
     assert name in listed(slurm_cluster, hub)
     assert call(hub, "DELETE", f"/{b['id']}").status_code == 204
+
+
+@NEEDS_BROWSER[0]
+@NEEDS_BROWSER[1]
+def test_the_bookings_page_books_and_says_what_the_booking_holds_on_slurm(hub, slurm_cluster, browser):
+    page = hub_login(browser, hub.url, WHO)
+    page.goto(hub.url + "/hub/gpus/bookings")
+    page.select_option("#booking-model", "a100-sxm4-80gb")
+    page.fill("#booking-count", "2")  # start and end: the next full hour, for two hours
+    page.click("#booking-submit")
+    holds = f"whole node {slurm_cluster.host} (2 GPUs)"
+    done = page.locator("#gpuspawner-booking-done")
+    sync_api.expect(done).to_contain_text(f"; it holds {holds}.")
+    booking = done.text_content().split()[1].rstrip(":")  # "Booked b-3f9a2c: 2 x ..."
+    row = page.locator(f"#gpuspawner-bookings-table tr[data-booking='{booking}']")
+    sync_api.expect(row.locator("[data-field=gpus]")).to_have_text(f"2 x NVIDIA A100-SXM4-80GB (holds {holds})")
+    assert f"{prefix(hub)}-{booking}-0" in listed(slurm_cluster, hub)
+    row.locator(".gs-cancel").click()
+    sync_api.expect(row.locator("[data-field=status]")).to_have_text("cancelled")
+    assert listed(slurm_cluster, hub) == {}
 
 
 def test_a_booking_whose_save_fails_leaves_no_reservation(slurm_cluster, monkeypatch):
