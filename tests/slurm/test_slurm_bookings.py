@@ -119,6 +119,24 @@ def test_a_booking_slurm_cannot_hold_is_refused_with_the_sentence_and_leaves_not
     assert listed(slurm_cluster, hub) == {}
 
 
+def test_a_booking_slurm_refuses_is_refused_with_slurms_words_and_leaves_nothing(hub, slurm_cluster):
+    """A job whose time limit reaches into the window runs on the node: Slurm will not reserve it."""
+    job = slurm_cluster.run("sbatch", "--parsable", "--gres=gpu:t4:1", "--time=10:00:00", "--output=/dev/null",
+                            "--chdir=/tmp", "--wrap=sleep 300").stdout.strip()
+    try:
+        wait_until(lambda: slurm_cluster.run("squeue", "-h", "-j", job, "-o", "%T").stdout.strip() == "RUNNING",
+                   f"job {job} running")
+        before = set(bookings(hub))
+        r = book(hub, 2, time.time() + H)
+        assert r.status_code == 400, r.text
+        assert r.json()["message"].startswith("Slurm refused the reservation for booking b-"), r.text
+        assert r.json()["message"].endswith(": Requested nodes are busy"), r.text
+        assert set(bookings(hub)) == before
+        assert listed(slurm_cluster, hub) == {}
+    finally:
+        slurm_cluster.run("scancel", job, check=False)
+
+
 def test_the_hub_removes_its_stray_reservations_at_restart_and_makes_missing_ones_again(hub, slurm_cluster):
     r = book(hub, 2, time.time() + 4 * H, repeat_weeks=2)
     assert r.status_code == 201, r.text

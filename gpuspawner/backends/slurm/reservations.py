@@ -291,15 +291,22 @@ class SlurmReservations:
     def reserve(self, booking: Booking, only: Collection[str] | None = None) -> list[Reservation]:
         """Create a reservation for each window of ``booking`` not yet over (``only``: those of these
         names); all or none (a refused one removes those made before it). :class:`ReservationError`
-        (a 400 sentence) when the cluster cannot hold it, RuntimeError with Slurm's words when Slurm refuses."""
+        (a 400 sentence) when the cluster cannot hold it, or Slurm refuses a reservation (its words: "Requested
+        nodes are busy" where jobs whose time limits reach into a window run there); RuntimeError when Slurm
+        does not answer."""
         now = time.time()
         made = []
         try:
             for r in self.plan(booking):
                 if r.end > now and (only is None or r.name in only):
-                    self._check(create_args(r, now), booking.id)
+                    try:
+                        self._check(create_args(r, now), booking.id)
+                    except RuntimeError as e:
+                        if str(e).startswith(WORDS["refused"].split("{", 1)[0]) and "contact" not in str(e):
+                            raise ReservationError(str(e)) from e
+                        raise
                     made.append(r)
-        except RuntimeError:
+        except (RuntimeError, ReservationError):
             for r in made:
                 self._run(["scontrol", "delete", f"ReservationName={r.name}"])
             raise
