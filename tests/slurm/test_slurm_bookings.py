@@ -19,7 +19,7 @@ from gpuspawner.backends.slurm.reservations import Reservation, SlurmReservation
 from gpuspawner.bookings import WEEK, Booking
 from gpuspawner.hub.booking_keeper import reserve_then_save
 from hub import login
-from slurmhub import OVERVIEW_CONFIG, add_user, running_hub
+from slurmhub import ONE_A100, OVERVIEW_CONFIG, add_user, job_id, running_hub
 
 pytestmark = [pytest.mark.integration, pytest.mark.slurm]
 sync_api = playwright_sync_api()
@@ -232,3 +232,18 @@ def test_which_reservations_a_live_booking_wants():
     released = replace(b, state="released", released_at=now)
     assert window_names(released, "p", now) == {"p-b-1-2"}
     assert not wanted(b, Reservation("p-b-10-1", 0, 1), "p", now)
+
+
+def test_a_booked_users_server_runs_in_the_reservation_the_booking_made(hub, slurm_cluster):
+    r = book(hub, 2, time.time(), hours=0.25)
+    assert r.status_code == 201, r.text
+    b = r.json()
+    try:
+        spawned = hub.spawn(WHO, ONE_A100)
+        assert spawned.status_code in (201, 202), spawned.text
+        hub.wait_ready(WHO, timeout=120)
+        shown = slurm_cluster.run("scontrol", "show", "job", job_id(hub, WHO)).stdout
+        assert f"Reservation={prefix(hub)}-{b['id']}-0" in shown, shown
+    finally:
+        hub.stop_server(WHO)
+        call(hub, "DELETE", f"/{b['id']}")
