@@ -10,6 +10,7 @@ gpu-slurm's holds each booking as Slurm advance reservations
   did not answer (HTTP 503);
 - ``unreserve(booking_id)``: hold nothing for it any more;
 - ``holds(bookings) -> {id: words}``: what each holds now;
+- ``models() -> [{"model", "name", "total"}]``: the cluster's GPU models, which bookings are for;
 - ``reconcile(live) -> {id: why}``: hold exactly the live bookings' windows: remove what no live
   booking wants, make again what one misses; why those it cannot hold are not held.
 
@@ -112,6 +113,19 @@ async def holds(settings: Mapping, bookings: Sequence[Booking]) -> dict[str, str
     except RuntimeError as e:
         log.warning("gpuspawner: cannot read what the cluster holds for bookings: %s", e)
         return {}
+
+
+async def models(settings: Mapping) -> list[dict] | None:
+    """The GPU models bookings are for where the cluster has them (``[{"model", "name", "total"}]``); None
+    without a keeper (the hub's own GPUs), or when the cluster does not answer (logged)."""
+    keeper = keeper_of(settings)
+    if keeper is None:
+        return None
+    try:
+        return await keeper.models()
+    except RuntimeError as e:
+        log.warning("gpuspawner: cannot read the cluster's GPU models for bookings: %s", e)
+        return None
 
 
 def live(bookings: Sequence[Booking], now: float) -> list[Booking]:

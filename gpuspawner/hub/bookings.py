@@ -158,6 +158,15 @@ def parse_body(body: Any, me: str, now: float) -> Booking:
                    repeat_weeks=_whole(body, "repeat_weeks", 0), created=now, note=_text(body, "note", MAX_NOTE))
 
 
+async def capacity_of(settings: Mapping) -> Mapping[str, int]:
+    """Model slug -> GPUs bookings may hold: the cluster's where a keeper holds them there, else the hub's."""
+    found = await keeping.models(settings)
+    if found is not None:
+        return {m["model"]: m["total"] for m in found}
+    reading = await hub_state_of_app(settings).inventory.read()
+    return Counter(g.model for g in reading.gpus)
+
+
 class _Bookings(APIHandler):
     @property
     def hub_state(self) -> HubState:
@@ -221,8 +230,7 @@ class BookingsHandler(_Bookings):
         try:
             b = parse_body(read_json(self.request.body), me, now)
             self.check_names(b)
-            reading = await self.hub_state.inventory.read()
-            capacity = Counter(g.model for g in reading.gpus)
+            capacity = await capacity_of(self.settings)
             b = replace(b, model=resolve_model(b.model, capacity))
         except OptionsError as e:
             raise web.HTTPError(400, "%s", str(e)) from e

@@ -23,6 +23,7 @@ from jupyterhub import orm
 from jupyterhub.handlers import BaseHandler
 from tornado import web
 
+from . import booking_keeper as keeping
 from .handlers import _Overview
 from .overview import build, own_view
 
@@ -69,7 +70,8 @@ class BookingsPageHandler(_Overview, BaseHandler):
             groups = sorted(g.name for g in self.db.query(orm.Group))
         else:
             groups = sorted(g.name for g in self.current_user.groups)
-        models = [{"model": m["model"], "name": m["name"], "total": m["total"]} for m in data["models"]]
+        models = await keeping.models(self.settings) or [  # the cluster's, where bookings are held there
+            {"model": m["model"], "name": m["name"], "total": m["total"]} for m in data["models"]]
         self.set_header("Cache-Control", "no-store")
         self.finish(await self.render_template(
             "gpuspawner_bookings.html", models=models, holding=holding_now(data), admin=admin, groups=groups,

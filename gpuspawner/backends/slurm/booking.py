@@ -104,6 +104,19 @@ class SlurmBookingKeeper:
         if exact or near:
             self.slurm.gres_types[model] = (exact or sorted(near))[0]
 
+    def _models(self) -> list[dict]:
+        types, out = self.types, {}
+        for node in self.slurm.nodes():
+            for t, n in node.gpus.items():
+                entry = out.setdefault(types.slug(t), {"model": types.slug(t), "name": types.name(t), "total": 0})
+                entry["total"] += n
+        return sorted(out.values(), key=lambda m: m["model"])
+
+    async def models(self) -> list[dict]:
+        """The cluster's GPU models, as its form offers them: ``[{"model", "name", "total"}]`` (what may be
+        booked: the hub host itself has no GPUs at a Slurm site). RuntimeError: Slurm does not answer."""
+        return await asyncio.to_thread(self._models)
+
     def _reserve(self, b: Booking, only: set[str] | None = None) -> list[Reservation]:
         self._gres_type(b.model)
         self._listed = None
