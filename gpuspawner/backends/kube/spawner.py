@@ -51,7 +51,8 @@ from ..errors import user_error
 from .api import ClusterCapacity, ClusterReading, list_server_pods, why_failed
 from .booked import KubeBookingsMixin
 from .caches import KubeCaches
-from .capacity import GPU_RESOURCE, PRODUCT_LABEL, CapacityError, offered_models, place, pools, queue_known
+from .capacity import GPU_RESOURCE, PRODUCT_LABEL, CapacityError, offered_models, place, pools
+from .estimates import KubeEstimatesMixin
 from .events import EventContext
 from .holdings import USERNAME_ANNOTATION, server_holdings
 from .kueue import QUEUE_LABEL, check_queue_name
@@ -74,7 +75,8 @@ def image_repository(image: str) -> str:
     return name[:colon] if colon > slash else name
 
 
-class GPUKubeSpawner(KubeOptionsMixin, KubeWaitingMixin, KubeBookingsMixin, GPUSpawnerMixin, KubeSpawner):
+class GPUKubeSpawner(KubeOptionsMixin, KubeWaitingMixin, KubeBookingsMixin, KubeEstimatesMixin, GPUSpawnerMixin,
+                     KubeSpawner):
     """KubeSpawner with gpuspawner's GPU profiles, live capacity and plain-words progress.
 
     Its options and form (:mod:`~gpuspawner.backends.kube.options`) and its waiting in words
@@ -412,7 +414,7 @@ class GPUKubeSpawner(KubeOptionsMixin, KubeWaitingMixin, KubeBookingsMixin, GPUS
 
         try:
             result = await self.wait_in_queue(counted, choice.profile.slug, read, take,
-                                              known=lambda waiter, _pools: queue_known(latest[0].nodes, waiter.models))
+                                              known=lambda waiter, _: self.kube_queue_known(waiter, latest[0].nodes))
         except PlacementError as e:
             state.metrics.refused(e.code, time.monotonic() - started)
             raise
