@@ -99,16 +99,17 @@ class _Overview:
                 holders[owner] = Holder(owner, user_name, server_name, ledger.since(owner), state, None, "job")
                 continue
             user = self._find_holder_user(user_name)
-            state, url = "not running", None
+            state, url, wait = "not running", None, None
             if user is not None and server_name in user.orm_spawners:
                 spawner = user.spawners[server_name]
                 if spawner.pending:
                     state = {"spawn": "starting", "stop": "stopping"}.get(spawner.pending, spawner.pending)
+                    wait = getattr(spawner, "gpu_wait", None) if spawner.pending == "spawn" else None
                 elif spawner.ready:
                     state, url = "running", user.server_url(server_name)
                     if spawner.server is not None:
                         targets[owner] = spawner.server.url
-            holders[owner] = Holder(owner, user_name, server_name, ledger.since(owner), state, url)
+            holders[owner] = Holder(owner, user_name, server_name, ledger.since(owner), state, url, wait=wait)
         return holders, targets
 
     @property

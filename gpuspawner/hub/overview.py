@@ -39,6 +39,7 @@ class Holder:
     state: str  # "running", "starting", "stopping", "not running" or "out of service" (see outofservice.py)
     url: str | None = None  # the server's public path, when running
     kind: str = "server"  # or "job": a notebook GPU job (server is "job/<id>")
+    wait: dict | None = None  # a starting server's wait as its backend words it (gpu-slurm, gpu-kube's Kueue)
 
 
 def _numbers(n: GPUNumbers | None, now: float) -> dict:
@@ -213,7 +214,8 @@ def build(
     for owner, keys in sorted(allocations.items()):
         resources = cluster_holdings(keys)
         if resources:
-            cluster.append({**_holder(owner, holders.get(owner), problems),
+            holder = holders.get(owner)
+            cluster.append({**_holder(owner, holder, problems), **((holder and holder.wait) or {}),
                             "gpus": sum(resources.values()), "resources": resources})
     models = [
         {"model": m.slug, "name": m.name, "free": m.free, "total": m.total, "unavailable": m.unavailable,

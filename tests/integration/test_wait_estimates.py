@@ -11,10 +11,10 @@ import html as htmllib
 import time
 
 import pytest
-import requests
 
 from hub import login
 from ops_hub import OpsHub
+from test_form_first_hour import progress_until
 from test_ops_overview import user_token
 
 pytestmark = pytest.mark.integration
@@ -41,19 +41,6 @@ def hub(tmp_path_factory, fakenvml_libdir):
         hub.close()
 
 
-def progress_until(hub, name: str, wanted: str) -> str:
-    events = hub.api("GET", f"/users/{name}/server/progress", stream=True)
-    seen = ""
-    try:
-        for line in events.iter_lines(decode_unicode=True):
-            seen += htmllib.unescape(line or "")
-            if wanted in seen or '"failed": true' in seen:
-                break
-    except requests.exceptions.RequestException:
-        pass
-    finally:
-        events.close()
-    return seen
 
 
 def queue_entry(hub, user: str, token: str | None = None) -> dict | None:

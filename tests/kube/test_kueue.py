@@ -338,6 +338,7 @@ async def test_pods_wait_in_kueue_with_their_place_and_start_once_admitted(team,
     ana_start = await start_task(ana, GPU1)
     messages = await progress_until(ana, ": position")  # once Kueue has queued the pod's Workload
     assert messages[-1] == "waiting in queue team-a: position 1 (Kueue)"
+    assert ana.gpu_wait == {"kueue_queue": "team-a", "kueue_position": 1}  # what /hub/api/gpus lists for it
     assert "Asking Kubernetes for 1 x NVIDIA-A100-SXM4-80GB (nvidia.com/gpu) through the Kueue queue team-a" in messages
     pod = team.pod(ana.pod_name)
     assert gated(pod) and pod["metadata"]["labels"][QUEUE_LABEL] == "team-a"  # Kueue's own webhook gated it
@@ -361,6 +362,7 @@ async def test_pods_wait_in_kueue_with_their_place_and_start_once_admitted(team,
         f"Kueue admitted your server (ClusterQueue {team.cluster_queue}); the scheduler places it next.")
     assert not gated(team.pod(ana.pod_name))
     assert (await progress_until(bob, "position 1"))[-1] == "waiting in queue team-a: position 1 (Kueue)"
+    assert bob.gpu_wait["kueue_position"] == 1 and ana.gpu_wait is None
     assert not bob_start.done()
     bob_start.cancel()
     for spawner in (ana, bob):

@@ -10,6 +10,7 @@ so the test compares what the job really held with what Slurm says it gave
 
 from __future__ import annotations
 
+import re
 import signal
 import time
 
@@ -146,6 +147,9 @@ def test_pending_job_is_queued_with_slurms_reason_and_cancel_scancels(jobs_hub, 
         assert time.monotonic() < deadline and queued["state"] == "queued", queued
         time.sleep(0.5)
         queued = job(hub, "alice", waiting["id"])
+    # and our estimate beside Slurm's: the T4s' holders must give them back by their time limits
+    assert re.search(r"\. Our estimate: About \d\d:\d\d UTC\. .*every holder must give its GPUs back by a known "
+                     r"time", queued["reason"]), queued
     slurm_waiting, _ = slurm_job_of(hub, slurm_cluster, "alice", waiting["id"])
     assert slurm_jobs(slurm_cluster)[slurm_waiting]["state"] == "PENDING"
 

@@ -278,7 +278,7 @@ class GPUKubeSpawner(KubeOptionsMixin, KubeWaitingMixin, KubeBookingsMixin, Kube
         """This spawn's options loaded (:meth:`load_user_options`), whatever JupyterHub ran before, and its
         pod labelled for its Kueue queue, if any."""
         choice = await self._load_options()
-        self._kueue_messages = []
+        self._kueue_messages, self.gpu_wait = [], None
         queue = self._kueue_queue = self.kueue_queue(choice.profile)
         if queue:
             self.extra_labels = {**self.extra_labels, QUEUE_LABEL: queue}

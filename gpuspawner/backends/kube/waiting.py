@@ -42,6 +42,9 @@ class KubeWaitingMixin(Configurable):
     _kueue_pod_uid: str | None = None
     _kueue_stale_uid: str | None = None
     _kueue_workload: str | None = None
+    #: while Kueue's gate holds the pod: its queue and place (``kueue_queue``, ``kueue_position``, None when
+    #: the visibility API did not say), listed in ``/hub/api/gpus``; None otherwise
+    gpu_wait: dict | None = None
 
     def kueue_queue(self, profile: Profile) -> str | None:
         """The Kueue LocalQueue of a profile's pods: its own ``kueue``, else ``kueue_queue_name``."""
@@ -67,7 +70,9 @@ class KubeWaitingMixin(Configurable):
         problem = (workload_problem(workload, queue) if workload else None) or pod_problem(pod, queue)
         if problem:
             return problem
-        if gated(pod):
+        if not gated(pod):
+            self.gpu_wait = None
+        else:
             try:
                 position = queue_position(await reader.pending_workloads(self.namespace, queue), self.pod_name)
             except Exception as e:  # still waiting in the queue, place unknown
@@ -75,6 +80,7 @@ class KubeWaitingMixin(Configurable):
                     self._kueue_position_error = why_failed(e)
                     self.log.warning("%s: Kueue's queue positions not read: %s", self._log_name, why_failed(e))
                 position = None
+            self.gpu_wait = {"kueue_queue": queue, "kueue_position": position}  # /hub/api/gpus lists it
             message = waiting_message(queue, position)
             if message != last:
                 self._kueue_messages = [*self._kueue_messages, message]
@@ -108,6 +114,7 @@ class KubeWaitingMixin(Configurable):
             return await self._start_watched()
         finally:
             self._options_loaded_for_start = False  # loaded once, for this start only
+            self.gpu_wait = None
 
     async def _start_watched(self):
         """KubeSpawner's ``_start``, raced against the Kueue watch where the pod goes to a Kueue queue."""

@@ -8,8 +8,9 @@ whose Slurm commands work only through the prefix, the form's availability, the 
 in words and the reconciliation work as batchspawner's own commands do.
 
 One :class:`SlurmReader` per prefix (kept in the hub state: with ``{username}`` in the
-prefix, one per user, since Slurm may show each user other things) runs ``sinfo --json``
-and ``squeue --json`` at most once per ``ttl`` seconds each; concurrent callers share
+prefix, one per user, since Slurm may show each user other things) runs ``sinfo --json``,
+``squeue --json`` and ``scontrol show reservation -o`` (a booking's reservation, which a booked
+user's job is submitted into) at most once per ``ttl`` seconds each; concurrent callers share
 one run. A command that fails or does not answer gives a reading with ``unknown`` set
 to why, never an exception: the form then says "availability unknown" and spawns go to
 Slurm unchecked.
@@ -27,6 +28,7 @@ from typing import Any
 
 from .capacity import SlurmNode, read_nodes
 from .queue import SlurmJob, read_jobs
+from .reservations import read_reservations
 
 
 @dataclass(frozen=True)
@@ -105,6 +107,8 @@ class SlurmReader:
         self.prefix, self.problem = prefix, problem
         self._nodes = _Cached(lambda: self._line("sinfo --json"), "sinfo", read_nodes, ttl, timeout)
         self._jobs = _Cached(lambda: self._line("squeue --json"), "squeue", read_jobs, min(ttl, 2.0), timeout)
+        self._reservations = _Cached(lambda: self._line("scontrol show reservation -o"), "scontrol",
+                                     read_reservations, ttl, timeout)
 
     def _line(self, command: str) -> str:
         if self.problem is not None:
@@ -118,6 +122,10 @@ class SlurmReader:
     async def jobs(self, max_age: float | None = None) -> Reading:
         """Every job Slurm lists (:class:`~gpuspawner.backends.slurm.queue.SlurmJob`)."""
         return await self._jobs.read(max_age)
+
+    async def reservations(self) -> Reading:
+        """Every advance reservation (:class:`~gpuspawner.backends.slurm.reservations.Reservation`)."""
+        return await self._reservations.read()
 
 
 __all__ = ["Reading", "SlurmJob", "SlurmNode", "SlurmReader", "prefixed", "run_command_line"]

@@ -14,7 +14,8 @@ spawner's own ``batch_script`` and ``batch_submit_cmd`` (so a site's prologue,
 name and comment mark it as this hub's ``user/job/<id>``, the way servers'
 jobs are marked, so a restarted hub counts it and does not cancel it.
 
-While Slurm holds it pending the job is ``queued``, its reason Slurm's in words.
+While Slurm holds it pending the job is ``queued``, its reason Slurm's in words, with Slurm's start estimate
+and ours (:mod:`~gpuspawner.backends.slurm.estimates`).
 Its outcome comes from the executor's status file (the hub reads the shared
 filesystem) and Slurm's state and exit code (``squeue`` lists ended jobs for
 ``MinJobAge`` seconds; no accounting needed): Slurm's ``TIMEOUT`` is a job
@@ -34,7 +35,8 @@ from typing import Any
 from ...jobmodel.outcome import Ended
 from ...jobmodel.runner import JobRunner, executor_args, notebook_problem, read_status, status_path
 from ...jobmodel.spec import JobSpec
-from .queue import ENDED, SlurmJob, slurm_seconds, slurm_time, wait_words
+from .estimates import waiting
+from .queue import ENDED, SlurmJob, slurm_seconds, slurm_time
 
 log = logging.getLogger("gpuspawner.jobs")
 
@@ -105,12 +107,15 @@ class SlurmJobs(JobRunner):
         return job is not None and job.state not in ENDED
 
     async def waiting(self, spawner: Any, job_id: str, handle: dict) -> str | None:
-        """Why Slurm holds the job pending, in words (its reason, place and start estimate); None once it runs."""
+        """Why Slurm holds the job pending, in words (its reason, place and Slurm's start estimate, then ours);
+        None once it runs."""
         job, _answered = await self._job(spawner, handle)
         if job is None or not job.pending:
             return None
-        reading = await (await spawner.slurm()).jobs()
-        return wait_words(job, reading.value)
+        reader = await spawner.slurm()
+        reading, nodes = await reader.jobs(), await reader.nodes()
+        history = spawner.gpu_session_history()
+        return waiting(job, reading.value, nodes.value if nodes.unknown is None else None, time.time(), history)[0]
 
     async def ended(self, spawner: Any, job_id: str, handle: dict, spec: JobSpec) -> Ended:
         """How it ended: the executor's status file, and Slurm's state and exit code while squeue lists it."""

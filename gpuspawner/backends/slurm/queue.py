@@ -120,6 +120,8 @@ REASONS: dict[str, str] = {
 
 #: Start estimates further away than this are Slurm's placeholders (jobs without a time limit), not estimates.
 _MAX_ESTIMATE = 7 * 24 * 3600
+#: time limits (minutes) this long or longer are no limit: Slurm 22.05 lists UNLIMITED as 525600 (a year), or INFINITE
+_NO_LIMIT = 365 * 24 * 60
 _COMMENT = re.compile(r"jupyterhub:(?P<hub>[^ ]*) user:(?P<user>[^ ]+) server:(?P<server>[^ ]*)")
 _START = re.compile(r"(?:^| )start:(?P<start>[^ ]+)")
 
@@ -162,6 +164,7 @@ class SlurmJob:
     start_time: int = 0
     nodes: str = ""
     exit_code: int | None = None  # of an ended job: its exit status, or -N when signal N ended it
+    time_limit: int | None = None  # seconds; None: no limit (UNLIMITED, or Slurm's year-long placeholder)
 
     @property
     def pending(self) -> bool:
@@ -194,6 +197,14 @@ def _exit_code(value: Any) -> int | None:
     return -(status & 0x7F) if status & 0x7F else status >> 8
 
 
+def _time_limit(value: Any) -> int | None:
+    """squeue's ``time_limit`` (minutes; newer Slurm: ``{"set", "infinite", "number"}``) in seconds."""
+    if isinstance(value, Mapping) and value.get("infinite"):
+        return None
+    minutes = _int(value)
+    return minutes * 60 if 0 < minutes < _NO_LIMIT else None
+
+
 def read_jobs(squeue: str | bytes | Mapping[str, Any]) -> tuple[SlurmJob, ...]:
     """The jobs of ``squeue --json`` output (text or parsed); ValueError when it is not that,
     or when it reports errors (:func:`~gpuspawner.backends.slurm.capacity.check_errors`)."""
@@ -221,6 +232,7 @@ def read_jobs(squeue: str | bytes | Mapping[str, Any]) -> tuple[SlurmJob, ...]:
             start_time=_int(raw.get("start_time")),
             nodes=str(raw.get("nodes") or ""),
             exit_code=_exit_code(raw.get("exit_code")),
+            time_limit=_time_limit(raw.get("time_limit")),
         ))
     return tuple(jobs)
 
@@ -274,12 +286,18 @@ def _ordinal(n: int) -> str:
     return f"{n}{suffix}"
 
 
-def queue_place(job: SlurmJob, jobs: Iterable[SlurmJob]) -> tuple[int, int]:
-    """(place, of how many) among the pending GPU jobs of ``job``'s partition, in Slurm's order."""
+def waiting_order(job: SlurmJob, jobs: Iterable[SlurmJob]) -> list[SlurmJob]:
+    """The pending GPU jobs of ``job``'s partition (``job`` among them), in Slurm's order: priority, then submission."""
     waiting = [j for j in jobs if j.pending and j.wants_gpus and j.partition == job.partition]
     if job.id not in {j.id for j in waiting}:
         waiting.append(job)
     waiting.sort(key=lambda j: (-j.priority, j.submit_time, _int(j.id)))
+    return waiting
+
+
+def queue_place(job: SlurmJob, jobs: Iterable[SlurmJob]) -> tuple[int, int]:
+    """(place, of how many) among the pending GPU jobs of ``job``'s partition, in Slurm's order."""
+    waiting = waiting_order(job, jobs)
     return next(i for i, j in enumerate(waiting, 1) if j.id == job.id), len(waiting)
 
 

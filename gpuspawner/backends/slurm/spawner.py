@@ -314,6 +314,7 @@ class GPUSlurmSpawner(SlurmJobMixin, SlurmReadingMixin, SlurmReconcileMixin, GPU
         """This start's choice; the words of the last start's job forgotten."""
         choice = await super().choice_for_start()
         self._announced_job = self._last_words = self._gpu_gres = ""
+        self.gpu_wait = None
         return choice
 
     opening_words = ("Checking Slurm for {}", "Submitting {} to Slurm")

@@ -18,14 +18,26 @@ from batchspawner import JobStatus, format_template
 from traitlets.config import Configurable
 
 from ...accounts import AccountError
+from ...estimate import History
 from ...owner import Owner
 from ..errors import user_error
-from .queue import job_comment, submit_refusal, wait_words
+from .estimates import waiting
+from .queue import job_comment, submit_refusal
+from .reservations import active_for
 from .settings import CHOICE_FLAGS, sbatch_options
 
 
 class SlurmJobMixin(Configurable):
     """The Slurm job of a start: name, comment, sbatch options, submission, progress (see the module's words)."""
+
+    #: while the job is pending: Slurm's and our start estimates (:func:`~.estimates.wait_fields`), for
+    #: ``/hub/api/gpus``; None otherwise
+    gpu_wait: dict | None = None
+
+    def gpu_session_history(self) -> History | None:
+        """The lengths of the hub's past sessions our estimate draws from; None: none (the estimate then
+        rests on the running jobs' time limits)."""
+        return None
 
     def cmd_formatted_for_batch(self):
         """What the batch script runs: the server, or a notebook GPU job's executor."""
@@ -95,6 +107,9 @@ class SlurmJobMixin(Configurable):
             await self.ensure_account()
         except AccountError as e:
             raise user_error(503, f"This hub cannot start your server: {e}. Ask an admin.") from e
+        configured_reservation = self.req_reservation
+        if not configured_reservation:
+            self.req_reservation = await self.booked_reservation() or ""
         try:
             job_id = await self._submit_job()
         except RuntimeError as e:  # batchspawner's run_command: sbatch's stderr
@@ -107,11 +122,28 @@ class SlurmJobMixin(Configurable):
             self.log.warning("%s: sbatch failed: %s", self._log_name, str(e).strip())
             self.gpu_event(f"Refused: {message}" if status == 409 else f"Failed: {message}", 100)
             raise user_error(status, message) from e
+        finally:
+            booked, self.req_reservation = self.req_reservation, configured_reservation
         if job_id:
             self._submitted_job = job_id
-            self.gpu_event(f"Submitted Slurm job {job_id}", 35)
+            within = f" in your booking's reservation {booked}" if booked and not configured_reservation else ""
+            self.gpu_event(f"Submitted Slurm job {job_id}{within}", 35)
             self.save_state()  # the job id is in the database before the job can start
         return job_id
+
+    async def booked_reservation(self) -> str | None:
+        """The reservation of a booking (:mod:`~gpuspawner.backends.slurm.reservations`: this hub's, named
+        ``jupyterhub-<hub id>-<booking>-<n>``) whose window holds now and that names this user's account
+        or one of its groups: the job runs in it (``--reservation``). None when there is none, or when
+        Slurm does not list reservations (the job is then submitted without one)."""
+        reading = await (await self.slurm()).reservations()  # through exec_prefix, as every Slurm command
+        if reading.unknown is not None:
+            self.log.warning("%s: cannot list Slurm's reservations: %s", self._log_name, reading.unknown)
+            return None
+        prefix = f"jupyterhub-{self.gpu_hub_id}"
+        listed = [r for r in reading.value if r.booking_id(prefix) is not None]
+        groups = [g.name for g in getattr(self.user, "groups", [])]
+        return active_for(listed, self.account_of(self.user.name), groups, time.time())
 
     async def query_job_status(self):
         """batchspawner's status; while pending, Slurm's reason and the queue in the progress."""
@@ -120,7 +152,7 @@ class SlurmJobMixin(Configurable):
             self._words_at = time.monotonic()
             await self._say_why_waiting()
         elif status == JobStatus.RUNNING and self._announced_job != self.job_id:
-            self._announced_job = self.job_id
+            self._announced_job, self.gpu_wait = self.job_id, None
             self.gpu_event(f"Slurm started job {self.job_id} on {self.state_gethost()}; "
                            "waiting for the server to answer", 60)
         return status
@@ -132,7 +164,9 @@ class SlurmJobMixin(Configurable):
         job = next((j for j in reading.value if j.id == self.job_id), None)
         if job is None or not job.pending:
             return
-        words = wait_words(job, reading.value)
+        nodes = await (await self.slurm()).nodes()  # our estimate beside Slurm's needs the nodes' free GPUs
+        words, self.gpu_wait = waiting(job, reading.value, nodes.value if nodes.unknown is None else None,
+                                       time.time(), self.gpu_session_history())
         if words != self._last_words:
             self._last_words = words
             self.gpu_event(words, 40)
