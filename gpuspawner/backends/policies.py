@@ -214,7 +214,7 @@ class GPUPolicyMixin(Configurable):
                     raise refuse("booked", {"sentence": blocked[0].message}, requested=request.count,
                                  models=request.models) from e
                 raise
-            self.note_booking(chosen, said)
+            self.note_verdict(said.get(chosen[0].model) if chosen else None)
             return chosen
 
         try:
@@ -312,11 +312,12 @@ class GPUPolicyMixin(Configurable):
             return known
         return replace(known, estimate=estimate)
 
-    def queue_form_estimates(self, profiles: tuple[Profile, ...], gpus: tuple[GPU, ...]) -> dict[str, str]:
-        """Profile slug -> when a request of each ``queue: true`` profile (its default GPU count, any of
-        its models) would likely start if this user queued it now, behind everyone waiting: one
-        estimate per profile per form, none where it fails (the form still renders)."""
-        found = {}
+    def queue_form_estimates(self, profiles: tuple[Profile, ...], gpus: tuple[GPU, ...],
+                             held: Mapping[str, tuple[str, ...]] | None = None) -> dict[str, str]:
+        """Profile slug -> when a request of each ``queue: true`` profile (its default GPU count, any of its
+        models) would likely start if this user queued it now, behind everyone waiting (``held``: who holds
+        ``gpus``, the ledger's by default); one per profile per form, none where it fails."""
+        found, held = {}, self.ledger.allocations() if held is None else held
         state = self.hub_state
         for profile in profiles:
             count = profile.default_gpus or min((n for n in profile.gpu_counts if n), default=0)
@@ -325,7 +326,7 @@ class GPUPolicyMixin(Configurable):
             waiter = Waiter(self.gpu_owner, self.gpu_quota().user, count, tuple(profile.gpu_models), 0, -1,
                             profile.slug)
             try:
-                estimate = queue_estimate(waiter, gpus, state.queue, self.ledger.allocations(), self.ledger.since,
+                estimate = queue_estimate(waiter, gpus, state.queue, held, self.ledger.since,
                                           wait_history(state), job_time_limit=self.gpu_job_time_limit,
                                           queue_timeout=self.gpu_queue_timeout, quota=self.gpu_quota_per_user,
                                           idle_timeout=self.gpu_culler_idle_timeout)
@@ -445,12 +446,9 @@ class GPUPolicyMixin(Configurable):
         """Whether ``request`` is its user's own booking's, on now (served without queueing)."""
         return any(v.kind == "ok" and v.booking is not None for v in self.booking_verdicts(request, gpus).values())
 
-    def note_booking(self, chosen: tuple[GPU, ...], said: dict[str, Verdict]) -> None:
-        """Tell a server admitted until a booked window (progress message), and keep ``until`` for the hub."""
-        self.note_verdict(said.get(chosen[0].model) if chosen else None)
-
     def note_verdict(self, verdict: Verdict | None) -> None:
-        """:meth:`note_booking` for the verdict on the model taken."""
+        """Tell a server admitted until a booked window (progress message; ``verdict``: the rule's on the
+        model taken), and keep ``until`` for the hub."""
         if verdict is None or verdict.kind != "until":
             return
         self.hub_state.cache(BookingStore).admit(self.gpu_owner, verdict.until, verdict.booking.id)

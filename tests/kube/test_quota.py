@@ -306,6 +306,10 @@ async def test_a_queue_profile_waits_until_the_cluster_has_room_then_gets_its_po
             f"NVIDIA-A100-SXM4-80GB held. {said}") in messages(zoe)
     [waiter] = zoe.hub_state.queue.waiters()  # /hub/api/gpus lists its queue entry with this estimate
     assert waiter.estimate.as_json()["likely"] is None and waiter.estimate.as_json()["text"] == said
+    # the form's card of the queued profile says the same for whoever would queue now, behind her
+    form = await make_spawner("eve").options_form_context()
+    card = next(p for p in form["profiles"] if p["profile"].slug == "wait")
+    assert card["queue_estimate"].startswith("If you queue now: no start time can be given yet.")
 
     # a profile without queue does not go ahead of her
     eve = make_spawner("eve")
