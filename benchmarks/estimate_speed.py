@@ -40,6 +40,8 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--ahead", type=int, default=8)
     parser.add_argument("--per", type=int, default=1, choices=(1, 2, 4, 8), help="GPUs per holder")
+    parser.add_argument("--backfill", default="off", choices=("off", "first-fit", "nearest-host"),
+                        help="the queue's backfill rule the estimate follows (gpu_queue_backfill)")
     args = parser.parse_args()
     for gpus in (1000, 10000):
         now, inventory, holders, holdings, history = case(gpus, 1000, gpus, args.per)
@@ -49,9 +51,10 @@ def main() -> None:
             times = []
             for _ in range(args.repeat):
                 started = time.perf_counter()
-                est = for_gpus(ask, now, inventory, holders, holdings, ahead, history)
+                est = for_gpus(ask, now, inventory, holders, holdings, ahead, history, backfill=args.backfill)
                 times.append(time.perf_counter() - started)
-            print(f"{gpus:>6} GPUs held by {gpus // args.per:>5}, {args.ahead} ahead, models {models[0]:>4}: "
+            print(f"{gpus:>6} GPUs held by {gpus // args.per:>5}, {args.ahead} ahead, {args.backfill}, "
+                  f"models {models[0]:>4}: "
                   f"median {1000 * statistics.median(times):7.1f} ms, worst {1000 * max(times):7.1f} ms"
                   f"  ({est.when(now)})")
 

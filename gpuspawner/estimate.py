@@ -22,7 +22,9 @@ has room for it (a group: one host's GPUs of a model it asked for; a request nev
 it takes the fullest group with room, the placement's best fit) and its user stays within the
 quota (``quota``: GPUs per user, counting what the user holds elsewhere); a request ahead that
 would not start before it gives up (``gives_up``: when the queue's limit ends its wait) leaves
-the queue then instead. The likely start is the median scenario, the interval the :data:`LOW` and
+the queue then instead (that is strict order, the queue's default; under its ``gpu_queue_backfill``
+rules, ``backfill``, the requests start as :mod:`gpuspawner.estimate_backfill` says). The likely
+start is the median scenario, the interval the :data:`LOW` and
 :data:`HIGH` quantiles. Each holder's and request's
 draws come from a generator seeded by its owner's name, so the same state always gives the same
 estimate, and adding a holder or a request ahead changes nobody else's draws: where all use the
@@ -48,8 +50,9 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
+from .estimate_backfill import NearestHost, give_back, start_backfill, take
 from .gpu import GPU
-from .queue import _slug, _utc_time, _Wanted
+from .queue import BACKFILL, _slug, _utc_time, _Wanted
 
 __all__ = ["LOW", "HIGH", "SAMPLES", "MIN_SAMPLES", "WORDS", "Ask", "Estimate", "History", "Holder", "Holding",
            "estimate", "for_gpus", "latest_end"]
@@ -258,19 +261,12 @@ def _start(free: Mapping[str, int], ends: list[tuple[float, int, str, int]], que
             if not ends or ends[0][0] > gives_up:
                 fits = []
                 break
-            end, n, group, mine = heapq.heappop(ends)
-            if n < 0:
+            back = give_back(ends, room)
+            if back is None:
                 return None  # what happens next depends on ends not known here
-            t = max(t, end)
-            own -= mine
-            if group:
-                room[group] = room.get(group, 0) + n
+            t, own = max(t, back[0]), own - back[1]
         if fits:
-            group = min(fits)[1]
-            room[group] -= count
-            own += count if same else 0
-            if hold < math.inf:
-                heapq.heappush(ends, (t + hold, count, group, count if same else 0))
+            own += take(room, ends, min(fits)[1], count, hold, same, t)
             continue
         if gives_up == math.inf:
             return math.inf  # nothing known ever frees enough
@@ -324,19 +320,25 @@ _AHEAD, _SPARE = 4, 32
 
 def estimate(
     ask: Ask, now: float, free: Mapping[str, int], holders: Sequence[Holder], ahead: Sequence[Ask],
-    history: History, samples: int = SAMPLES, quota: int | None = None,
+    history: History, samples: int = SAMPLES, quota: int | None = None, backfill: str = "off",
 ) -> Estimate:
     """When ``ask`` likely starts, behind ``ahead`` (in queue order), with ``free`` GPUs per group and
     ``holders`` of the rest (and of the asking user's GPUs elsewhere, ``usable=False``), where a user
-    may hold ``quota`` GPUs at most.
+    may hold ``quota`` GPUs at most and the queue's ``backfill`` rule (:data:`~gpuspawner.queue.BACKFILL`)
+    lets requests start out of order (:mod:`gpuspawner.estimate_backfill`; ``"off"``: strict order).
 
     Only the ends that can matter are simulated: each scenario first runs with the holders' ends up
     to a horizon (set by the first scenario, run whole); a scenario whose start lies past it runs
     again whole, so the result is that of simulating every holder in every scenario."""
+    if backfill not in BACKFILL:
+        raise ValueError(f"backfill must be one of {', '.join(BACKFILL)}, not {backfill!r}")
     levels: Counter[str] = Counter()
     beyond = 0
     rows = []
     limit = math.inf if quota is None else quota
+    sizes = Counter(free)
+    for h in holders:
+        sizes[h.group] += h.count if h.usable else 0
 
     def same(user: str) -> bool:
         return bool(ask.user) and user == ask.user
@@ -357,10 +359,14 @@ def estimate(
              for a in ahead]
     queue.append((ask.count, math.inf, math.inf, True, ask.groups))
 
+    nearest = NearestHost(queue, sizes) if backfill == "nearest-host" else None
+
     def run(j: int, ends: list[tuple[float, int, str, int]]) -> float | None:
         for i, drawn in enumerate(holds):
             queue[i] = (queue[i][0], drawn[j], *queue[i][2:])
-        return _start(free, ends, queue, now, own, limit)
+        if backfill == "off":
+            return _start(free, ends, queue, now, own, limit)
+        return start_backfill(free, ends, queue, now, own, limit, nearest)
 
     def whole(j: int) -> float:
         return run(j, [(r.end(_draws(r.h.owner, samples)[0][j], now), *r.key) for r in rows])
@@ -423,11 +429,12 @@ def basis(now: float, holders: Sequence[Holder], ahead: Sequence[Ask], history: 
 def for_gpus(
     ask: Ask, now: float, gpus: Iterable[GPU], holders: Mapping[str, str], holdings: Mapping[str, Holding],
     ahead: Sequence[Ask], history: History, samples: int = SAMPLES, quota: int | None = None,
+    backfill: str = "off",
 ) -> Estimate:
-    """:func:`estimate` from the inventory ``gpus``, ``holders`` (GPU UUID -> owner) and what is known
-    of each owner (``holdings``; an owner missing there counts as just started). Each request's
-    groups are those of the healthy GPUs of its ``models`` (the queue's own rule); where a ``quota``
-    applies, what the asking user holds elsewhere counts against it."""
+    """:func:`estimate` (under the queue's ``backfill`` rule) from the inventory ``gpus``, ``holders``
+    (GPU UUID -> owner) and what is known of each owner (``holdings``; an owner missing there counts as
+    just started). Each request's groups are those of the healthy GPUs of its ``models`` (the queue's
+    own rule); where a ``quota`` applies, what the asking user holds elsewhere counts against it."""
     gpus = tuple(gpus)
     wanted = _Wanted(gpus)
     named = [(g, f"{g.host}/{g.name}") for g in gpus]
@@ -456,4 +463,4 @@ def for_gpus(
     for (owner, group), count in sorted(held.items()):
         h = holdings.get(owner) or Holding(now)
         rows.append(Holder(owner, count, h.since, group, h.user, h.profile, h.latest, h.bound, usable=bool(group)))
-    return estimate(asks[-1], now, dict(free), rows, asks[:-1], history, samples, quota)
+    return estimate(asks[-1], now, dict(free), rows, asks[:-1], history, samples, quota, backfill)

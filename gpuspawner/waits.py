@@ -114,10 +114,12 @@ def queue_estimate(
     waiter: Waiter, gpus: tuple[GPU, ...], queue: GPUQueue, allocations: Mapping[str, tuple[str, ...]],
     since: Callable[[str], float | None], history: WaitHistory, *, job_time_limit: float | None,
     queue_timeout: float, quota: int | None = None, idle_timeout: float | None = None, now: float | None = None,
+    backfill: str = "off",
 ) -> Estimate:
     """``waiter``'s estimate from the ledger's ``allocations`` (owner -> GPU UUIDs), when each holding
     began (``since``), the requests ahead of it in ``queue`` and the ``history``; a holder idle since
-    some time (``history.idle_since``) ends by then + ``idle_timeout`` (the culler's stop) at the latest."""
+    some time (``history.idle_since``) ends by then + ``idle_timeout`` (the culler's stop) at the latest;
+    the requests start as the queue's ``backfill`` rule (``gpu_queue_backfill``) lets them."""
     now = time.time() if now is None else now
     wanted = _Wanted(gpus)
     ahead_of = queue.ahead(waiter.models, gpus, before=waiter)
@@ -144,7 +146,7 @@ def queue_estimate(
                  models=w.models) for w in ahead_of]
     ask = Ask(waiter.owner, waiter.count, waiter.user, _ask_key(_kind(waiter.owner), wanted(waiter.models)),
               models=waiter.models)
-    return for_gpus(ask, now, gpus, holders, holdings, ahead, history.current(), quota=quota)
+    return for_gpus(ask, now, gpus, holders, holdings, ahead, history.current(), quota=quota, backfill=backfill)
 
 
 _FILTERED: dict[tuple[int, frozenset[str]], tuple[tuple[GPU, ...], tuple[GPU, ...]]] = {}

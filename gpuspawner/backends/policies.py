@@ -306,7 +306,8 @@ class GPUPolicyMixin(Configurable):
             estimate = queue_estimate(waiter, gpus, state.queue, allocations, ledger.since,
                                       wait_history(state), job_time_limit=self.gpu_job_time_limit,
                                       queue_timeout=self.gpu_queue_timeout, quota=self.gpu_quota_per_user,
-                                      idle_timeout=self.gpu_culler_idle_timeout)
+                                      idle_timeout=self.gpu_culler_idle_timeout,
+                                      backfill=self.gpu_queue_backfill)
         except Exception:  # an estimate must never break a wait: the queue's own words then
             _log.exception("wait estimate for %s failed", waiter.owner)
             return known
@@ -329,7 +330,8 @@ class GPUPolicyMixin(Configurable):
                 estimate = queue_estimate(waiter, gpus, state.queue, held, self.ledger.since,
                                           wait_history(state), job_time_limit=self.gpu_job_time_limit,
                                           queue_timeout=self.gpu_queue_timeout, quota=self.gpu_quota_per_user,
-                                          idle_timeout=self.gpu_culler_idle_timeout)
+                                          idle_timeout=self.gpu_culler_idle_timeout,
+                                          backfill=self.gpu_queue_backfill)
             except Exception:
                 _log.exception("wait estimate for the form of %s failed", self.gpu_owner)
                 continue

@@ -58,7 +58,8 @@ records), :mod:`~gpuspawner.replay.simulation` (one policy on a simulated clock,
 figures), :mod:`~gpuspawner.replay.report` (the table and the chart), :mod:`~gpuspawner.replay.cli`
 (the command line), :mod:`~gpuspawner.replay.estimates` (the wait estimator measured: ``--estimates``),
 :mod:`~gpuspawner.replay.tail` (who waits longest, and why: ``--tail``),
-:mod:`~gpuspawner.replay.bookings` (a booking load: ``--bookings``).
+:mod:`~gpuspawner.replay.bookings` (a booking load: ``--bookings``),
+:mod:`~gpuspawner.replay.choices` (users choosing by the wait estimate: ``--choices``).
 """
 
 from __future__ import annotations

@@ -6,6 +6,7 @@ import argparse
 import json
 import statistics
 import sys
+from dataclasses import replace
 
 from ..estimate import HIGH, LOW
 from .estimates import COLUMNS as ESTIMATE_COLUMNS, Figures, fit, measure
@@ -39,8 +40,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--estimate-loads", default="0.85,0.7",
                    help="with --estimates: the trace's --load values to measure at (default 0.85,0.7: the "
                         "documented days, offered load 85 %% and 71 %%)")
+    p.add_argument("--backfill", default="off", choices=("off", "first-fit", "nearest-host"),
+                   help="with --estimates: the queue's backfill rule (gpu_queue_backfill) the hub runs and the "
+                        "estimates follow (default off, the hub's default)")
     p.add_argument("--fit-seed", type=int, default=1001,
-                   help="with --estimates: the first seed of the days whose history the estimator uses, "
+                   help="with --estimates or --choices: the first seed of the days whose history the estimator uses, "
                         "held out from the days measured (default 1001)")
     p.add_argument("--tail", action="store_true",
                    help="also say who waited longest with the runnable hub's settings, and why: what the GPUs "
@@ -49,6 +53,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--bookings", action="store_true",
                    help="measure a booking load instead (policy gpuspawner): share of bookings honoured at their "
                         "start, everyone else's waits (see gpuspawner/replay/bookings.py)")
+    p.add_argument("--choices", action="store_true",
+                   help="measure what users do with a long wait estimate instead: queue, take another model, or "
+                        "come back at the estimate (see gpuspawner/replay/choices.py), beside the same policies as is")
+    p.add_argument("--patience", type=float, default=20.0,
+                   help="with --choices: the longest estimated wait, minutes, a user queues for as asked (default 20)")
     p.add_argument("--json", action="store_true", help="print the figures as JSON")
     p.add_argument("--markdown", action="store_true", help="print the table as Markdown")
     return p.parse_args(argv)
@@ -64,7 +73,7 @@ def _days(args: argparse.Namespace, inventory: tuple, seed: int, load: float) ->
 
 def estimates(args: argparse.Namespace, inventory: tuple) -> list[Figures]:
     """``--estimates``: the estimator's figures at each load, fitted on held-out days."""
-    policy = next(p for p in default_policies(()) if p.name == "gpuspawner")
+    policy = replace(next(p for p in default_policies(()) if p.name == "gpuspawner"), backfill=args.backfill)
     out = []
     for load in (float(x) for x in args.estimate_loads.split(",") if x.strip()):
         history = fit(_days(args, inventory, args.fit_seed, load), inventory, policy, args.hours)
@@ -72,7 +81,8 @@ def estimates(args: argparse.Namespace, inventory: tuple) -> list[Figures]:
         offered = statistics.mean(offered_load(d, len(inventory), args.hours) for d in days)
         out.append(measure(days, inventory, policy, history, offered, args.hours)[1])
     last = args.days - 1
-    print(f"Wait estimates, policy gpuspawner, {len(inventory)} GPUs, {args.days} day(s) per load: the estimator "
+    rule = "" if args.backfill == "off" else f", backfill {args.backfill}"
+    print(f"Wait estimates, policy gpuspawner{rule}, {len(inventory)} GPUs, {args.days} day(s) per load: the estimator "
           f"draws on the history of seeds {args.fit_seed}-{args.fit_seed + last} and is measured on seeds "
           f"{args.seed}-{args.seed + last}: held out. Its interval, the {100 * LOW:g}-{100 * HIGH:g}% quantiles, "
           f"was chosen on other days (seeds 2001-2005 and 4001-4005, history of 1001-1005), not on these figures.")
@@ -101,6 +111,21 @@ def bookings(args: argparse.Namespace, inventory: tuple) -> list:
     return _shown(out, args, BOOKING_COLUMNS)
 
 
+def choices(args: argparse.Namespace, inventory: tuple) -> list:
+    """``--choices``: the runnable hub's settings, strict and first-fit, as is and with users choosing."""
+    from .choices import COLUMNS as CHOICE_COLUMNS, measure
+
+    days = _days(args, inventory, args.seed, args.load)
+    policies = [p for p in default_policies(()) if p.name in ("gpuspawner", "gpuspawner, backfill first-fit")]
+    out = measure(days, _days(args, inventory, args.fit_seed, args.load), inventory, policies,
+                  args.patience * 60, args.hours)
+    load = statistics.mean(offered_load(d, len(inventory), args.hours) for d in days)
+    print(f"Users choosing by the estimates: {len(inventory)} GPUs, {len(days)} day(s) (seeds {args.seed}-"
+          f"{args.seed + len(days) - 1}), offered load {100 * load:.0f}%, patience {args.patience:g} minutes; the "
+          f"estimates draw on the history of seeds {args.fit_seed}-{args.fit_seed + len(days) - 1}")
+    return _shown(out, args, CHOICE_COLUMNS)
+
+
 def main(argv: list[str] | None = None) -> list:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     inventory = gpus(args.gpus)
@@ -108,6 +133,8 @@ def main(argv: list[str] | None = None) -> list:
         return estimates(args, inventory)
     if args.bookings:
         return bookings(args, inventory)
+    if args.choices:
+        return choices(args, inventory)
     if args.history:
         days = [load_history(args.history)]
     else:

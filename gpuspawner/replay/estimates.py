@@ -82,7 +82,7 @@ def estimator(history: History) -> Callable[[_Replay, _Live], Estimate]:
                      models=w.models) for w in run.queue.ahead(live.s.models, run.inventory, before=live.waiter)]
         ask = Ask(live.s.owner, live.s.count, live.s.user, live.profile, models=live.s.models)
         return for_gpus(ask, run.now, run.inventory, holders, holdings, ahead, history,
-                        quota=run.policy.quota_per_user)
+                        quota=run.policy.quota_per_user, backfill=run.policy.backfill)
 
     return estimate
 

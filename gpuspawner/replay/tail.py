@@ -41,8 +41,8 @@ class _Watched(_Replay):
     def __init__(self, sessions: list[Session], inventory: tuple[GPU, ...], policy: Policy, hours: float) -> None:
         super().__init__(sessions, inventory, policy, hours)
         self.wanted = _Wanted(inventory)
-        self.states: dict[int, Counter] = defaultdict(Counter)
-        self.returning: set[int] = set()
+        self.states: dict[_Live, Counter] = defaultdict(Counter)  # per request (never its id: ids are reused)
+        self.returning: set[_Live] = set()
         self._culling = False
         self.served: list[Waited] = []
 
@@ -68,19 +68,19 @@ class _Watched(_Replay):
                 holders = {uuid: owner for owner, uuids in allocations.items() for uuid in uuids}
                 held = frozenset(holders)
                 for live in waiting:
-                    self.states[id(live)][self._state(live, holders, held)] += t - self.now
+                    self.states[live][self._state(live, holders, held)] += t - self.now
         super().advance(t)
 
     def granted(self, live: _Live) -> None:
         wait = self.now - live.first_try
         if wait > 0:
             self.served.append(Waited(live.s.owner, live.s.count, live.s.models, wait, live.tries,
-                                      id(live) in self.returning, self.states.pop(id(live), Counter())))
+                                      live in self.returning, self.states.pop(live, Counter())))
         super().granted(live)
 
     def at(self, t: float, what: str, live: _Live | None = None, generation: int = 0) -> None:
         if self._culling and what == "arrive" and live is not None:
-            self.returning.add(id(live))  # asked for again by a culled user who comes back
+            self.returning.add(live)  # asked for again by a culled user who comes back
         super().at(t, what, live, generation)
 
     def cull(self, live: _Live, warned: bool) -> None:

@@ -1,13 +1,16 @@
 """The queue's first-fit backfill on a real hub (``gpu_queue_backfill = "first-fit"``): a 1-GPU spawn
 behind a queued 2-GPU spawn starts at once on the GPU it fits, and the 2-GPU spawn keeps its place and
-starts when a model frees two. One host with 2 A100s and 2 T4s (the stand-in NVML)."""
+starts when a model frees two; the spawn form's wait estimate says so. One host with 2 A100s and 2 T4s
+(the stand-in NVML)."""
 
 from __future__ import annotations
 
+import html as htmllib
 import time
 
 import pytest
 
+from hub import login
 from ops_hub import OpsHub
 from test_local_hub import gpu_set, start
 
@@ -48,6 +51,13 @@ def test_a_small_spawn_starts_beside_a_big_one_that_waits_for_a_whole_model(tmp_
             return queue if [q["user"] for q in queue] == ["ada"] else None
 
         assert wait_for(queued), hub.overview().json()
+        # the form's estimate follows the queue's rule: a 1-GPU spawn queued now would start now (in strict
+        # order it would wait for ada, who has no end known: until her limit, 5 minutes on)
+        before = time.time()
+        page = login(hub, "bob").get(hub.url + "/hub/spawn", timeout=60).text
+        minutes = {time.strftime("%H:%M UTC", time.gmtime(t)) for t in (before, time.time())}
+        note = htmllib.unescape(page[page.index('data-profile="gpu"'):]).split('<div class="gs-note gs-wait">')[1]
+        assert any(note.startswith(f"If you queue now: about {m}. ") for m in minutes), note[:300]
         # bob asks for one A100 behind ada (whose "any" competes for it): he starts on the free one
         bob = start(hub, "bob", one("a100-sxm4-80gb"))
         assert [names[u] for u in bob] == ["NVIDIA A100-SXM4-80GB"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from gpuspawner.estimate import History
-from gpuspawner.replay import Policy, Session, TraceParams, gpus, main, offered_load, replay, synthetic_trace
+from gpuspawner.replay import Policy, Session, TraceParams, choices, gpus, main, offered_load, replay, synthetic_trace
 from gpuspawner.replay.estimates import measure
 from gpuspawner.replay.tail import describe, tail
 
@@ -148,3 +148,52 @@ def test_the_replay_prints_the_tail(capsys):
     main(["--days", "1", "--timeouts", "8", "--tail"])
     out = capsys.readouterr().out
     assert "\nWho waits longest (gpuspawner): " in out and "\nWhile they waited, the GPUs they could use were: " in out
+
+
+def test_a_user_told_a_long_wait_comes_back_at_the_estimate_and_the_move_is_counted():
+    # a holds both T4s 0..3600 and sessions here last an hour: b, asking at 600 with 20 minutes' patience,
+    # is told 3600 and comes back then instead of queueing; a's release comes first and b starts at once.
+    # As is, b waits in the queue 600..3600. Asked -> started is 50 minutes either way.
+    a = Session(0, "a", 0, 2, ("any",), [("active", 3600)])
+    b = Session(1, "b", 600, 1, ("t4",), [("active", 600)])
+    history = History([("server:any", "x", 3600.0)] * 10)
+    policy = Policy("q", queue=True, gpu_culler=CULLER, queue_timeout=3600)
+    plain, chose = choices.measure([[a, b]], history, gpus("t4=2"), [policy], patience=1200, hours=2)
+    assert (plain.policy, plain.p95_queued_min, plain.p95_asked_min, plain.later) == ("q", 50.0, 50.0, 0)
+    assert (chose.policy, chose.p95_queued_min, chose.p95_asked_min, chose.later) == ("q, users choose", 0.0, 50.0, 1)
+    assert (chose.other_model, chose.gave_up, chose.held_idle_pct) == (0, 0, plain.held_idle_pct)
+
+
+def test_a_user_whose_request_allows_any_model_takes_the_one_told_sooner():
+    # A100s all held by b, T4s 3 of 4 by a, both past every recorded session (1500 s): no end is known.
+    # w, asking for an A100 at 600, is told 1500 and queues (its limit: 2 hours); u asks for any GPU at 1800:
+    # behind w (strict order) it is told w's limit, 2 hours on, but a T4 alone now (w does not want T4s):
+    # u takes a T4 at once. As is, u waits behind w past the hour replayed.
+    sessions = [Session(0, "a", 0, 3, ("t4",), [("active", 7200)]),
+                Session(1, "b", 0, 4, ("a100",), [("active", 7200)]),
+                Session(2, "w", 600, 1, ("a100",), [("active", 600)]),
+                Session(3, "u", 1800, 1, ("any",), [("active", 600)])]
+    history = History([("server:a100", "x", 1500.0)] * 10 + [("server:t4", "x", 1500.0)] * 10)
+    policy = Policy("q", queue=True, gpu_culler=CULLER, queue_timeout=7200)
+    plain, chose = choices.measure([sessions], history, gpus("a100=4,t4=4"), [policy], patience=1200, hours=1)
+    assert (plain.other_model, plain.median_asked_min) == (0, 0.0)  # a and b only: w and u still wait
+    assert (chose.other_model, chose.later, chose.p95_queued_min, chose.p95_asked_min) == (1, 0, 0.0, 0.0)
+
+
+def test_the_replay_prints_what_users_choose(capsys):
+    main(["--choices", "--days", "1", "--patience", "15"])
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("Users choosing by the estimates: 16 GPUs, 1 day(s) (seeds 1-1), offered load ")
+    assert "patience 15 minutes" in out[0]
+    titles = ["held-idle %", "p95 wait, queued min", "p95 asked -> started min", "took another model",
+              "came back at the estimate", "culled, came back"]
+    assert all(t in out[1] for t in titles)
+    assert [line.split("  ")[0] for line in out[2:]] == [
+        "gpuspawner", "gpuspawner, users choose", "gpuspawner, backfill first-fit",
+        "gpuspawner, backfill first-fit, users choose"]
+
+
+def test_the_estimates_are_measured_under_the_backfill_rule_asked(capsys):
+    main(["--estimates", "--days", "1", "--estimate-loads", "0.85", "--backfill", "first-fit"])
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("Wait estimates, policy gpuspawner, backfill first-fit, 16 GPUs, 1 day(s) per load")
