@@ -315,9 +315,10 @@ class GPUPolicyMixin(Configurable):
 
     def queue_form_estimates(self, profiles: tuple[Profile, ...], gpus: tuple[GPU, ...],
                              held: Mapping[str, tuple[str, ...]] | None = None) -> dict[str, str]:
-        """Profile slug -> when a request of each ``queue: true`` profile (its default GPU count, any of its
-        models) would likely start if this user queued it now, behind everyone waiting (``held``: who holds
-        ``gpus``, the ledger's by default); one per profile per form, none where it fails."""
+        """Profile slug -> when a request of each ``queue: true`` profile (its default count, any of its models)
+        would likely start if this user queued it now, behind everyone (``held``: who holds ``gpus`` where the
+        cluster places, in strict order; default: the ledger's); one per profile per form, none on failure."""
+        backfill = self.gpu_queue_backfill if held is None else "off"
         found, held = {}, self.ledger.allocations() if held is None else held
         state = self.hub_state
         for profile in profiles:
@@ -330,8 +331,7 @@ class GPUPolicyMixin(Configurable):
                 estimate = queue_estimate(waiter, gpus, state.queue, held, self.ledger.since,
                                           wait_history(state), job_time_limit=self.gpu_job_time_limit,
                                           queue_timeout=self.gpu_queue_timeout, quota=self.gpu_quota_per_user,
-                                          idle_timeout=self.gpu_culler_idle_timeout,
-                                          backfill=self.gpu_queue_backfill)
+                                          idle_timeout=self.gpu_culler_idle_timeout, backfill=backfill)
             except Exception:
                 _log.exception("wait estimate for the form of %s failed", self.gpu_owner)
                 continue
