@@ -23,7 +23,7 @@ from ...bookings import Verdict
 from ...gpu import slug_matches
 from ...placement import GPURequest
 from ...profiles import Choice
-from ...refusals import PlacementError, Refusal, refuse
+from ...refusals import PlacementError, refuse
 from ..claim import Claim
 from .capacity import NodeGPUs, pools
 
@@ -76,11 +76,8 @@ class KubeBookingsMixin:
         if allowed:
             return (choice if len(allowed) == len(said) else narrowed(choice, allowed)), None, said
         sentence = next(v.message for v in said.values() if not v.ok)
-        if waiting:
-            return choice, PlacementError(sentence, code=Refusal.NONE_FREE, requested=request.count,
-                                          models=request.models), said
-        return choice, refuse("booked", {"sentence": sentence}, requested=request.count,
-                              models=request.models), said
+        return choice, refuse("booked_wait" if waiting else "booked", {"sentence": sentence},
+                              requested=request.count, models=request.models), said
 
     def within_kube_booking(self, request: GPURequest, nodes: Sequence[NodeGPUs]) -> bool:
         """Whether ``request`` is its user's own booking's, on now (it never waits in the hub's queue)."""
