@@ -68,6 +68,7 @@ R = Refusal
 SENTENCES: dict[str, tuple[Refusal | None, str]] = {
     # the hub places (gpu-local, gpu-docker): explain_refusal, explain_interconnect
     "booked": (R.BOOKED, "{sentence}"),  # a sentence of gpuspawner.bookings.WORDS
+    "booked_wait": (R.NONE_FREE, "{sentence}"),  # the same, to a request in the hub's queue (it waits on)
     "no_gpus": (R.NO_GPUS, "This hub has no GPUs to give out. Please contact your administrators."),
     "no_matching_model": (R.NO_MATCHING_MODEL, "This hub has no GPU matching {patterns}. Models here: {models}."),
     "exceeds_host_size": (R.EXCEEDS_HOST_SIZE, "{amount} {was} requested but no machine here has more than "

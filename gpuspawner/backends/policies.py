@@ -14,7 +14,9 @@ check, under the same lock, recording counts rather than exact GPUs; gpu-kube's
 from __future__ import annotations
 
 import logging
+import math
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable, Collection, Mapping
 from dataclasses import replace
 from typing import Any, TypeVar
@@ -212,7 +214,7 @@ class GPUPolicyMixin(Configurable):
                     raise refuse("booked", {"sentence": blocked[0].message}, requested=request.count,
                                  models=request.models) from e
                 raise
-            self.note_booking(chosen, said)
+            self.note_verdict(said.get(chosen[0].model) if chosen else None)
             return chosen
 
         try:
@@ -311,11 +313,13 @@ class GPUPolicyMixin(Configurable):
             return known
         return replace(known, estimate=estimate)
 
-    def queue_form_estimates(self, profiles: tuple[Profile, ...], gpus: tuple[GPU, ...]) -> dict[str, str]:
-        """Profile slug -> when a request of each ``queue: true`` profile (its default GPU count, any of
-        its models) would likely start if this user queued it now, behind everyone waiting: one
-        estimate per profile per form, none where it fails (the form still renders)."""
-        found = {}
+    def queue_form_estimates(self, profiles: tuple[Profile, ...], gpus: tuple[GPU, ...],
+                             held: Mapping[str, tuple[str, ...]] | None = None) -> dict[str, str]:
+        """Profile slug -> when a request of each ``queue: true`` profile (its default count, any of its models)
+        would likely start if this user queued it now, behind everyone (``held``: who holds ``gpus`` where the
+        cluster places, in strict order; default: the ledger's); one per profile per form, none on failure."""
+        backfill = self.gpu_queue_backfill if held is None else "off"
+        found, held = {}, self.ledger.allocations() if held is None else held
         state = self.hub_state
         for profile in profiles:
             count = profile.default_gpus or min((n for n in profile.gpu_counts if n), default=0)
@@ -324,11 +328,10 @@ class GPUPolicyMixin(Configurable):
             waiter = Waiter(self.gpu_owner, self.gpu_quota().user, count, tuple(profile.gpu_models), 0, -1,
                             profile.slug)
             try:
-                estimate = queue_estimate(waiter, gpus, state.queue, self.ledger.allocations(), self.ledger.since,
+                estimate = queue_estimate(waiter, gpus, state.queue, held, self.ledger.since,
                                           wait_history(state), job_time_limit=self.gpu_job_time_limit,
                                           queue_timeout=self.gpu_queue_timeout, quota=self.gpu_quota_per_user,
-                                          idle_timeout=self.gpu_culler_idle_timeout,
-                                          backfill=self.gpu_queue_backfill)
+                                          idle_timeout=self.gpu_culler_idle_timeout, backfill=backfill)
             except Exception:
                 _log.exception("wait estimate for the form of %s failed", self.gpu_owner)
                 continue
@@ -402,38 +405,52 @@ class GPUPolicyMixin(Configurable):
 
     # ------------------------------------------------------------ bookings (gpuspawner.bookings)
 
+    #: a notebook job's own ``time_limit`` (None: the hub's), set by the job manager: bookings judge a job by it
+    gpu_job_own_limit: float | None = None
+
+    def job_time_limit(self) -> float:
+        """How long this spawner's notebook job may run: its own limit, never more than the hub's."""
+        return min(self.gpu_job_own_limit or math.inf, self.gpu_job_time_limit)
+
     def booking_verdicts(self, request: GPURequest, gpus: tuple[GPU, ...]) -> dict[str, Verdict]:
         """Model slug -> what the hub's bookings say about ``request`` taking GPUs of that model now
         (:func:`gpuspawner.bookings.verdicts`), for the models it asks for; ``{}`` where nothing is booked."""
+        model_of = {g.uuid: g.model for g in gpus}
+        capacity = Counter(model_of.values())
+        return self.judge_bookings(request, capacity, lambda _owner, keys: [model_of[k] for k in keys if k in model_of])
+
+    def judge_bookings(self, request: GPURequest, capacity: Mapping[str, int],
+                       models_held: Callable[[str, tuple], list[str]], free: bool = False) -> dict[str, Verdict]:
+        """:meth:`booking_verdicts` on GPUs per model ``capacity``; ``models_held(owner, its ledger keys)``: the
+        model of each GPU a holder holds. ``free``: ``capacity`` counts the GPUs free now (the cluster places,
+        others use it too), and the hub's GPUs a window gives back (held inside their own booking, or
+        told to leave by it) count as free then."""
         store = self.hub_state.cached(BookingStore)
         bookings = [b for b in store.all() if b.state != "cancelled"] if store is not None else []
         if not bookings or not request.count:
             return {}
-        now = time.time()
-        job = _is_job(request.owner)
-        capacity: dict[str, int] = {}
-        model_of = {}
-        for g in gpus:
-            capacity[g.model] = capacity.get(g.model, 0) + 1
-            model_of[g.uuid] = g.model
+        now, job = time.time(), _is_job(request.owner)
         members = _group_members(getattr(self, "db", None), {b.group for b in bookings if b.group})
-        holders = []
+        holders, back = [], Counter()
         for owner, uuids in self.ledger.allocations().items():
+            models = models_held(owner, uuids)
             if store.admitted.get(owner, (0.0,))[0] <= now:  # those told to leave by a window keep nothing through it
                 user = _owner_user(owner)
-                groups = {g for g, users in members.items() if user in users}
-                holders += [(user, groups, model_of[uuid]) for uuid in uuids if uuid in model_of]
+                holders += [(user, {g for g, users in members.items() if user in users}, m) for m in models]
+            back.update(models)
+        held = kept(bookings, holders, now)
+        if free:
+            capacity, held = {m: n + back.get(m, 0) - held.get(m, 0) for m, n in capacity.items()}, {}
         return verdicts(bookings, capacity, _owner_user(request.owner), self.user_group_names(), request.models,
-                        request.count, now, now + self.gpu_job_time_limit if job else None,
-                        kept(bookings, holders, now), job)
+                        request.count, now, now + self.job_time_limit() if job else None, held, job)
 
     def within_booking(self, request: GPURequest, gpus: tuple[GPU, ...]) -> bool:
         """Whether ``request`` is its user's own booking's, on now (served without queueing)."""
         return any(v.kind == "ok" and v.booking is not None for v in self.booking_verdicts(request, gpus).values())
 
-    def note_booking(self, chosen: tuple[GPU, ...], said: dict[str, Verdict]) -> None:
-        """Tell a server admitted until a booked window (progress message), and keep ``until`` for the hub."""
-        verdict = said.get(chosen[0].model) if chosen else None
+    def note_verdict(self, verdict: Verdict | None) -> None:
+        """Tell a server admitted until a booked window (progress message; ``verdict``: the rule's on the
+        model taken), and keep ``until`` for the hub."""
         if verdict is None or verdict.kind != "until":
             return
         self.hub_state.cache(BookingStore).admit(self.gpu_owner, verdict.until, verdict.booking.id)
@@ -442,9 +459,8 @@ class GPUPolicyMixin(Configurable):
 
 
 def _groups_of(user: Any) -> list:
-    """``user.groups`` as a list: none where there is no user, or where the user object has no list of
-    groups (KubeSpawner's own tests spawn for a ``unittest.mock.Mock`` user, whose ``groups`` is a Mock;
-    KubeSpawner never reads it, so its GPU class may not fail on it either)."""
+    """``user.groups`` as a list: none without a user or a list of groups (KubeSpawner's own tests spawn
+    for a ``unittest.mock.Mock`` user, whose ``groups`` is a Mock, never read by KubeSpawner)."""
     groups = getattr(user, "groups", None)
     try:
         return list(groups or ())

@@ -160,6 +160,7 @@ class JobManager:
     async def _submit(self, user: Any, spec: JobSpec, job_id: str) -> JobRecord:
         owner = str(Owner.of_job(user.name, job_id))
         spawner = self.spawner_for(user, owner)
+        spawner.gpu_job_own_limit = spec.time_limit  # bookings judge the job by when it must end
         choice = await spawner.apply_job_options(spec.options)  # 400/403 as for a server
         problem = await self.runner.check_files(spawner, spec)
         if problem:
@@ -202,6 +203,7 @@ class JobManager:
 
     async def _run(self, record: JobRecord, spawner: Any, resume: bool) -> None:
         spec = JobSpec.from_dict(record.spec)
+        spawner.gpu_job_own_limit = spec.time_limit
         try:
             if record.state == "queued":
                 try:

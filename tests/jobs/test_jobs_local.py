@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 
 import pytest
+import requests
 
 import devcgroup
 import fakenvml
@@ -244,3 +245,24 @@ def test_hub_crash_neither_loses_nor_reruns_jobs(hub):
     for user, j in (("alice", long), ("bob", short)):
         mine = [r for r in rows if r["owner"] == f"{user}/job/{j['id']}"]
         assert [(r["job_id"], r["end_reason"]) for r in mine] == [(j["id"], "completed")], rows
+
+
+def test_a_job_whose_own_time_limit_ends_before_a_booked_window_runs_one_that_may_run_into_it_is_refused(hub):
+    r = hub.api("POST", "/users/bob/tokens", json={"note": "booking"})
+    assert r.status_code == 201, r.text
+    as_bob = {"Authorization": f"token {r.json()['token']}"}
+    start = time.time() + 300  # before the hub's job time limit (600 s) runs out
+    r = requests.post(f"{hub.url}/hub/api/gpus/bookings", headers=as_bob, timeout=60,
+                      json={"model": "t4", "count": 2, "start": start, "end": start + 3600})
+    assert r.status_code == 201, r.text
+    booking = r.json()["id"]
+    try:
+        write(home(hub, "carol") / "brief.ipynb", GPU_REPORT, parameters="seconds = 0")
+        r = submit(hub, "carol", {**T4, "notebook": "brief.ipynb"})  # may run for the hub's 600 s: into the window
+        assert r.status_code == 409, r.text
+        assert "booked" in r.json()["message"] and "could run past" in r.json()["message"]
+        r = submit(hub, "carol", {**T4, "notebook": "brief.ipynb", "time_limit": 60})  # ends before it
+        assert r.status_code == 201, r.text
+        assert wait_state(hub, "carol", r.json()["id"], ("completed", "failed"))["state"] == "completed"
+    finally:
+        requests.delete(f"{hub.url}/hub/api/gpus/bookings/{booking}", headers=as_bob, timeout=60)

@@ -299,9 +299,17 @@ async def test_a_queue_profile_waits_until_the_cluster_has_room_then_gets_its_po
     waiting = asyncio.create_task(start(zoe, FOUR_WAITING))
     await until(lambda: any(m.startswith("Waiting for a free GPU: number 1 in the queue") for m in messages(zoe)))
     assert cluster.made_pods() == [] and "zoe/" not in counted(zoe)  # no pod, no count while waiting
-    # what the wait rests on: the cluster's A100s in use (the hub's and others'), no end time known
+    # what the wait rests on: the cluster's A100s in use (the hub's and others'), its estimate: no end known
+    said = ("No start time can be given yet. No session has ended on this hub yet, so nothing tells how long "
+            "sessions last; no holder of these GPUs has a time limit.")
     assert ("Waiting for a free GPU: number 1 in the queue (1 of 1 waiting for these GPUs); 13 of 16 "
-            "NVIDIA-A100-SXM4-80GB held. No server here has a time limit, so no end time is known.") in messages(zoe)
+            f"NVIDIA-A100-SXM4-80GB held. {said}") in messages(zoe)
+    [waiter] = zoe.hub_state.queue.waiters()  # /hub/api/gpus lists its queue entry with this estimate
+    assert waiter.estimate.as_json()["likely"] is None and waiter.estimate.as_json()["text"] == said
+    # the form's card of the queued profile says the same for whoever would queue now, behind her
+    form = await make_spawner("eve").options_form_context()
+    card = next(p for p in form["profiles"] if p["profile"].slug == "wait")
+    assert card["queue_estimate"].startswith("If you queue now: no start time can be given yet.")
 
     # a profile without queue does not go ahead of her
     eve = make_spawner("eve")

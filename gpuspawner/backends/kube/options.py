@@ -27,7 +27,9 @@ from ...inputs import check_json, field_name
 from ...inventory import InventoryReading
 from ...profiles import Choice, OptionsError, Profile, gpu_resource_choice, parse_options
 from ..errors import user_error
+from .booked import PoolHolders
 from .capacity import pools
+from .estimates import cluster_slots
 from .objects import GPU_TRAITS, PodGPURequest, PodGPUSettings, gpu_overrides, merge_overrides
 from .profiles import GPU_OPTIONS, UNLISTED, check_entries, combined_entries
 
@@ -215,9 +217,11 @@ class KubeOptionsMixin(Configurable):
         known = reading.unknown is None
         availability = [p.availability(known) for p in pools(reading.nodes)]
         previous = self.user_options or {}
+        slots, held = cluster_slots(reading.nodes, self.hub_state.cache(PoolHolders), self.ledger.allocations())
         context = form_context(
             self.profiles, InventoryReading(), (), previous,
             availability=availability, unknown=reading.unknown, host="node",
+            queue_estimates=self.queue_form_estimates(self.profiles, slots, held) if known else None,
         )
         queues = {p["profile"].slug: self.kueue_queue(p["profile"]) for p in context["profiles"]}
         lines = await self.kueue_reader().quota_lines(self.namespace, [q for q in queues.values() if q])

@@ -49,8 +49,10 @@ from ..base import GPUSpawnerMixin, checked_cuda_map
 from ..claim import Claim
 from ..errors import user_error
 from .api import ClusterCapacity, ClusterReading, list_server_pods, why_failed
+from .booked import KubeBookingsMixin
 from .caches import KubeCaches
-from .capacity import GPU_RESOURCE, PRODUCT_LABEL, CapacityError, offered_models, place, pools, queue_known
+from .capacity import GPU_RESOURCE, PRODUCT_LABEL, CapacityError, offered_models, place, pools
+from .estimates import KubeEstimatesMixin
 from .events import EventContext
 from .holdings import USERNAME_ANNOTATION, server_holdings
 from .kueue import QUEUE_LABEL, check_queue_name
@@ -73,7 +75,8 @@ def image_repository(image: str) -> str:
     return name[:colon] if colon > slash else name
 
 
-class GPUKubeSpawner(KubeOptionsMixin, KubeWaitingMixin, GPUSpawnerMixin, KubeSpawner):
+class GPUKubeSpawner(KubeOptionsMixin, KubeWaitingMixin, KubeBookingsMixin, KubeEstimatesMixin, GPUSpawnerMixin,
+                     KubeSpawner):
     """KubeSpawner with gpuspawner's GPU profiles, live capacity and plain-words progress.
 
     Its options and form (:mod:`~gpuspawner.backends.kube.options`) and its waiting in words
@@ -307,7 +310,7 @@ class GPUKubeSpawner(KubeOptionsMixin, KubeWaitingMixin, GPUSpawnerMixin, KubeSp
         """
         self._apply_request(PodGPURequest(0))  # until the request is admitted, ask for no GPU
         counted = GPURequest(owner=self.gpu_owner, count=choice.gpus, models=choice.models)
-        if choice.profile.queue:
+        if choice.profile.queue and not self.within_kube_booking(counted, (await self.cluster_capacity().read()).nodes):
             refusal = await self.never_fits(choice)
             if refusal is not None:  # no wait can cure it: refused at once, never queued
                 raise refusal
@@ -368,11 +371,11 @@ class GPUKubeSpawner(KubeOptionsMixin, KubeWaitingMixin, GPUSpawnerMixin, KubeSp
 
     def _claim_now(self, choice: Choice, counted: GPURequest, reading: ClusterReading) -> Claim:
         """Count the request as this server's if the quotas allow it and the cluster has room now."""
-        refusal: PlacementError | None = None
+        asked, refusal, said = self.booked_choice(choice, counted, reading.nodes)  # a refusal: the booking's
         try:
-            claim = self._request_for(choice, reading)
+            claim = self._request_for(asked, reading)
         except CapacityError as e:  # a PlacementError: counted as a refusal, the ledger unchanged
-            refusal = e
+            refusal = refusal or e
             claim = Claim(count=choice.gpus, resource=GPU_RESOURCE)
         if refusal is None and not self.kueue_queue(choice.profile):
             try:  # Kueue's own queue aside, requests of the hub's queue go first
@@ -380,6 +383,7 @@ class GPUKubeSpawner(KubeOptionsMixin, KubeWaitingMixin, GPUSpawnerMixin, KubeSp
             except PlacementError as e:
                 refusal = e
         self.claim_cluster_gpus(counted, {claim.resource: claim.count}, refusal)
+        self.note_kube_claim(claim, reading.nodes, said)
         return claim
 
     async def _wait_for_room(self, choice: Choice, counted: GPURequest) -> Claim:
@@ -399,14 +403,18 @@ class GPUKubeSpawner(KubeOptionsMixin, KubeWaitingMixin, GPUSpawnerMixin, KubeSp
 
         def take(_models: tuple[GPU, ...]) -> Claim:
             # a CapacityError is a PlacementError: "none_free" waits; a request no node can ever take ends the wait
-            claim = self._request_for(choice, latest[0])
+            asked, refusal, said = self.booked_choice(choice, counted, latest[0].nodes, waiting=True)
+            if refusal is not None:  # only booked GPUs could serve it: it waits on
+                raise refusal
+            claim = self._request_for(asked, latest[0])
             state.ledger.claim(counted.owner, {claim.resource: claim.count},
                                admit=lambda held: check(quota, counted.count, held, counted.owner))
+            self.note_kube_claim(claim, latest[0].nodes, said)
             return claim
 
         try:
             result = await self.wait_in_queue(counted, choice.profile.slug, read, take,
-                                              known=lambda waiter, _pools: queue_known(latest[0].nodes, waiter.models))
+                                              known=lambda waiter, _: self.kube_queue_known(waiter, latest[0].nodes))
         except PlacementError as e:
             state.metrics.refused(e.code, time.monotonic() - started)
             raise

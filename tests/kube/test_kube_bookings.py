@@ -1,0 +1,126 @@
+"""gpu-kube consults the hub's bookings: real GPUKubeSpawners on the real control plane (the recorded
+cluster: 16 A100s, 3 of them free, at most 2 on one node; the real scheduler binds the new pods).
+
+The bookings are in the hub's bookings table as the REST API would have written them; the rule counts
+the cluster's free A100s (the capacity reader's), so other tenants' pods count as held.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+from sqlalchemy import create_engine
+from tornado.web import HTTPError
+
+from gpuspawner.bookings import Booking
+from gpuspawner.db import BookingStore
+from gpuspawner.ledger import cluster_holdings
+from kubefixtures import until
+from profiles import A100, PROFILES
+
+HOUR = 3600.0
+
+
+def gpus(n: int) -> dict:
+    return {"profile": "gpu", "gpus": n, "gpu_model": A100}
+
+
+async def start(spawner, options: dict) -> str:
+    spawner.user_options = options
+    await spawner._run_apply_user_options(options)
+    return await asyncio.wait_for(spawner.start(), 60)
+
+
+def messages(spawner) -> list[str]:
+    return [e["message"] for e in getattr(spawner, "_gpu_events", [])]
+
+
+def book(spawner, tmp_path, user: str, count: int, start: float, end: float) -> BookingStore:
+    store = spawner.hub_state.cache(BookingStore, lambda: BookingStore(create_engine(f"sqlite:///{tmp_path}/b.db")))
+    store.save(Booking(id=f"b-{user}", user=user, group="", booked_by=user, model=A100, count=count,
+                       start=start, end=end, created=time.time()))
+    return store
+
+
+def bound(cluster, spawner) -> None:
+    """The scheduler has put ``spawner``'s pod on a node (from then the capacity reader counts it)."""
+    until(lambda: (cluster.pod(spawner.pod_name) or {}).get("spec", {}).get("nodeName"), f"{spawner.pod_name} bound")
+
+
+async def refused(spawner, options: dict) -> str:
+    with pytest.raises(HTTPError) as e:
+        await start(spawner, options)
+    assert e.value.status_code == 409
+    return e.value.jupyterhub_message
+
+
+async def test_in_a_window_others_get_only_the_free_gpus_nobody_booked_and_the_booker_gets_hers(
+        cluster, make_spawner, tmp_path):
+    settings = {"gpu_profiles": PROFILES, "gpu_inventory_ttl": 0}
+    ivan = make_spawner("ivan", **settings)
+    store = book(ivan, tmp_path, "ann", 1, time.time() - 60, time.time() + HOUR)
+
+    # 3 free, 1 booked for ann: ivan may take 2
+    await start(ivan, gpus(2))
+    bound(cluster, ivan)
+
+    # 1 free, and it is ann's: jack is refused with the booking's sentence, nothing made or counted
+    jack = make_spawner("jack", **settings)
+    said = await refused(jack, gpus(1))
+    assert said.startswith("1 a100-sxm4-80gb GPU is booked ")
+    assert "for ann (booked by ann). Only 0 of 1 a100-sxm4-80gb GPU" in said and "Pick another model" in said
+    assert cluster.made_pods() == [ivan.pod_name] and "jack/" not in jack.ledger.allocations()
+
+    # ann gets hers, on an A100
+    ann = make_spawner("ann", **settings)
+    await start(ann, gpus(1))
+    bound(cluster, ann)
+    assert cluster.pod(ann.pod_name)["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "1"
+    assert cluster_holdings(ann.ledger.allocations()["ann/"]) == {"nvidia.com/gpu": 1}
+
+    # ann's GPU used inside her booking: still no room for jack, but her booking is all it holds
+    assert "booked" in await refused(make_spawner("jack", **settings), gpus(1))
+    store.change(store.get("b-ann"), state="cancelled")
+    await ivan.stop(now=True)
+    until(lambda: cluster.pod(ivan.pod_name) is None, f"{ivan.pod_name} gone")
+    kim = make_spawner("kim", **settings)  # the booking cancelled: ivan's 2 are free for anyone
+    await start(kim, gpus(1))
+    for spawner in (ann, kim):
+        await spawner.stop(now=True)
+
+
+async def test_before_a_window_a_server_is_admitted_until_it_and_told_and_a_job_only_if_it_ends_before(
+        cluster, make_spawner, tmp_path):
+    settings = {"gpu_profiles": PROFILES, "gpu_inventory_ttl": 0, "gpu_job_time_limit": 4 * HOUR}
+    soon = time.time() + HOUR
+    ivan = make_spawner("ivan", **settings)
+    store = book(ivan, tmp_path, "ann", 3, soon, soon + HOUR)
+
+    # 3 free, all 3 booked from in an hour: ivan may hold 2 until then
+    await start(ivan, gpus(2))
+    bound(cluster, ivan)
+    assert store.admitted["ivan/"][1] == "b-ann"
+    assert any("will be stopped" in m and "booked" in m for m in messages(ivan)), messages(ivan)
+
+    # a job that may run for the hub's limit (4 h) would run into the window (ivan's 2 and the free 1 are
+    # ann's then): refused
+    long_job = make_spawner("zoe", **settings)
+    long_job.gpu_owner_override = "zoe/job/long"
+    await long_job.apply_job_options(gpus(1))
+    with pytest.raises(HTTPError) as e:
+        await long_job.reserve_gpus()
+    assert e.value.status_code == 409 and "booked" in e.value.jupyterhub_message
+    assert "zoe/job/long" not in long_job.ledger.allocations()
+
+    # the same job with its own time limit of 30 minutes ends before the window: admitted
+    short_job = make_spawner("zoe", **settings)
+    short_job.gpu_owner_override = "zoe/job/short"
+    short_job.gpu_job_own_limit = HOUR / 2
+    await short_job.apply_job_options(gpus(1))
+    await short_job.reserve_gpus()
+    assert cluster_holdings(short_job.ledger.allocations()["zoe/job/short"]) == {"nvidia.com/gpu": 1}
+    short_job.release_gpus()
+    await ivan.stop(now=True)
+    assert "ivan/" not in store.admitted
