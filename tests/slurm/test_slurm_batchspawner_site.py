@@ -13,8 +13,9 @@ as at any batchspawner site; each job runs as its user.
 With that, the form shows Slurm's GPUs (not "availability unknown"), a GPU server
 runs the site's own script on the GPU the user picked, a stopped pending server's
 job is cancelled, a CPU server runs as it did on SlurmSpawner, a job of this hub
-that nothing names is cancelled as its owner, and every Slurm command the hub ran
-went through the prefix.
+that nothing names is cancelled as its owner, a booking is a Slurm reservation made
+through the prefix in which the booked user's server runs, and every Slurm command the
+hub ran went through the prefix.
 """
 
 from __future__ import annotations
@@ -71,6 +72,8 @@ c.SlurmSpawner.startup_poll_interval = 0.5
 c.GPUSpawnerMixin.gpu_hub_id = settings["hub_id"]
 c.GPUSpawnerMixin.gpu_inventory_ttl = 0.5
 c.GPUSpawnerMixin.gpu_reconcile_interval = 2
+from gpuspawner.hub.setup import configure  # the GPU pages and APIs (bookings among them)
+configure(c)
 """
 
 #: the stand-in for ssh to the login node: log the call, run it as the user where Slurm is configured
@@ -212,4 +215,40 @@ def test_a_job_of_this_hub_nothing_names_is_cancelled_as_its_owner(site, slurm_c
         time.sleep(0.5)
     assert f"{cid} scancel {orphan}" in calls(site["via_login"])  # batch_cancel_cmd, as cid
     assert f"cancelling Slurm job {orphan} of {cid}/" in hub.log_path.read_text()
+    no_direct_calls(site)
+
+
+def test_a_booking_is_reserved_through_the_prefix_and_the_booked_users_server_runs_in_it(site, slurm_cluster):
+    """Booked over REST by the site's user: the reservation is made on the login node (as the hub's own
+    account, a Slurm administrator here), and the user's server job, submitted as them, runs in it."""
+    hub, cid = site["hub"], site["users"]["cid"]
+    for user in site["users"].values():  # the servers of the tests before: their jobs' time limits reach into
+        if hub.user(user)["servers"]:    # any window, and Slurm reserves no node such a job runs on
+            hub.stop_server(user)
+    deadline = time.monotonic() + 30
+    while slurm_cluster.jobs():
+        assert time.monotonic() < deadline, slurm_cluster.jobs()
+        time.sleep(0.3)
+    session = login(hub, cid)
+    headers = {"X-XSRFToken": session.cookies.get("_xsrf", path="/hub/"), "Referer": hub.url + "/hub/gpus/bookings"}
+    now = time.time()
+    r = session.post(f"{hub.url}/hub/api/gpus/bookings", headers=headers, timeout=90,
+                     json={"model": "a100", "count": 2, "start": now, "end": now + 900})
+    assert r.status_code == 201, r.text
+    booking = r.json()["id"]
+    name = f"jupyterhub-{hub.settings['hub_id']}-{booking}-0"
+    try:
+        assert any(c.startswith(f"root scontrol create reservation ReservationName={name} ") and f"Users={cid}" in c
+                   for c in calls(site["via_login"])), calls(site["via_login"])
+        r = hub.spawn(cid, {"profile": "gpu", "gpus": 1, "gpu_model": "a100"})
+        assert r.status_code in (201, 202), r.text
+        hub.wait_ready(cid, timeout=150)
+        job = str(hub.user(cid)["servers"][""]["state"]["job_id"])
+        shown = slurm_cluster.run("scontrol", "show", "job", job).stdout
+        assert f"Reservation={name}" in shown, shown
+    finally:
+        hub.stop_server(cid)
+        r = session.delete(f"{hub.url}/hub/api/gpus/bookings/{booking}", headers=headers, timeout=90)
+        assert r.status_code == 204, r.text
+    assert name not in slurm_cluster.run("scontrol", "show", "reservation", "-o").stdout
     no_direct_calls(site)
