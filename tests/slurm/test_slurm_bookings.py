@@ -31,7 +31,9 @@ WHO = "nobody"
 
 @pytest.fixture(scope="module")
 def hub(slurm_cluster, slurm_gpus, tmp_path_factory):
-    config = OVERVIEW_CONFIG + 'c.GPUSpawnerMixin.gpu_hub_id = settings["hub_id"]\n'
+    # an unused window is released 2 seconds after it starts
+    config = OVERVIEW_CONFIG + ('c.GPUSpawnerMixin.gpu_hub_id = settings["hub_id"]\n'
+                                'c.GPUSpawnerMixin.gpu_booking_grace = 2\n')
     with running_hub(tmp_path_factory.mktemp("slurm-bookings"), slurm_cluster, slurm_gpus, config) as hub:
         add_user(hub, WHO)
         hub.user_token = user_token(hub, WHO)
@@ -202,6 +204,17 @@ def test_the_bookings_page_books_and_says_what_the_booking_holds_on_slurm(hub, s
     row.locator(".gs-cancel").click()
     sync_api.expect(row.locator("[data-field=status]")).to_have_text("cancelled")
     assert listed(slurm_cluster, hub) == {}
+
+
+def test_a_window_released_unused_frees_the_node_in_slurm(hub, slurm_cluster):
+    r = book(hub, 2, time.time(), hours=0.25)
+    assert r.status_code == 201, r.text
+    b = r.json()
+    name = f"{prefix(hub)}-{b['id']}-0"
+    assert listed(slurm_cluster, hub)[name].state == "ACTIVE"
+    wait_until(lambda: bookings(hub)[b["id"]]["status"] == "released", "the unused window released")
+    wait_until(lambda: name not in listed(slurm_cluster, hub), f"{name} removed")
+    assert bookings(hub)[b["id"]]["holds"] == ""
 
 
 def test_a_booking_whose_save_fails_leaves_no_reservation(slurm_cluster, monkeypatch):
