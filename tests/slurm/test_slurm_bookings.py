@@ -206,15 +206,17 @@ def test_the_bookings_page_books_and_says_what_the_booking_holds_on_slurm(hub, s
     assert listed(slurm_cluster, hub) == {}
 
 
-def test_a_window_released_unused_frees_the_node_in_slurm(hub, slurm_cluster):
-    r = book(hub, 2, time.time(), hours=0.25)
+def test_a_window_released_unused_frees_the_node_in_slurm_and_later_windows_stay_reserved(hub, slurm_cluster):
+    r = book(hub, 2, time.time(), hours=0.25, repeat_weeks=2)
     assert r.status_code == 201, r.text
     b = r.json()
-    name = f"{prefix(hub)}-{b['id']}-0"
-    assert listed(slurm_cluster, hub)[name].state == "ACTIVE"
-    wait_until(lambda: bookings(hub)[b["id"]]["status"] == "released", "the unused window released")
-    wait_until(lambda: name not in listed(slurm_cluster, hub), f"{name} removed")
-    assert bookings(hub)[b["id"]]["holds"] == ""
+    now, later = f"{prefix(hub)}-{b['id']}-0", f"{prefix(hub)}-{b['id']}-1"
+    assert listed(slurm_cluster, hub)[now].state == "ACTIVE" and later in listed(slurm_cluster, hub)
+    wait_until(lambda: bookings(hub)[b["id"]]["state"] == "released", "the unused window released")
+    wait_until(lambda: now not in listed(slurm_cluster, hub), f"{now} removed")
+    assert later in listed(slurm_cluster, hub)
+    assert call(hub, "DELETE", f"/{b['id']}").status_code == 204
+    assert listed(slurm_cluster, hub) == {}
 
 
 def test_a_booking_whose_save_fails_leaves_no_reservation(slurm_cluster, monkeypatch):
