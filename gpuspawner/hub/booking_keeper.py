@@ -6,7 +6,7 @@ gpu-slurm's holds each booking as Slurm advance reservations
 (:mod:`gpuspawner.backends.slurm.booking`). A keeper has these coroutines:
 
 - ``reserve(booking) -> str``: hold every window (all or none); what it holds, in words. ValueError:
-  the cluster cannot hold it (its sentence is the HTTP 400); RuntimeError: the cluster refused or
+  the cluster cannot hold it or refuses to (its sentence is the HTTP 400); RuntimeError: the cluster
   did not answer (HTTP 503);
 - ``unreserve(booking_id)``: hold nothing for it any more;
 - ``holds(bookings) -> {id: words}``: what each holds now;
