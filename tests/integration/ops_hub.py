@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import secrets
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import fakenvml
@@ -59,3 +61,13 @@ class OpsHub(Hub):
 
         return requests.get(self.url + "/hub/api/gpus", timeout=60,
                             headers={"Authorization": f"token {token or self.reader_token}"})
+
+
+@contextmanager
+def started(hub: Hub) -> Iterator[Hub]:
+    """``hub`` started, then closed (its users' servers stopped first) however the block ends."""
+    hub.start()
+    try:
+        yield hub
+    finally:
+        hub.close()

@@ -14,7 +14,7 @@ import pytest
 import requests
 
 from hub import login
-from ops_hub import OpsHub
+from ops_hub import OpsHub, started
 
 pytestmark = pytest.mark.integration
 
@@ -30,16 +30,9 @@ PROFILES = [
 
 @pytest.fixture(scope="module")
 def hub(tmp_path_factory, fakenvml_libdir):
-    hub = OpsHub(tmp_path_factory.mktemp("first-hour"), fakenvml_libdir, PROFILES,
-                 mixin={"gpu_queue_timeout": 300, "gpu_queue_recheck": 1})
-    hub.start()
-    try:
+    with started(OpsHub(tmp_path_factory.mktemp("first-hour"), fakenvml_libdir, PROFILES,
+                        mixin={"gpu_queue_timeout": 300, "gpu_queue_recheck": 1})) as hub:
         yield hub
-    finally:
-        for name in hub.user_names():
-            if hub.user(name)["servers"]:
-                hub.api("DELETE", f"/users/{name}/server")
-        hub.close()
 
 
 def form(hub, name: str) -> str:

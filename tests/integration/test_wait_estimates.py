@@ -13,7 +13,7 @@ import time
 import pytest
 
 from hub import login
-from ops_hub import OpsHub
+from ops_hub import OpsHub, started
 from test_form_first_hour import progress_until
 from test_ops_overview import user_token
 
@@ -29,16 +29,9 @@ NO_HISTORY = ("No start time can be given yet. No session has ended on this hub 
 
 @pytest.fixture(scope="module")
 def hub(tmp_path_factory, fakenvml_libdir):
-    hub = OpsHub(tmp_path_factory.mktemp("waits"), fakenvml_libdir, PROFILES,
-                 mixin={"gpu_queue_timeout": 300, "gpu_queue_recheck": 1})
-    hub.start()
-    try:
+    with started(OpsHub(tmp_path_factory.mktemp("waits"), fakenvml_libdir, PROFILES,
+                        mixin={"gpu_queue_timeout": 300, "gpu_queue_recheck": 1})) as hub:
         yield hub
-    finally:
-        for name in hub.user_names():
-            if hub.user(name)["servers"]:
-                hub.api("DELETE", f"/users/{name}/server")
-        hub.close()
 
 
 
