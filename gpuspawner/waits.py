@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 from sqlalchemy import select
 
 from .estimate import WORDS, Ask, Estimate, History, Holding, for_gpus, latest_end
-from .gpu import GPU
+from .gpu import GPU, per_gpus
 from .owner import Owner, OwnerError
 from .queue import GPUQueue, Waiter, _slug, _Wanted
 from .usage import Allocation
@@ -149,20 +149,15 @@ def queue_estimate(
     return for_gpus(ask, now, gpus, holders, holdings, ahead, history.current(), quota=quota, backfill=backfill)
 
 
-_FILTERED: dict[tuple[int, frozenset[str]], tuple[tuple[GPU, ...], tuple[GPU, ...]]] = {}
-
-
 def _of_models(gpus: tuple[GPU, ...], slugs: frozenset[str]) -> tuple[GPU, ...]:
-    """The GPUs of ``gpus`` whose model is one of ``slugs``, kept per inventory reading (the same tuple)."""
-    found = _FILTERED.get((id(gpus), slugs))
-    if found is not None and found[0] is gpus:
-        return found[1]
-    names = {name for name in {g.name for g in gpus} if _slug(name) in slugs}
-    mine = tuple(g for g in gpus if g.name in names)
-    if len(_FILTERED) >= 16:
-        _FILTERED.clear()
-    _FILTERED[id(gpus), slugs] = (gpus, mine)
-    return mine
+    """The GPUs of ``gpus`` whose model is one of ``slugs``, worked out once per inventory reading
+    (:func:`gpuspawner.gpu.per_gpus`, the one memo of what is derived from a reading)."""
+    def pick(every) -> tuple[GPU, ...]:
+        every = tuple(every)
+        names = {name for name in {g.name for g in every} if _slug(name) in slugs}
+        return tuple(g for g in every if g.name in names)
+
+    return per_gpus(gpus, ("of_models", slugs), pick)
 
 
 def if_queued_now(estimate: Estimate, now: float | None = None) -> str:
