@@ -31,7 +31,6 @@ jobs or a hub handler, not even for type checking: each layer keeps its own thin
 from __future__ import annotations
 
 import asyncio
-import copy
 import logging
 import re
 import threading
@@ -61,9 +60,6 @@ __all__ = ["GPUHubSettings", "HubState", "hub_state", "hub_state_of_app",
            "stop_serving_hub_metrics"]
 
 
-#: ``"last"``: the last ``static_gpus`` found valid (a copy, or the :class:`SharedGPUs` itself). Each spawner
-#: and settings object loads the configured list, and checking 10,000 entries takes a quarter of a second.
-_STATIC_GPUS_CHECKED: dict[str, list] = {}
 
 
 class GPUHubSettings(Configurable):
@@ -189,13 +185,13 @@ class GPUHubSettings(Configurable):
     @validate("static_gpus")
     def _check_static_gpus(self, proposal):
         value = proposal["value"]
-        last = _STATIC_GPUS_CHECKED.get("last")
-        if value is not last and (isinstance(value, SharedGPUs) or value != last):  # one list for every spawner:
-            try:                                                                    # checked once
+        if not (isinstance(value, SharedGPUs) and value.checked):  # the configured list: checked once, for
+            try:                                                      # every spawner that shares it
                 gpus_from_config(value)
             except ValueError as e:
                 raise TraitError(f"static_gpus: {e}") from e
-            _STATIC_GPUS_CHECKED["last"] = value if isinstance(value, SharedGPUs) else copy.deepcopy(value)
+            if isinstance(value, SharedGPUs):
+                value.checked = True
         return value
 
     @validate("gpu_job_time_limit")

@@ -27,6 +27,9 @@ class SharedGPUs(list):
     (``deepcopy`` returns it), and its JSON (the hub state's key) is written once.
     """
 
+    #: whether the entries were found valid (by the setting's validator, once for every spawner)
+    checked = False
+
     def __deepcopy__(self, memo: dict) -> SharedGPUs:
         return self
 
