@@ -124,3 +124,43 @@ async def test_before_a_window_a_server_is_admitted_until_it_and_told_and_a_job_
     short_job.release_gpus()
     await ivan.stop(now=True)
     assert "ivan/" not in store.admitted
+
+
+def hub_settings(spawner) -> dict:
+    """What the hub's bookings code reads of the hub's tornado settings, for ``spawner``'s hub."""
+    from gpuspawner.backends.kube.spawner import GPUKubeSpawner
+
+    return {"gpuspawner_hub_state": spawner.hub_state, "config": spawner.config, "spawner_class": GPUKubeSpawner,
+            "db": None}
+
+
+async def test_the_keeper_offers_the_clusters_models_and_says_what_a_booking_holds(cluster, make_spawner):
+    from gpuspawner.hub import booking_keeper as keeping
+
+    settings = hub_settings(make_spawner("ivan", gpu_profiles=PROFILES, gpu_inventory_ttl=0))
+    models = {m["model"]: m for m in await keeping.models(settings)}
+    assert models[A100]["total"] == 16 and models[A100]["name"] == "NVIDIA-A100-SXM4-80GB"
+    b = Booking(id="b-1", user="ann", group="", booked_by="ann", model=A100, count=2, start=time.time() + HOUR,
+                end=time.time() + 2 * HOUR, created=time.time())
+    keeper = keeping.keeper_of(settings)
+    words = "2 of the cluster's a100-sxm4-80gb GPUs, as counted by this hub; other tenants are not held back"
+    assert await keeping.reserve_then_save(keeper, b, lambda _: None) == words
+    assert await keeping.holds(settings, [b]) == {"b-1": words}
+    assert cluster.made_pods() == []  # nothing is made on the cluster for a booking
+
+
+async def test_a_booking_in_use_on_the_cluster_is_not_released_and_an_unused_one_is(cluster, make_spawner, tmp_path):
+    from gpuspawner.hub.bookings import release_unused
+
+    ann = make_spawner("ann", gpu_profiles=PROFILES, gpu_inventory_ttl=0, gpu_booking_grace=30)
+    store = book(ann, tmp_path, "ann", 1, time.time() - 60, time.time() + HOUR)  # began a minute ago
+    settings = hub_settings(ann)
+    await start(ann, gpus(1))
+    bound(cluster, ann)
+    # ann's pod holds an A100, the booked model: her window is in use (the ledger's token says only
+    # nvidia.com/gpu; the model is the one her pod asked for)
+    assert release_unused(settings) == []
+    assert store.get("b-ann").state != "released"
+    await ann.stop(now=True)
+    [released] = release_unused(settings)  # no GPU of hers any more: released, and recorded
+    assert released.id == "b-ann" and store.get("b-ann").state == "released" and store.get("b-ann").released_at

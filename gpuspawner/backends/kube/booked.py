@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
+from typing import Any
 
 from ...bookings import Verdict
 from ...gpu import slug_matches
@@ -54,6 +55,13 @@ def narrowed(choice: Choice, slugs: Sequence[str]) -> Choice:
 
 class KubeBookingsMixin:
     """The bookings' rule in gpu-kube's claim (a mixin of :class:`~.spawner.GPUKubeSpawner`)."""
+
+    @classmethod
+    def booking_keeper(cls, config) -> Any:
+        """Bookings of the cluster's GPU models, kept by this hub's placement (:mod:`.booking`)."""
+        from .booking import KubeBookingKeeper  # (it reads PoolHolders from here)
+
+        return KubeBookingKeeper.of(cls, config)
 
     def kube_booking_verdicts(self, request: GPURequest, nodes: Sequence[NodeGPUs]) -> dict[str, Verdict]:
         """Pool slug -> the rule's verdict for ``request`` now (``{}``: nothing booked)."""
