@@ -1,5 +1,6 @@
 """gpu-kube consults the hub's bookings: real GPUKubeSpawners on the real control plane (the recorded
-cluster: 16 A100s, 3 of them free, at most 2 on one node; the real scheduler binds the new pods).
+cluster: 16 A100s, 3 of them free, at most 2 on one node; the real scheduler binds the new pods), and a
+real JupyterHub with gpu-kube on it taking bookings over REST and on its bookings page.
 
 The bookings are in the hub's bookings table as the REST API would have written them; the rule counts
 the cluster's free A100s (the capacity reader's), so other tenants' pods count as held.
@@ -8,19 +9,24 @@ the cluster's free A100s (the capacity reader's), so other tenants' pods count a
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 
 import pytest
+import requests
 from sqlalchemy import create_engine
 from tornado.web import HTTPError
 
 from gpuspawner.bookings import Booking
 from gpuspawner.db import BookingStore
 from gpuspawner.ledger import cluster_holdings
-from kubefixtures import until
+from hub import BASE_HUB_CONFIG, Hub, login
+from kubefixtures import hub_account, load, load_pods, namespace_of_its_own, until
 from profiles import A100, PROFILES
 
 HOUR = 3600.0
+#: what a booking of 2 A100s holds on this hub, in words
+HOLDS_2 = "2 of the cluster's a100-sxm4-80gb GPUs, as counted by this hub; other tenants are not held back"
 
 
 def gpus(n: int) -> dict:
@@ -143,9 +149,8 @@ async def test_the_keeper_offers_the_clusters_models_and_says_what_a_booking_hol
     b = Booking(id="b-1", user="ann", group="", booked_by="ann", model=A100, count=2, start=time.time() + HOUR,
                 end=time.time() + 2 * HOUR, created=time.time())
     keeper = keeping.keeper_of(settings)
-    words = "2 of the cluster's a100-sxm4-80gb GPUs, as counted by this hub; other tenants are not held back"
-    assert await keeping.reserve_then_save(keeper, b, lambda _: None) == words
-    assert await keeping.holds(settings, [b]) == {"b-1": words}
+    assert await keeping.reserve_then_save(keeper, b, lambda _: None) == HOLDS_2
+    assert await keeping.holds(settings, [b]) == {"b-1": HOLDS_2}
     assert cluster.made_pods() == []  # nothing is made on the cluster for a booking
 
 
@@ -164,3 +169,68 @@ async def test_a_booking_in_use_on_the_cluster_is_not_released_and_an_unused_one
     await ann.stop(now=True)
     [released] = release_unused(settings)  # no GPU of hers any more: released, and recorded
     assert released.id == "b-ann" and store.get("b-ann").state == "released" and store.get("b-ann").released_at
+
+
+KUBE_BOOKINGS_CONFIG = BASE_HUB_CONFIG + """
+from gpuspawner.hub.setup import configure
+c.JupyterHub.spawner_class = "gpu-kube"
+c.KubeSpawner.namespace = settings["namespace"]
+c.KubeSpawner.k8s_api_host = settings["k8s"]
+c.GPUSpawnerMixin.gpu_hub_id = settings["hub_id"]
+c.GPUSpawnerMixin.gpu_inventory_ttl = 0.5
+c.GPUSpawnerMixin.gpu_profiles = settings["profiles"]
+configure(c)
+"""
+
+
+@pytest.fixture(scope="module")
+def kube_hub(tmp_path_factory, kube_cluster):
+    """A real JupyterHub with gpu-kube, as its ServiceAccount in a namespace of its own holding the recorded
+    pods; ``ann`` logged in (``hub.ann``: her browser-like session)."""
+    with namespace_of_its_own(kube_cluster) as namespace:
+        load_pods(kube_cluster, namespace, load("pods.json"))
+        hub = Hub(tmp_path_factory.mktemp("kube-bookings") / "hub",
+                  {"KUBECONFIG": hub_account(kube_cluster, namespace)}, PROFILES)
+        hub.settings.update(k8s=kube_cluster.server, namespace=namespace)
+        hub.env["GPUSPAWNER_TEST_HUB"] = json.dumps(hub.settings)
+        hub.config_file.write_text(KUBE_BOOKINGS_CONFIG)
+        hub.start()
+        try:
+            hub.add_users("ann")
+            hub.ann = login(hub, "ann")
+            yield hub
+        finally:
+            hub.stop()
+
+
+def as_ann(hub, method: str, path: str = "", **kwargs) -> requests.Response:
+    """The bookings API as ann, from her logged-in session (cookie and XSRF token, as the page sends)."""
+    xsrf = hub.ann.cookies.get("_xsrf", path="/hub/")
+    return hub.ann.request(method, f"{hub.url}/hub/api/gpus/bookings{path}", timeout=90,
+                           headers={"X-XSRFToken": xsrf, "Referer": hub.url + "/hub/gpus/bookings"}, **kwargs)
+
+
+@pytest.mark.integration
+def test_a_user_books_the_clusters_gpus_over_rest_and_a_bad_count_is_a_400(kube_hub):
+    start_at = time.time() + 2 * HOUR
+    r = as_ann(kube_hub, "POST", json={"model": "a100", "count": 2, "start": start_at, "end": start_at + HOUR})
+    assert r.status_code == 201, r.text
+    b = r.json()
+    assert b["model"] == A100 and b["count"] == 2 and b["user"] == "ann" and b["status"] == "upcoming"
+    assert b["holds"] == HOLDS_2
+    listed = {x["id"]: x for x in as_ann(kube_hub, "GET").json()["bookings"]}
+    assert listed[b["id"]]["holds"] == b["holds"]
+
+    # more than the cluster has of the model (16 A100s), or no whole number: 400 naming the field, nothing booked
+    for count, words in ((17, "count"), ("two", "count")):
+        r = as_ann(kube_hub, "POST", json={"model": "a100", "count": count, "start": start_at, "end": start_at + HOUR})
+        assert r.status_code == 400 and words in r.json()["message"], r.text
+    assert {x["id"] for x in as_ann(kube_hub, "GET").json()["bookings"]} == set(listed)
+    assert as_ann(kube_hub, "DELETE", f"/{b['id']}").status_code == 204
+
+
+@pytest.mark.integration
+def test_the_bookings_page_offers_the_clusters_models(kube_hub):
+    page = kube_hub.ann.get(kube_hub.url + "/hub/gpus/bookings", timeout=90)
+    assert page.status_code == 200, page.text
+    assert f'<option value="{A100}" data-name="NVIDIA-A100-SXM4-80GB">NVIDIA-A100-SXM4-80GB (16)</option>' in page.text
