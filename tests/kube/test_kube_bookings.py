@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import time
 
 import pytest
@@ -21,8 +22,9 @@ from gpuspawner.bookings import Booking
 from gpuspawner.db import BookingStore
 from gpuspawner.ledger import cluster_holdings
 from hub import BASE_HUB_CONFIG, Hub, login
+from jobnotebooks import submit, wait_state
 from kubefixtures import hub_account, load, load_pods, namespace_of_its_own, until
-from profiles import A100, PROFILES
+from profiles import A100, MIG_1G, PROFILES
 
 HOUR = 3600.0
 #: what a booking of 2 A100s holds on this hub, in words
@@ -179,6 +181,8 @@ c.KubeSpawner.k8s_api_host = settings["k8s"]
 c.GPUSpawnerMixin.gpu_hub_id = settings["hub_id"]
 c.GPUSpawnerMixin.gpu_inventory_ttl = 0.5
 c.GPUSpawnerMixin.gpu_profiles = settings["profiles"]
+c.GPUSpawnerMixin.gpu_job_time_limit = 600
+c.GPUSpawnerMixin.gpu_booking_grace = 2  # an unused window is released 2 seconds after it starts
 configure(c)
 """
 
@@ -234,3 +238,36 @@ def test_the_bookings_page_offers_the_clusters_models(kube_hub):
     page = kube_hub.ann.get(kube_hub.url + "/hub/gpus/bookings", timeout=90)
     assert page.status_code == 200, page.text
     assert f'<option value="{A100}" data-name="NVIDIA-A100-SXM4-80GB">NVIDIA-A100-SXM4-80GB (16)</option>' in page.text
+
+
+def held_now(page: str, model: str) -> str:
+    """What the bookings page's timeline says is held now of ``model``."""
+    found = re.search(rf'data-model="{re.escape(model)}".*?data-field="held">(.*?)</span>', page, re.S)
+    assert found, page
+    return " ".join(found[1].split())
+
+
+@pytest.mark.integration
+def test_a_booked_users_job_on_the_cluster_keeps_her_window_and_the_page_shows_it_under_the_model(kube_hub):
+    r = submit(kube_hub, "ann", {"profile": "gpu", "gpus": 1, "gpu_model": A100, "notebook": "train.ipynb"})
+    assert r.status_code == 201, r.text
+    job_id = r.json()["id"]
+    try:
+        wait_state(kube_hub, "ann", job_id, ("running",))
+        page = kube_hub.ann.get(kube_hub.url + "/hub/gpus/bookings", timeout=90).content.decode()
+        assert held_now(page, A100) == f"held now: ann/job/{job_id} 1 · 16 in all"
+
+        # two windows on since a minute ago (grace: 2 s): her job holds an A100, no MIG slice of hers
+        now = time.time()
+        ids = {}
+        for model in (A100, MIG_1G):
+            r = as_ann(kube_hub, "POST", json={"model": model, "count": 1, "start": now - 60, "end": now + HOUR})
+            assert r.status_code == 201, r.text
+            ids[model] = r.json()["id"]
+        until(lambda: as_ann(kube_hub, "GET", f"/{ids[MIG_1G]}").json()["status"] == "released",
+              "the unused MIG window is released")
+        assert as_ann(kube_hub, "GET", f"/{ids[A100]}").json()["status"] == "active"  # in use: kept
+    finally:
+        kube_hub.api("DELETE", f"/users/ann/gpu-jobs/{job_id}")
+    until(lambda: as_ann(kube_hub, "GET", f"/{ids[A100]}").json()["status"] == "released",
+          "the A100 window is released once her job is gone")
