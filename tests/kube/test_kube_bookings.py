@@ -168,8 +168,16 @@ async def test_a_booking_in_use_on_the_cluster_is_not_released_and_an_unused_one
     # nvidia.com/gpu; the model is the one her pod asked for)
     assert release_unused(settings) == []
     assert store.get("b-ann").state != "released"
-    await ann.stop(now=True)
-    [released] = release_unused(settings)  # no GPU of hers any more: released, and recorded
+
+    # the hub restarts: it counts ann's pod again and finds its model on the node the pod runs on
+    make_spawner.restart()
+    again = make_spawner("ann")
+    again.hub_state.cache(BookingStore, lambda: store)
+    await again.ensure_reconciled()
+    assert release_unused(hub_settings(again)) == [] and store.get("b-ann").state != "released"
+
+    await again.stop(now=True)
+    [released] = release_unused(hub_settings(again))  # no GPU of hers any more: released, and recorded
     assert released.id == "b-ann" and store.get("b-ann").state == "released" and store.get("b-ann").released_at
 
 

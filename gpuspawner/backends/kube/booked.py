@@ -17,7 +17,7 @@ request allowed only one), for the rule above and for the queue's wait estimates
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ...bookings import Verdict
@@ -107,3 +107,14 @@ class KubeBookingsMixin:
             holders.pop(owner, None)
         verdicts = [said[s] for s in slugs if s in said]
         self.note_verdict(next((v for v in verdicts if v.kind == "until"), None))
+
+    def note_pod_models(self, placed: Mapping[str, Sequence[tuple[str, str]]], nodes: Sequence[NodeGPUs]) -> None:
+        """The model of each counted server's or job's GPUs where the hub did not keep it (a hub restarted):
+        the pool of its pods' resource on the nodes they run on (``placed``: owner -> (node, resource))."""
+        by_node = {n.name: n for n in nodes}
+        holders = self.hub_state.cache(PoolHolders)
+        for owner, where in placed.items():
+            slugs = {p.slug for node, resource in where if node in by_node
+                     for p in by_node[node].pools if p.resource == resource}
+            if len(slugs) == 1 and owner not in holders:
+                holders[owner] = slugs.pop()
