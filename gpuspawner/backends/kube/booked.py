@@ -11,7 +11,9 @@ count as giving their GPUs back then.
 
 The ledger counts a server's GPUs as cluster tokens of a resource (``nvidia.com/gpu``), not of a
 model: :class:`PoolHolders` keeps, per ledger owner, the model its pod was asked for (where the
-request allowed only one), for the rule above and for the queue's wait estimates.
+request allowed only one; else, and after a hub restart, the pool of the nodes its pods run on, read at
+the hub's reconciliation with the cluster), for the rule above, the queue's wait estimates and the
+release of unused booked windows (:mod:`.booking`).
 """
 
 from __future__ import annotations
