@@ -18,6 +18,7 @@ import requests
 from sqlalchemy import create_engine
 from tornado.web import HTTPError
 
+from chromium import NEEDS_BROWSER, hub_login, playwright_sync_api
 from gpuspawner.bookings import Booking
 from gpuspawner.db import BookingStore
 from gpuspawner.ledger import cluster_holdings
@@ -279,3 +280,22 @@ def test_a_booked_users_job_on_the_cluster_keeps_her_window_and_the_page_shows_i
         kube_hub.api("DELETE", f"/users/ann/gpu-jobs/{job_id}")
     until(lambda: as_ann(kube_hub, "GET", f"/{ids[A100]}").json()["status"] == "released",
           "the A100 window is released once her job is gone")
+
+
+@NEEDS_BROWSER[0]
+@NEEDS_BROWSER[1]
+@pytest.mark.integration
+def test_the_bookings_page_books_the_clusters_a100s_and_says_what_that_holds_on_kubernetes(kube_hub, browser):
+    expect = playwright_sync_api().expect
+    page = hub_login(browser, kube_hub.url, "ann")
+    page.goto(kube_hub.url + "/hub/gpus/bookings")
+    page.select_option("#booking-model", A100)
+    page.fill("#booking-count", "2")  # the page's window: the next full hour, for two hours
+    page.click("#booking-submit")
+    told = page.locator("#gpuspawner-booking-done")
+    expect(told).to_contain_text(f"; it holds {HOLDS_2}.")
+    booking = told.text_content().split()[1].rstrip(":")  # "Booked b-3f9a2c: 2 x ..."
+    listed = page.locator(f"#gpuspawner-bookings-table tr[data-booking='{booking}']")
+    expect(listed.locator("[data-field=gpus]")).to_have_text(f"2 x NVIDIA-A100-SXM4-80GB (holds {HOLDS_2})")
+    listed.locator(".gs-cancel").click()
+    expect(listed.locator("[data-field=status]")).to_have_text("cancelled")
