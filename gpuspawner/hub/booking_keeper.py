@@ -13,6 +13,11 @@ gpu-slurm's holds each booking as Slurm advance reservations
 - ``models() -> [{"model", "name", "total"}]``: the cluster's GPU models, which bookings are for;
 - ``reconcile(live) -> {id: why}``: hold exactly the live bookings' windows: remove what no live
   booking wants, make again what one misses; why those it cannot hold are not held.
+- optionally ``held_models(state, owner, keys) -> [model]``: the model of each GPU a ledger owner holds
+  where the ledger's keys do not say it (gpu-kube's cluster tokens), for the release of unused windows.
+
+gpu-kube's keeper (:mod:`gpuspawner.backends.kube.booking`) makes nothing on the cluster: its bookings are
+for the cluster's models and this hub's placement keeps them.
 
 Here: one keeper per hub (:func:`keeper_of`), one booking change or reconciliation at a time
 (:func:`serial`), so a booking reserved but not yet saved is never taken for a stray reservation;

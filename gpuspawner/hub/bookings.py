@@ -16,10 +16,12 @@ A booking answers as its fields (:class:`gpuspawner.bookings.Booking`) plus ``wi
 next few, ``[{"start", "end"}]``), ``window`` (the first, in words), ``status``: ``upcoming``,
 ``active`` (a window holds its GPUs now), ``released`` (unused past the grace period),
 ``cancelled`` or ``ended``, and ``holds``: what the cluster holds for it where the backend keeps
-bookings there (gpu-slurm's reservations: "whole node gpu-1 (4 GPUs)"; :mod:`.booking_keeper`), else "".
+bookings there (gpu-slurm's reservations: "whole node gpu-1 (4 GPUs)"; gpu-kube's: "2 of the cluster's
+a100 GPUs, as counted by this hub; ..."; :mod:`.booking_keeper`), else "".
 
 An unused window is released ``gpu_booking_grace`` seconds after it starts when none of the
-booking's users holds GPUs of its model; :func:`start_keeping` checks on a timer.
+booking's users holds GPUs of its model (on gpu-kube: the model their pods asked for, the keeper's
+``held_models``); :func:`start_keeping` checks on a timer.
 """
 
 from __future__ import annotations
@@ -306,6 +308,7 @@ def release_unused(settings: Mapping, now: float | None = None) -> list[Booking]
         return []
     reading = state.inventory.last_reading()
     model_of = {g.uuid: g.model for g in reading.gpus} if reading is not None else {}
+    held_models = getattr(keeping.keeper_of(settings), "held_models", None)  # gpu-kube: the pod's model
     holders: dict[str, set[str]] = {}
     for owner, uuids in state.ledger.allocations().items():
         try:
@@ -314,6 +317,8 @@ def release_unused(settings: Mapping, now: float | None = None) -> list[Booking]
             continue
         holders.setdefault(user, set()).update(model_of[u] if u in model_of else state.gpu_info(u)["model"]
                                                for u in uuids)
+        if held_models is not None:
+            holders[user].update(held_models(state, owner, tuple(uuids)))
     groups = {b.group for b in store.all() if b.group}
     db = settings["db"]
     members = {g: {u.name for u in found.users} for g in groups if (found := orm.Group.find(db, g)) is not None}

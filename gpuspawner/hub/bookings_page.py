@@ -17,7 +17,8 @@ servers gets 403, as for the overview.
 from __future__ import annotations
 
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
+from collections.abc import Callable
 
 from jupyterhub import orm
 from jupyterhub.handlers import BaseHandler
@@ -31,9 +32,10 @@ from .overview import build, own_view
 DAYS = 7
 
 
-def holding_now(data: dict) -> dict[str, list[dict]]:
+def holding_now(data: dict, models_of: Callable[[str], list[str]] | None = None) -> dict[str, list[dict]]:
     """Model slug -> who holds its GPUs now, from the overview (``build``'s or ``own_view``'s answer):
-    ``[{"user", "server", "gpus"}]`` per server or job, by user."""
+    ``[{"user", "server", "gpus"}]`` per server or job, by user. A cluster placement counts under its
+    resource, or under the models ``models_of(owner)`` says its GPUs are of (gpu-kube: its pod's)."""
     per: dict[str, dict[str, dict]] = defaultdict(dict)
     for gpu in data["gpus"]:
         holder = gpu["holder"]
@@ -42,7 +44,8 @@ def holding_now(data: dict) -> dict[str, list[dict]]:
                                                                  "server": holder["server"], "gpus": 0})
             row["gpus"] += 1
     for holding in data.get("cluster", []):
-        for resource, count in holding["resources"].items():
+        known = Counter(models_of(holding["owner"])) if models_of is not None else None
+        for resource, count in (known or holding["resources"]).items():
             row = per[resource].setdefault(holding["owner"], {"user": holding["user"],
                                                               "server": holding["server"], "gpus": 0})
             row["gpus"] += count
@@ -61,6 +64,14 @@ class BookingsPageHandler(_Overview, BaseHandler):
         data = build(reading, allocations, holders, {}, {}, [], time.time())
         return data if viewer is None else own_view(data, viewer)
 
+    def models_held(self) -> Callable[[str], list[str]] | None:
+        """Ledger owner -> the models of its GPUs, where the booking keeper knows them (gpu-kube)."""
+        held = getattr(keeping.keeper_of(self.settings), "held_models", None)
+        if held is None:
+            return None
+        state, allocations = self.hub_state, self.hub_state.ledger.allocations()
+        return lambda owner: held(state, owner, tuple(allocations.get(owner, ())))
+
     @web.authenticated
     async def get(self) -> None:
         viewer = self.viewer()
@@ -74,7 +85,8 @@ class BookingsPageHandler(_Overview, BaseHandler):
             {"model": m["model"], "name": m["name"], "total": m["total"]} for m in data["models"]]
         self.set_header("Cache-Control", "no-store")
         self.finish(await self.render_template(
-            "gpuspawner_bookings.html", models=models, holding=holding_now(data), admin=admin, groups=groups,
+            "gpuspawner_bookings.html", models=models, holding=holding_now(data, self.models_held()), admin=admin,
+            groups=groups,
             me=self.current_user.name, now=data["time"], days=DAYS, simulated=data["simulated"],
         ))
 

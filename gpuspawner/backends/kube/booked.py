@@ -11,13 +11,16 @@ count as giving their GPUs back then.
 
 The ledger counts a server's GPUs as cluster tokens of a resource (``nvidia.com/gpu``), not of a
 model: :class:`PoolHolders` keeps, per ledger owner, the model its pod was asked for (where the
-request allowed only one), for the rule above and for the queue's wait estimates.
+request allowed only one; else, and after a hub restart, the pool of the nodes its pods run on, read at
+the hub's reconciliation with the cluster), for the rule above, the queue's wait estimates and the
+release of unused booked windows (:mod:`.booking`).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from ...bookings import Verdict
 from ...gpu import slug_matches
@@ -54,6 +57,13 @@ def narrowed(choice: Choice, slugs: Sequence[str]) -> Choice:
 
 class KubeBookingsMixin:
     """The bookings' rule in gpu-kube's claim (a mixin of :class:`~.spawner.GPUKubeSpawner`)."""
+
+    @classmethod
+    def booking_keeper(cls, config) -> Any:
+        """Bookings of the cluster's GPU models, kept by this hub's placement (:mod:`.booking`)."""
+        from .booking import KubeBookingKeeper  # (it reads PoolHolders from here)
+
+        return KubeBookingKeeper.of(cls, config)
 
     def kube_booking_verdicts(self, request: GPURequest, nodes: Sequence[NodeGPUs]) -> dict[str, Verdict]:
         """Pool slug -> the rule's verdict for ``request`` now (``{}``: nothing booked)."""
@@ -99,3 +109,14 @@ class KubeBookingsMixin:
             holders.pop(owner, None)
         verdicts = [said[s] for s in slugs if s in said]
         self.note_verdict(next((v for v in verdicts if v.kind == "until"), None))
+
+    def note_pod_models(self, placed: Mapping[str, Sequence[tuple[str, str]]], nodes: Sequence[NodeGPUs]) -> None:
+        """The model of each counted server's or job's GPUs where the hub did not keep it (a hub restarted):
+        the pool of its pods' resource on the nodes they run on (``placed``: owner -> (node, resource))."""
+        by_node = {n.name: n for n in nodes}
+        holders = self.hub_state.cache(PoolHolders)
+        for owner, where in placed.items():
+            slugs = {p.slug for node, resource in where if node in by_node
+                     for p in by_node[node].pools if p.resource == resource}
+            if len(slugs) == 1 and owner not in holders:
+                holders[owner] = slugs.pop()

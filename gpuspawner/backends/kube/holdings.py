@@ -34,6 +34,8 @@ class ServerHoldings:
     pods: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     #: names of this hub's pods holding GPUs that do not say whose they are
     unnamed: tuple[str, ...] = ()
+    #: ledger owner -> (node, GPU resource) of each of its pods the scheduler has bound
+    placed: Mapping[str, tuple[tuple[str, str], ...]] = field(default_factory=dict)
 
 
 def _ended(pod: Mapping[str, Any]) -> bool:
@@ -52,6 +54,7 @@ def server_holdings(pods: Iterable[Mapping[str, Any]], component: str = "singleu
     holdings: dict[str, dict[str, int]] = {}
     named: dict[str, list[str]] = {}
     unnamed: list[str] = []
+    placed: dict[str, list[tuple[str, str]]] = {}
     for pod in pods:
         meta = pod.get("metadata") or {}
         if (meta.get("labels") or {}).get(COMPONENT_LABEL) != component or _ended(pod):
@@ -69,4 +72,8 @@ def server_holdings(pods: Iterable[Mapping[str, Any]], component: str = "singleu
         for resource, n in gpus.items():
             held[resource] = held.get(resource, 0) + n
         named.setdefault(owner, []).append(f"{meta.get('namespace', '')}/{meta.get('name', '')}")
-    return ServerHoldings(holdings, {owner: tuple(pods) for owner, pods in named.items()}, tuple(unnamed))
+        node = (pod.get("spec") or {}).get("nodeName")
+        if node:
+            placed.setdefault(owner, []).extend((node, resource) for resource in gpus)
+    return ServerHoldings(holdings, {owner: tuple(pods) for owner, pods in named.items()}, tuple(unnamed),
+                          {owner: tuple(where) for owner, where in placed.items()})

@@ -437,6 +437,7 @@ class GPUKubeSpawner(KubeOptionsMixin, KubeWaitingMixin, KubeBookingsMixin, Kube
         namespace = None if self.enable_user_namespaces else self.namespace
         pods = await list_server_pods(self.api, self.component_label, namespace, self.k8s_api_request_timeout)
         found = server_holdings(pods, self.component_label)
+        self.note_pod_models(found.placed, (await self.cluster_capacity().read()).nodes)  # (after a hub restart)
         for name in found.unnamed:
             self.log.warning("gpu-kube: pod %s holds GPUs but has no %s annotation; it is not counted",
                              name, USERNAME_ANNOTATION)
