@@ -48,7 +48,7 @@ import time
 from array import array
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from .estimate_backfill import NearestHost, give_back, start_backfill, take
 from .gpu import GPU
@@ -171,13 +171,15 @@ class History:
 class Estimate:
     """A request's likely start (epoch seconds), its interval, and what they rest on.
 
-    ``likely``/``low``/``high`` are None where no time is known (``high`` alone: no upper end).
+    ``likely``/``low``/``high`` are None where no time is known (``high`` alone: no upper end);
+    ``starts``: the start in each scenario, sorted (inf where it never starts; empty where not simulated).
     """
 
     likely: float | None
     low: float | None
     high: float | None
     basis: str
+    starts: tuple[float, ...] = field(default=(), repr=False, compare=False)
 
     def when(self, now: float | None = None) -> str:
         """The time part, as a user reads it (times with their date when not on ``now``'s day)."""
@@ -396,7 +398,7 @@ def _estimate(starts: list[float], now: float, holders: Sequence[Holder], ahead:
               levels: Mapping[str, int], beyond: int) -> Estimate:
     shown = [h for h in holders if h.usable]
     return Estimate(_quantile(starts, 0.5), _quantile(starts, LOW), _quantile(starts, HIGH),
-                    basis(now, shown, ahead, history, levels, beyond))
+                    basis(now, shown, ahead, history, levels, beyond), tuple(starts))
 
 
 def basis(now: float, holders: Sequence[Holder], ahead: Sequence[Ask], history: History,

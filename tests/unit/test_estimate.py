@@ -6,7 +6,7 @@ import math
 
 from hypothesis import given, settings, strategies as st
 
-from gpuspawner.estimate import Ask, Estimate, History, Holder, Holding, estimate, for_gpus, latest_end
+from gpuspawner.estimate import SAMPLES, Ask, Estimate, History, Holder, Holding, estimate, for_gpus, latest_end
 from gpuspawner.gpu import GPU
 
 A100, T4 = "NVIDIA A100-SXM4-80GB", "Tesla T4"
@@ -41,11 +41,13 @@ def state(held, ahead_counts, free=0, ask_count=1):
 
 @settings(max_examples=60, deadline=None)
 @given(lengths, holders, aheads, st.integers(0, 2), st.integers(1, 2))
-def test_the_interval_holds_the_likely_start_and_the_same_state_gives_the_same_estimate(
+def test_the_interval_holds_the_likely_start_its_median_scenario_and_the_same_state_gives_the_same_estimate(
         history, held, ahead_counts, free, count):
     ask, now, free_gpus, rows, ahead = state(held, ahead_counts, free, count)
     est = estimate(ask, now, free_gpus, rows, ahead, History(("p", "x", s) for s in history))
     assert later(est.low) <= later(est.likely) <= later(est.high)
+    assert len(est.starts) == SAMPLES and list(est.starts) == sorted(est.starts)
+    assert later(est.likely) == est.starts[SAMPLES // 2 - 1]  # the replay's calibrated reference draws on them
     assert est.likely is None or est.low >= now
     assert est == estimate(ask, now, free_gpus, rows, ahead, History(("p", "x", s) for s in history))
     assert "no estimate" not in est.sentence(now).lower()

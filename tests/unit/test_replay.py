@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from gpuspawner.estimate import History
+from gpuspawner.estimate import Estimate, History
 from gpuspawner.replay import Policy, Session, TraceParams, choices, gpus, main, offered_load, replay, synthetic_trace
-from gpuspawner.replay.estimates import measure
+from gpuspawner.replay.estimates import calibrated, measure
 from gpuspawner.replay.tail import describe, tail
 
 CULLER = {"period": 60, "threshold": 5, "idle_timeout": 600, "warn_before": 300}
@@ -114,13 +114,35 @@ def test_an_idle_holder_is_estimated_to_end_when_the_culler_stops_it():
         1, 6.0, 0.0, 100.0)
 
 
+def test_an_estimate_later_than_the_start_is_counted_late_and_the_calibrated_reference_is_its_own_world():
+    # a holds both T4s, busy until it stops at 1800, but every recorded session lasted an hour: b, asking
+    # at 600, is told 3600 in every scenario and starts at 1800: 30 minutes late on a 20-minute wait.
+    # Were the world as the estimate says (b starts at 3600, within the 2-hour limit), it would be exact.
+    a = Session(0, "a", 0, 2, ("any",), [("active", 1800)])
+    b = Session(1, "b", 600, 1, ("t4",), [("active", 600)])
+    history = History([("server:any", "x", 3600.0)] * 10)
+    policy = Policy("q", queue=True, gpu_culler=CULLER, queue_timeout=7200)
+    _result, figures = measure([[a, b]], gpus("t4=2"), policy, history, load=0.5, hours=2)
+    assert (figures.waited, figures.median_error_min, figures.median_relative_pct) == (1, 30.0, 150.0)
+    assert (figures.late, figures.early, figures.calibrated_pct) == (1, 0, 0.0)
+
+
+def test_the_calibrated_reference_scores_each_scenario_start_within_the_limit():
+    # joined at 100, told 700; scenarios start at 400, 700, 1000 and 3100 (past the 30-minute limit: not
+    # served, not scored): errors 300 of a 300-second wait, 0, and 300 of 900: median 33.3 %.
+    # An estimate with no likely start is not scored.
+    told = Estimate(700.0, 400.0, 3100.0, "", starts=(400.0, 700.0, 1000.0, 3100.0))
+    unknown = Estimate(None, None, None, "", starts=(float("inf"),) * 4)
+    assert calibrated([(told, 100.0), (unknown, 100.0)], limit=1800) == 33.3
+
+
 def test_the_replay_prints_the_estimate_figures(capsys):
     main(["--estimates", "--days", "1", "--estimate-loads", "0.85"])
     out = capsys.readouterr().out.splitlines()
     assert out[0].startswith("Wait estimates, policy gpuspawner, 16 GPUs, 1 day(s) per load: the estimator draws "
                              "on the history of seeds 1001-1001 and is measured on seeds 1-1: held out.")
-    titles = ["median error min", "median wait min", "in interval %", "p95 wait min", "held-idle %",
-              "culled, came back"]
+    titles = ["median error min", "median wait min", "in interval %", "missed late", "missed early",
+              "if calibrated: median error % of wait", "p95 wait min", "held-idle %", "culled, came back"]
     assert all(t in out[1] for t in titles)
     assert out[2].split()[0] == "86" and len(out) == 3  # offered load 86 % on that day
 
