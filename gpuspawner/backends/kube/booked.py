@@ -10,7 +10,7 @@ time limit ends before. The hub's servers inside their own booking, or told to l
 count as giving their GPUs back then.
 
 The ledger counts a server's GPUs as cluster tokens of a resource (``nvidia.com/gpu``), not of a
-model: :class:`PoolHolders` keeps, per ledger owner, the model its pod was asked for (where the
+model: :class:`~.holdings.PoolHolders` keeps, per ledger owner, the model its pod was asked for (where the
 request allowed only one; else, and after a hub restart, the pool of the nodes its pods run on, read at
 the hub's reconciliation with the cluster), for the rule above, the queue's wait estimates and the
 release of unused booked windows (:mod:`.booking`).
@@ -28,19 +28,11 @@ from ...placement import GPURequest
 from ...profiles import Choice
 from ...refusals import PlacementError, refuse
 from ..claim import Claim
+from .booking import KubeBookingKeeper
 from .capacity import NodeGPUs, pools
+from .holdings import PoolHolders
 
-__all__ = ["KubeBookingsMixin", "PoolHolders"]
-
-
-class PoolHolders(dict):
-    """Ledger owner -> the pool slug (GPU model) its GPUs are of, where one was asked for (one per hub,
-    ``hub_state.cache(PoolHolders)``); entries of owners no longer in the ledger are ignored."""
-
-    def models_of(self, owner: str, keys: tuple[str, ...]) -> list[str]:
-        """The model of each GPU ``owner`` holds (its ledger keys); none where not known."""
-        slug = self.get(owner)
-        return [slug] * len(keys) if slug else []
+__all__ = ["KubeBookingsMixin"]
 
 
 def requestable(nodes: Sequence[NodeGPUs], patterns: Sequence[str]) -> dict[str, int]:
@@ -61,8 +53,6 @@ class KubeBookingsMixin:
     @classmethod
     def booking_keeper(cls, config) -> Any:
         """Bookings of the cluster's GPU models, kept by this hub's placement (:mod:`.booking`)."""
-        from .booking import KubeBookingKeeper  # (it reads PoolHolders from here)
-
         return KubeBookingKeeper.of(cls, config)
 
     def kube_booking_verdicts(self, request: GPURequest, nodes: Sequence[NodeGPUs]) -> dict[str, Verdict]:

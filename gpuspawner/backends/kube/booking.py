@@ -15,7 +15,7 @@ as holding GPUs, so a booking may find fewer free than it booked.
   holds, in words; :meth:`~KubeBookingKeeper.unreserve` and :meth:`~KubeBookingKeeper.reconcile`: nothing
   to remove or make again;
 - :meth:`~KubeBookingKeeper.held_models`: the model each GPU of a ledger owner is of (the model its pod
-  asked for, :class:`.booked.PoolHolders`), so an unused window is released only when none of its users
+  asked for, :class:`.holdings.PoolHolders`), so an unused window is released only when none of its users
   holds GPUs of the booked model.
 """
 
@@ -26,8 +26,8 @@ from typing import Any
 
 from ...bookings import ANY, Booking
 from .api import ClusterCapacity
-from .booked import PoolHolders
 from .capacity import pools
+from .holdings import PoolHolders
 
 #: what a booking holds on Kubernetes, in words
 HOLDS = "{count} of the cluster's {model} GPUs, as counted by this hub; other tenants are not held back"

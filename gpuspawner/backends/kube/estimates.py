@@ -4,7 +4,7 @@ The estimator (:func:`gpuspawner.waits.queue_estimate`) works on GPUs and their 
 device plugin owns the GPUs, so :func:`cluster_slots` makes one slot per allocatable unit of each
 pool on each schedulable node (host: the node, model: the pool's slug), the free ones free, the used
 ones held: first by the hub's servers and jobs of that model (the ledger's cluster tokens,
-:class:`~.booked.PoolHolders`; each since its claim, a job until its time limit), the rest by
+:class:`~.holdings.PoolHolders`; each since its claim, a job until its time limit), the rest by
 ``other:<node>``, the cluster's other workloads, of which the hub knows nothing but that they hold
 (each counts as just started and ends as the hub's own sessions do). Which node a hub pod runs on
 is not read: its slots are taken from the nodes in order.
@@ -19,8 +19,8 @@ from dataclasses import replace
 from ...gpu import GPU
 from ...queue import Known, Waiter
 from ...waits import queue_estimate, wait_history
-from .booked import PoolHolders
 from .capacity import NodeGPUs, queue_known
+from .holdings import PoolHolders
 
 __all__ = ["KubeEstimatesMixin", "cluster_slots"]
 
@@ -30,7 +30,7 @@ _log = logging.getLogger("gpuspawner.waits")
 def cluster_slots(nodes: Sequence[NodeGPUs], models: Mapping[str, str], allocations: Mapping[str, tuple[str, ...]],
                   ) -> tuple[tuple[GPU, ...], dict[str, tuple[str, ...]]]:
     """(slots, holder -> its slots' ids) of the cluster's GPU pools: ``models`` is ledger owner -> pool
-    slug (:class:`~.booked.PoolHolders`), ``allocations`` the ledger's owner -> cluster tokens."""
+    slug (:class:`~.holdings.PoolHolders`), ``allocations`` the ledger's owner -> cluster tokens."""
     waiting: dict[str, list[list]] = {}  # slug -> [[owner, GPUs not yet given a slot]]
     for owner, tokens in sorted(allocations.items()):
         if models.get(owner):

@@ -77,3 +77,13 @@ def server_holdings(pods: Iterable[Mapping[str, Any]], component: str = "singleu
             placed.setdefault(owner, []).extend((node, resource) for resource in gpus)
     return ServerHoldings(holdings, {owner: tuple(pods) for owner, pods in named.items()}, tuple(unnamed),
                           {owner: tuple(where) for owner, where in placed.items()})
+
+
+class PoolHolders(dict):
+    """Ledger owner -> the pool slug (GPU model) its GPUs are of, where one was asked for (one per hub,
+    ``hub_state.cache(PoolHolders)``); entries of owners no longer in the ledger are ignored."""
+
+    def models_of(self, owner: str, keys: tuple[str, ...]) -> list[str]:
+        """The model of each GPU ``owner`` holds (its ledger keys); none where not known."""
+        slug = self.get(owner)
+        return [slug] * len(keys) if slug else []

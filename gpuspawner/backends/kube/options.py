@@ -27,9 +27,9 @@ from ...inputs import check_json, field_name
 from ...inventory import InventoryReading
 from ...profiles import Choice, OptionsError, Profile, gpu_resource_choice, parse_options
 from ..errors import user_error
-from .booked import PoolHolders
 from .capacity import pools
 from .estimates import cluster_slots
+from .holdings import PoolHolders
 from .objects import GPU_TRAITS, PodGPURequest, PodGPUSettings, gpu_overrides, merge_overrides
 from .profiles import GPU_OPTIONS, UNLISTED, check_entries, combined_entries
 
