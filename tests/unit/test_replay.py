@@ -208,14 +208,53 @@ def test_the_replay_prints_what_users_choose(capsys):
     assert out[0].startswith("Users choosing by the estimates: 16 GPUs, 1 day(s) (seeds 1-1), offered load ")
     assert "patience 15 minutes" in out[0]
     titles = ["held-idle %", "p95 wait, queued min", "p95 asked -> started min", "took another model",
-              "came back at the estimate", "culled, came back"]
+              "came back at the estimate", "booked a window", "started at the window", "culled, came back"]
     assert all(t in out[1] for t in titles)
     assert [line.split("  ")[0] for line in out[2:]] == [
-        "gpuspawner", "gpuspawner, users choose", "gpuspawner, backfill first-fit",
-        "gpuspawner, backfill first-fit, users choose"]
+        "gpuspawner", "gpuspawner, users choose", "gpuspawner, users choose or book",
+        "gpuspawner, backfill first-fit", "gpuspawner, backfill first-fit, users choose",
+        "gpuspawner, backfill first-fit, users choose or book"]
 
 
 def test_the_estimates_are_measured_under_the_backfill_rule_asked(capsys):
     main(["--estimates", "--days", "1", "--estimate-loads", "0.85", "--backfill", "first-fit"])
     out = capsys.readouterr().out.splitlines()
     assert out[0].startswith("Wait estimates, policy gpuspawner, backfill first-fit, 16 GPUs, 1 day(s) per load")
+
+
+def test_a_user_told_a_long_wait_books_the_window_it_names_and_starts_there_at_once():
+    # As in the test above, b is told 3600 for a T4; instead of coming back it books one T4 from 3600 for its
+    # planned 10 minutes (the hub's check_new takes it), asks a minute into the window and is placed at once:
+    # a gave its T4s back at 3600. Asked -> started 51 minutes; its wait in a queue, none.
+    a = Session(0, "a", 0, 2, ("any",), [("active", 3600)])
+    b = Session(1, "b", 600, 1, ("t4",), [("active", 600)])
+    history = History([("server:any", "x", 3600.0)] * 10)
+    policy = Policy("q", queue=True, gpu_culler=CULLER, queue_timeout=3600)
+    *_, book = choices.measure([[a, b]], history, gpus("t4=2"), [policy], patience=1200, hours=2)
+    assert (book.policy, book.booked, book.honoured, book.later) == ("q, users choose or book", 1, "1 of 1", 0)
+    assert (book.p95_queued_min, book.p95_asked_min, book.gave_up) == (0.0, 51.0, 0)
+
+
+def test_a_booking_does_not_move_a_holder_admitted_before_it_was_made():
+    # a holds both T4s until 7200, past every recorded session: b books 3600-4200 (what it is told), but a was
+    # admitted with no end before the booking existed and keeps them. b is refused at 3660; on its retry at 4260
+    # the window is over, it queues and starts when a leaves at 7200: the booking was not honoured.
+    a = Session(0, "a", 0, 2, ("any",), [("active", 7200)])
+    b = Session(1, "b", 600, 1, ("t4",), [("active", 600)])
+    history = History([("server:any", "x", 3600.0)] * 10)
+    policy = Policy("q", queue=True, gpu_culler=CULLER, queue_timeout=3600)
+    *_, book = choices.measure([[a, b]], history, gpus("t4=2"), [policy], patience=1200, hours=2)
+    assert (book.booked, book.honoured, book.p95_asked_min) == (1, "0 of 1", 110.0)
+
+
+def test_a_booked_window_its_user_no_longer_holds_gpus_in_is_released_after_the_grace_period():
+    # b books T4s from 3600 to 6600 (its planned 50 minutes), starts at 3660, pauses at 4260 and is culled at 4920
+    # (10 minutes idle, in 60 s samples): the hub releases the window then (past its 15 minutes' grace), and b,
+    # back at 6060 for its last 10 minutes, finds it released and places as anyone does.
+    a = Session(0, "a", 0, 2, ("any",), [("active", 3600)])
+    b = Session(1, "b", 600, 1, ("t4",), [("active", 600), ("away", 1800), ("active", 600)])
+    history = History([("server:any", "x", 3600.0)] * 10)
+    policy = Policy("q", queue=True, gpu_culler=CULLER, queue_timeout=3600)
+    run = choices._Booking([a, b], gpus("t4=2"), policy, 2, history, 1200).run()
+    assert [(x.start, x.end, x.state, x.released_at) for x in run.bookings] == [(3600, 6600, "released", 4920)]
+    assert (run.honoured, run.came_back, run.gave_up) == (1, 1, 0)
