@@ -67,6 +67,15 @@ def test_synthetic_trace_offers_the_load_asked():
         gpus("h100=4")
 
 
+def test_hosts_of_the_size_asked_and_one_gpu_requests_packed_so_a_two_gpu_request_finds_a_whole_host():
+    assert [g.host for g in gpus("t4=5", per_host=2)] == ["t4-node1"] * 2 + ["t4-node2"] * 2 + ["t4-node3"]
+    # a and b take one T4 each (b beside a: best fit), so c's 2 T4s at 600 find the other host empty.
+    sessions = [Session(0, "a", 0, 1, ("t4",), [("active", 3600)]), Session(1, "b", 60, 1, ("t4",), [("active", 3600)]),
+                Session(2, "c", 600, 2, ("t4",), [("active", 600)])]
+    r = replay([sessions], gpus("t4=4", per_host=2), Policy("q", queue=True, gpu_culler=CULLER), hours=1)
+    assert (r.served, r.p95_wait_min, r.refusals) == (3, 0.0, 0)
+
+
 def test_a_request_that_leaves_the_queue_lets_the_next_one_place_at_once():
     # one of 2 T4s held by a all along; b asks for 2 at 60 and waits; c asks for 1 at 300, free, but
     # behind b. b's wait ends at 60 + 1200 (it gives up, no retries): leaving wakes the queue, as in
