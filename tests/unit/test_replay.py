@@ -189,7 +189,7 @@ def test_a_user_told_a_long_wait_comes_back_at_the_estimate_and_the_move_is_coun
     b = Session(1, "b", 600, 1, ("t4",), [("active", 600)])
     history = History([("server:any", "x", 3600.0)] * 10)
     policy = Policy("q", queue=True, gpu_culler=CULLER, queue_timeout=3600)
-    plain, chose = choices.measure([[a, b]], history, gpus("t4=2"), [policy], patience=1200, hours=2)
+    plain, chose, _book = choices.measure([[a, b]], history, gpus("t4=2"), [policy], patience=1200, hours=2)
     assert (plain.policy, plain.p95_queued_min, plain.p95_asked_min, plain.later) == ("q", 50.0, 50.0, 0)
     assert (chose.policy, chose.p95_queued_min, chose.p95_asked_min, chose.later) == ("q, users choose", 0.0, 50.0, 1)
     assert (chose.other_model, chose.gave_up, chose.held_idle_pct) == (0, 0, plain.held_idle_pct)
@@ -206,7 +206,7 @@ def test_a_user_whose_request_allows_any_model_takes_the_one_told_sooner():
                 Session(3, "u", 1800, 1, ("any",), [("active", 600)])]
     history = History([("server:a100", "x", 1500.0)] * 10 + [("server:t4", "x", 1500.0)] * 10)
     policy = Policy("q", queue=True, gpu_culler=CULLER, queue_timeout=7200)
-    plain, chose = choices.measure([sessions], history, gpus("a100=4,t4=4"), [policy], patience=1200, hours=1)
+    plain, chose, _book = choices.measure([sessions], history, gpus("a100=4,t4=4"), [policy], patience=1200, hours=1)
     assert (plain.other_model, plain.median_asked_min) == (0, 0.0)  # a and b only: w and u still wait
     assert (chose.other_model, chose.later, chose.p95_queued_min, chose.p95_asked_min) == (1, 0, 0.0, 0.0)
 
