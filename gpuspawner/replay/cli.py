@@ -57,8 +57,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="measure a booking load instead (policy gpuspawner): share of bookings honoured at their "
                         "start, everyone else's waits (see gpuspawner/replay/bookings.py)")
     p.add_argument("--choices", action="store_true",
-                   help="measure what users do with a long wait estimate instead: queue, take another model, or "
-                        "come back at the estimate (see gpuspawner/replay/choices.py), beside the same policies as is")
+                   help="measure what users do with a long wait estimate instead: queue, take another model, "
+                        "come back at the estimate, or book a window from it (see gpuspawner/replay/choices.py), "
+                        "beside the same policies as is")
     p.add_argument("--patience", type=float, default=20.0,
                    help="with --choices: the longest estimated wait, minutes, a user queues for as asked (default 20)")
     p.add_argument("--json", action="store_true", help="print the figures as JSON")
@@ -115,7 +116,8 @@ def bookings(args: argparse.Namespace, inventory: tuple) -> list:
 
 
 def choices(args: argparse.Namespace, inventory: tuple) -> list:
-    """``--choices``: the runnable hub's settings, strict and first-fit, as is and with users choosing."""
+    """``--choices``: the runnable hub's settings, strict and first-fit, as is, with users choosing, and with
+    users choosing or booking."""
     from .choices import COLUMNS as CHOICE_COLUMNS, measure
 
     days = _days(args, inventory, args.seed, args.load)
