@@ -140,6 +140,7 @@ class _Overview:
         await kept.prepare(reading)
         data = build(reading, allocations, holders, live, problems, state.queue.waiters(), time.time(), kept)
         data["isolation"] = self.isolation()
+        data["outages"] = {uuid: o.to_dict() for uuid, o in state.health.tracker.outages().items()}
         return data if viewer is None else own_view(data, viewer)
 
     def isolation(self) -> dict | None:
