@@ -94,7 +94,7 @@ def handlers() -> list[tuple[str, type]]:
 
 async def _refresh(state: HubState) -> None:
     """Read the GPUs again now, so that placement, the form and the metrics see the change at once."""
-    state.inventory.invalidate()
+    state.inventory.expire()
     await state.inventory.read()
 
 

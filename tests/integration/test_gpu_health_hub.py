@@ -139,3 +139,18 @@ def test_pending_row_remaps_keep_a_gpu_out_until_they_clear(hub):
     assert wait_for(lambda: out_of_service(hub, boss)[gpu]["cleared"], 30, 0.3)
     assert confirm(hub, gpu, boss).status_code == 200
     assert gpu not in out_of_service(hub, boss)
+
+
+def test_a_gpu_fallen_off_the_bus_stays_listed_out_of_service_until_it_answers_again(hub):
+    boss = user_token(hub, login(hub, "boss"), "boss")
+    t4 = next(d for d in hub.gpus_config["devices"] if d["name"] == "Tesla T4")
+    change(hub, t4["uuid"], faults={"*": "GPU_IS_LOST"})
+    assert wait_for(lambda: t4["uuid"] in out_of_service(hub, boss), 30, 0.3), hub.log()
+    assert out_of_service(hub, boss)[t4["uuid"]]["reason"] == "GPU is lost (fell off the bus or stopped responding)"
+    # NVML no longer names it, yet the admins' overview still lists it, out of service
+    (listed,) = [g for g in hub.overview().json()["gpus"] if g["uuid"] == t4["uuid"]]
+    assert listed["health"] == "GPU is lost (fell off the bus or stopped responding)"
+    assert confirm(hub, t4["uuid"], boss).status_code == 409
+    change(hub, t4["uuid"], faults={})
+    assert wait_for(lambda: out_of_service(hub, boss)[t4["uuid"]]["cleared"], 30, 0.3)
+    assert confirm(hub, t4["uuid"], boss).status_code == 200

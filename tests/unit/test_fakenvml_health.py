@@ -70,8 +70,8 @@ print(json.dumps(out))
 
 
 def test_health_conditions_arrive_as_the_real_library_gives_them(fakenvml_libdir, tmp_path):
-    a100 = fakenvml.make_device(0, ecc_errors={"corrected": 0, "uncorrected": 0},
-                                remapped_rows={"correctable": 2, "uncorrectable": 0, "pending": False, "failure": False})
+    rows = {"correctable": 2, "uncorrectable": 0, "pending": False, "failure": False}
+    a100 = fakenvml.make_device(0, ecc_errors={"corrected": 0, "uncorrected": 0}, remapped_rows=rows)
     t4 = fakenvml.make_device(1, "Tesla T4")
     t4.pop("ecc_errors", None)
     config = tmp_path / "gpus.json"
