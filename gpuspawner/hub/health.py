@@ -6,9 +6,11 @@
   has cleared (409 with a sentence before), ``{"healthy": false, "reason": "..."}`` takes one out.
   Administrators only (403 for anyone else); a bad body is a 400 naming what is wrong, and changes nothing.
   The button on ``/hub/gpus`` posts the first.
-- :func:`watch` (called once the hub is up) starts the NVML watch and, every :data:`PERIOD` seconds,
-  tells the users whose server holds a GPU that went out of service, in JupyterLab (a notice, through
-  :func:`gpuspawner.hub.judging.post_notice`, as the culler and bookings do), once per outage.
+- :func:`watch` (called once the hub is up) restores what a previous run had out of service (the hub's
+  database, :mod:`gpuspawner.health_store`; kept after every change), starts the NVML watch and,
+  every :data:`PERIOD` seconds, tells the users whose server holds a GPU that went out of service, in
+  JupyterLab (a notice, through :func:`gpuspawner.hub.judging.post_notice`, as the culler and bookings
+  do), once per outage.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from jupyterhub.apihandlers import APIHandler
 from tornado import web
 
 from ..health import WORDS, Outage, parse_health_body
+from ..health_store import HealthStore
 from ..owner import Owner
 from ..state import HubState, hub_state_of_app
 from .judging import HubHTTP, post_notice
@@ -141,8 +144,12 @@ def watch(settings: dict) -> Teller:
     """In a running hub: watch the GPUs' health and tell the users on a GPU that fails."""
     state = hub_state_of_app(settings)
     loop = asyncio.get_running_loop()
+    store = HealthStore(settings["db"].get_bind())  # what a previous run of the hub had out of service
+    state.health.tracker.restore(store.load())
+    state.inventory.expire()
 
     def refresh() -> None:
+        store.replace(state.health.tracker.outages().values())
         asyncio.ensure_future(_refresh(state))
 
     state.health.start(loop, refresh)

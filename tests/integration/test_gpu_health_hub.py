@@ -154,3 +154,19 @@ def test_a_gpu_fallen_off_the_bus_stays_listed_out_of_service_until_it_answers_a
     change(hub, t4["uuid"], faults={})
     assert wait_for(lambda: out_of_service(hub, boss)[t4["uuid"]]["cleared"], 30, 0.3)
     assert confirm(hub, t4["uuid"], boss).status_code == 200
+
+
+def test_what_is_out_of_service_stays_out_when_the_hub_restarts(hub):
+    boss = user_token(hub, login(hub, "boss"), "boss")
+    t4 = next(d["uuid"] for d in hub.gpus_config["devices"] if d["name"] == "Tesla T4")
+    r = confirm(hub, t4, boss, {"healthy": False, "reason": "fan noise"})
+    assert r.status_code == 200 and r.json()["healthy"] is False, r.text
+    before = out_of_service(hub, boss)[t4]
+    hub.restart()
+    after = out_of_service(hub, boss)[t4]
+    assert (after["reason"], after["since"], after["manual"]) == (
+        "taken out by an administrator: fan noise", before["since"], True)
+    assert "1 Tesla T4 out of service" in login(hub, "boss").get(hub.url + "/hub/spawn", timeout=30).text
+    assert confirm(hub, t4, boss).status_code == 200
+    hub.restart()
+    assert out_of_service(hub, boss) == {}
