@@ -23,7 +23,12 @@
 #include <string.h>
 #include <time.h>
 
-#define FK_SUPPORTED_EVENTS (nvmlEventTypeXidCriticalError | nvmlEventTypeDoubleBitEccError)
+/* What an H100 on driver 580.159.04 answers to nvmlDeviceGetSupportedEventTypes (checked 2026-11-26);
+ * a GPU without ECC is taken to lack the memory-error events. Only XIDs and double-bit ECC errors fire. */
+#define FK_EVENTS_H100 0xFF9FULL
+#define FK_ECC_EVENTS                                                                                         \
+    (nvmlEventTypeSingleBitEccError | nvmlEventTypeDoubleBitEccError | nvmlEventTypeSingleBitEccErrorStorm |  \
+     nvmlEventTypeDramRetirementEvent | nvmlEventTypeDramRetirementFailure)
 #define FK_WAIT_STEP_MS 20 /* how often a wait looks at the device file again */
 
 /* ---------------------------------------------------------------- parse -- */
@@ -121,7 +126,7 @@ struct nvmlEventSet_st {
 
 static unsigned long long supported(const fk_gpu *g)
 {
-    return nvmlEventTypeXidCriticalError | (g->tools.has_ecc ? nvmlEventTypeDoubleBitEccError : 0);
+    return g->tools.has_ecc ? FK_EVENTS_H100 : (FK_EVENTS_H100 & ~FK_ECC_EVENTS);
 }
 
 nvmlReturn_t nvmlEventSetCreate(nvmlEventSet_t *set)

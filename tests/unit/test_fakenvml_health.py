@@ -83,7 +83,7 @@ def test_health_conditions_arrive_as_the_real_library_gives_them(fakenvml_libdir
     out = json.loads(done.stdout)
     assert out["rows_a100"] == [2, 0, 0, 0]
     assert out["rows_t4"] == "NVMLError_NotSupported"  # a T4 has no row remapper
-    assert out["supported"] == [0x8 | 0x2, 0x8]  # XIDs everywhere; double-bit ECC where ECC is on
+    assert out["supported"] == [0xFF9F, 0xF19C]  # an H100's (driver 580); without ECC no memory-error events
     assert out["unsupported"] == "NVMLError_NotSupported"
     assert out["quiet"] == "NVMLError_Timeout"
     na = 0xFFFFFFFF
