@@ -25,6 +25,7 @@ from ..health import WORDS, Outage, parse_health_body
 from ..health_store import HealthStore
 from ..owner import Owner
 from ..state import HubState, hub_state_of_app
+from .handlers import SETTINGS_KEY
 from .judging import HubHTTP, post_notice
 
 log = logging.getLogger("gpuspawner.health")
@@ -106,7 +107,7 @@ class Teller:
 
     def __init__(self, settings: dict, state: HubState) -> None:
         self.settings, self.state = settings, state
-        self.call = HubHTTP((settings.get("gpuspawner_ops") or {}).get("token", ""))
+        self.call = HubHTTP((settings.get(SETTINGS_KEY) or {}).get("token", ""))  # the overview's: access:servers
         self.told: set[tuple[str, str, float]] = set()
 
     async def round(self) -> None:

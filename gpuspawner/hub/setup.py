@@ -21,7 +21,8 @@ every user for themselves, and to their servers' tokens, by adding
 attaches usage accounting to the hub's database (so every allocation is recorded
 from the hub's start, whether or not a server spawns or a page is read) and
 recovers the jobs a previous run of the hub left, reads the GPU bookings
-(``/hub/api/gpus/bookings``, :mod:`.bookings`) and releases unused windows on a timer, tells, warns
+(``/hub/api/gpus/bookings``, :mod:`.bookings`) and releases unused windows on a timer, watches the GPUs'
+health (``/hub/api/gpus/health``, :mod:`.health`: broken GPUs out of placement, their users told), tells, warns
 and stops the servers admitted until a booked window (:mod:`.booking_notices`), creates the hub-internal
 service ``gpuspawner-overview`` (scope ``access:servers``) whose token reads
 the servers' monitors (and posts the booking notices), and, with ``culler``, starts the GPU idle culler as a
