@@ -170,3 +170,23 @@ def test_what_is_out_of_service_stays_out_when_the_hub_restarts(hub):
     assert confirm(hub, t4, boss).status_code == 200
     hub.restart()
     assert out_of_service(hub, boss) == {}
+
+
+def test_a_gpu_coming_back_wakes_the_queue(tmp_path, fakenvml_libdir):
+    """With re-checks 10 minutes apart, only the GPU's return can start the waiting spawn."""
+    queued = [{**PROFILES[0], "queue": True}]
+    hub = OpsHub(tmp_path, fakenvml_libdir, queued, devices=simulated_config(a100=1, t4=0),
+                 mixin={"gpu_queue_timeout": 900, "gpu_queue_recheck": 600})
+    hub.start()
+    try:
+        hub.add_users("ann", "boss")
+        boss = user_token(hub, login(hub, "boss"), "boss")
+        (gpu,) = [d["uuid"] for d in hub.gpus_config["devices"]]
+        assert confirm(hub, gpu, boss, {"healthy": False, "reason": "fan noise"}).status_code == 200
+        assert hub.spawn("ann", {"profile": "gpu", "gpus": 1, "gpu_model": "any"}).status_code == 202
+        assert wait_for(lambda: hub.overview().json()["queue"], 30, 0.3), hub.log()
+        assert confirm(hub, gpu, boss).status_code == 200
+        hub.wait_ready("ann", timeout=60)
+        assert hub.server_env("ann")["CUDA_VISIBLE_DEVICES"] == gpu
+    finally:
+        hub.close()
