@@ -49,7 +49,7 @@ from ..recommended import (
     RECOMMENDED_QUEUE_TIMEOUT as RECOMMENDED_QUEUE_TIMEOUT,
     RECOMMENDED_QUOTA_PER_USER as RECOMMENDED_QUOTA_PER_USER,
 )
-from . import booking_notices, bookings, bookings_page, jobs, usage, usage_page
+from . import booking_notices, bookings, bookings_page, browser_feed, jobs, usage, usage_page
 from .culler import parse_args as culler_arguments
 from .handlers import SCOPE, SETTINGS_KEY, handlers
 
@@ -72,6 +72,9 @@ def configure(c: Any, *, culler: dict | None = None, python: str = sys.executabl
     c.JupyterHub.extra_handlers.extend(usage.handlers() + usage_page.handlers() + handlers())
     c.JupyterHub.extra_handlers.extend(jobs.handlers() + bookings.handlers())
     c.JupyterHub.extra_handlers.extend(bookings_page.handlers())
+    c.JupyterHub.extra_handlers.extend(browser_feed.handlers())
+    if "progress_ready_hook" not in c.Spawner:  # the spawn-pending page's notification names the GPUs
+        c.Spawner.progress_ready_hook = browser_feed.ready_event_gpus
     paths = c.JupyterHub.template_paths
     if isinstance(paths, LazyConfigValue):  # a list of its own, so JupyterHub's folder comes after ours
         paths = c.JupyterHub.template_paths = paths.get_value([])
