@@ -11,7 +11,9 @@ for them; linked from the hub's navigation bar by ``templates/page.html``, and
 JupyterHub's admin page gets a section of the GPUs each server holds from
 ``templates/admin.html``; a site's own ``page.html`` or ``admin.html`` in a
 template folder listed before gpuspawner's wins) (plus the culler's
-``/hub/api/gpus/usage/report``, scope ``custom:gpus:report``), defines
+``/hub/api/gpus/usage/report``, scope ``custom:gpus:report``, and each user's browser
+notification feed ``/hub/api/gpus/notifications/feed``, :mod:`.browser_feed`; the progress
+stream's ready event names the server's GPUs, ``c.Spawner.progress_ready_hook``, unless the site set one), defines
 the custom scope ``custom:gpus:read`` (grant it in a role to let a service or
 user read the overview; admins read it through their ``admin-ui`` scope,
 since JupyterHub's admin role cannot be changed), the notebook GPU job API
