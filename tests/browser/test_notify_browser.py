@@ -80,9 +80,9 @@ def notify_hub(tmp_path_factory, fakenvml_libdir):
 
 
 @contextmanager
-def tabbed_chromium(folder: Path):
-    """Debian's Chromium with one window of tabs, Playwright attached over CDP without its default overrides:
-    its default context (the window's first tab is ``context.pages[0]``)."""
+def tabbed_chromium(folder: Path, chromium):
+    """Another Debian Chromium with one window of tabs, ``chromium`` (Playwright's browser type) attached over
+    CDP without its default overrides: its default context (the window's first tab is ``context.pages[0]``)."""
     profile = folder / "profile"
     log = open(folder / "chromium.log", "wb")
     proc = subprocess.Popen([CHROMIUM, *ARGS, "--remote-debugging-port=0", "--remote-debugging-address=127.0.0.1",
@@ -91,12 +91,11 @@ def tabbed_chromium(folder: Path):
         port_file = profile / "DevToolsActivePort"
         wait_for(lambda: port_file.exists() and len(port_file.read_text().split()) == 2, "Chromium did not listen")
         port = port_file.read_text().split()[0]
-        with sync_api.sync_playwright() as p:
-            browser = p.chromium.connect_over_cdp(f"http://127.0.0.1:{port}", no_defaults=True)
-            try:
-                yield browser.contexts[0]
-            finally:
-                browser.close()
+        browser = chromium.connect_over_cdp(f"http://127.0.0.1:{port}", no_defaults=True)
+        try:
+            yield browser.contexts[0]
+        finally:
+            browser.close()
     finally:
         proc.terminate()
         proc.wait(30)
@@ -118,20 +117,19 @@ def made(page) -> list[dict]:
 
 
 def test_a_queued_server_tells_its_user_it_is_ready_while_the_tab_is_in_the_background(
-        notify_hub, tmp_path):
+        notify_hub, tmp_path, browser):
     hub, state = notify_hub
-    bob = Someone(hub, state, "bob")
-    ada = Someone(hub, state, "ada")
+    bob, ada, carol = (Someone(hub, state, name) for name in ("bob", "ada", "carol"))
     bob.start({"profile": "gpu", "gpus": 2, "gpu_model": "any"})  # bob holds all four GPUs
     r = requests.post(bob.api + "/servers/more", json={"profile": "gpu", "gpus": 2, "gpu_model": "any"},
                       headers=bob.auth, timeout=60)
     assert r.status_code in (201, 202), r.text
     wait_for(lambda: bob.call("GET").json()["servers"].get("more", {}).get("ready"), "bob's second server", hub)
 
-    with tabbed_chromium(tmp_path) as browser:
-        browser.grant_permissions(["notifications"], origin=hub.url)
-        browser.add_init_script(RECORD)
-        page = browser.pages[0]
+    with tabbed_chromium(tmp_path, browser.browser_type) as tabs:
+        tabs.grant_permissions(["notifications"], origin=hub.url)
+        tabs.add_init_script(RECORD)
+        page = tabs.pages[0]
         log_in(page, hub.url, "ada")
         # her server waits in the queue; the page says she will be told (she allowed notifications)
         page.locator(".gs-profile", has_text=QUEUED).locator("input[name=profile]").check()
@@ -143,8 +141,22 @@ def test_a_queued_server_tells_its_user_it_is_ready_while_the_tab_is_in_the_back
         expect(page.locator("#gpuspawner-ready-ask")).to_be_hidden()
         shot(page, "notify", 1, "queued")
 
+        # carol queues too, in a browser that refuses notifications: her page says so once
+        refusing = browser.new_context(viewport={"width": 1400, "height": 900})
+        carols = refusing.new_page()
+        log_in(carols, hub.url, "carol")
+        carols.locator(".gs-profile", has_text=QUEUED).locator("input[name=profile]").check()
+        carols.click("#spawn_form button[type=submit]")
+        expect(carols.locator("#progress-message")).to_contain_text("number 2 in the queue")
+        carols.locator("#gpuspawner-ready-ask").click()
+        expect(carols.locator("#gpuspawner-ready-said")).to_have_text(re.compile(
+            r"^Notifications are blocked for this hub in your browser, so this page cannot tell you when your "
+            r"server is ready; it still opens your server then\.$"))
+        expect(carols.locator("#gpuspawner-ready-ask")).to_be_hidden()
+        shot(carols, "notify", 2, "blocked")
+
         # she reads something else in another tab: the hub's tab is hidden
-        other = browser.new_page()
+        other = tabs.new_page()
         other.goto(hub.url + "/hub/gpus/usage")
         wait_for(lambda: page.evaluate("document.visibilityState") == "hidden", "the hub's tab is not hidden")
 
@@ -158,11 +170,14 @@ def test_a_queued_server_tells_its_user_it_is_ready_while_the_tab_is_in_the_back
         assert "/hub/spawn-pending/ada" in page.url  # it waits for her to come back before it moves on
         assert ada.call("GET").json()["servers"][""]["ready"]
 
-        # she clicks the notification: the tab opens her server
+        # she clicks the notification: the tab opens her server; carol's page (in front) opened hers
         page.evaluate("window.__lastNotification.dispatchEvent(new Event('click'))")
         page.wait_for_url(re.compile(r"/user/ada/lab"), timeout=120_000)
         other.close()
+        carols.wait_for_url(re.compile(r"/user/carol/lab"), timeout=120_000)
+        refusing.close()
     ada.stop()
+    carol.stop()
     requests.delete(bob.api + "/servers/more", headers=bob.auth, timeout=60)
 
 
@@ -185,13 +200,18 @@ def test_the_feed_shows_a_users_own_notifications_on_the_hubs_pages(notify_hub, 
 
     tell(hub, admin, "bob", event="job", title="Job 7 ended", text="bob's job 7: failed")
     tell(hub, admin, "ada", event="job", title="Job 3 ended", text="Your notebook job 3 is done.",
-         url=hub.url + "/hub/gpus/usage")
+         url=hub.url + "/hub/gpus/bookings")
     told = wait_for(lambda: made(page), "no notification on ada's page", hub)
     assert told == [{"title": "Job 3 ended", "body": "Your notebook job 3 is done.", "tag": told[0]["tag"],
                      "visibility": "visible"}]
     page.wait_for_timeout(2500)  # two more polls: nothing is shown twice, bob's never
     assert made(page) == told
-    shot(page, "notify", 2, "feed")
+    shot(page, "notify", 3, "feed")
+    page.evaluate("window.__lastNotification.dispatchEvent(new Event('click'))")  # opens its link
+    page.wait_for_url(re.compile(r"/hub/gpus/bookings$"))
+    expect(page.locator("body")).to_have_attribute("data-gpuspawner-feed", "read")
+    page.wait_for_timeout(1500)
+    assert made(page) == []  # this browser showed it already
 
     # the REST feed: each user's own; no credentials 403; a bad since 400
     mine = requests.get(feed, headers=ada.auth, timeout=60)
@@ -215,6 +235,6 @@ def test_the_feed_shows_a_users_own_notifications_on_the_hubs_pages(notify_hub, 
     expect(note).to_have_text(re.compile(r"^Notifications are blocked for this hub in your browser"))
     expect(plain.locator("#gpuspawner-notify-ask")).to_be_hidden()
     expect(plain.locator("h1")).to_have_text("Your GPU usage")
-    shot(plain, "notify", 3, "blocked")
+    shot(plain, "notify", 4, "blocked")
     context.close()
     refusing.close()
