@@ -51,7 +51,7 @@ from ..recommended import (
     RECOMMENDED_QUEUE_TIMEOUT as RECOMMENDED_QUEUE_TIMEOUT,
     RECOMMENDED_QUOTA_PER_USER as RECOMMENDED_QUOTA_PER_USER,
 )
-from . import booking_notices, bookings, bookings_page, browser_feed, jobs, usage, usage_page
+from . import booking_notices, bookings, bookings_page, jobs, usage, usage_page
 from .culler import parse_args as culler_arguments
 from .handlers import SCOPE, SETTINGS_KEY, handlers
 
@@ -74,13 +74,11 @@ def configure(c: Any, *, culler: dict | None = None, python: str = sys.executabl
     c.JupyterHub.extra_handlers.extend(usage.handlers() + usage_page.handlers() + handlers())
     c.JupyterHub.extra_handlers.extend(jobs.handlers() + bookings.handlers())
     c.JupyterHub.extra_handlers.extend(bookings_page.handlers())
-    c.JupyterHub.extra_handlers.extend(browser_feed.handlers())
-    if "progress_ready_hook" not in c.Spawner:  # the spawn-pending page's notification names the GPUs
-        c.Spawner.progress_ready_hook = browser_feed.ready_event_gpus
     paths = c.JupyterHub.template_paths
     if isinstance(paths, LazyConfigValue):  # a list of its own, so JupyterHub's folder comes after ours
         paths = c.JupyterHub.template_paths = paths.get_value([])
     paths.append(TEMPLATES)
+    _browser_notifications(c)
     c.JupyterHub.custom_scopes.update({
         SCOPE: {"description": "Read the GPU overview and usage: every GPU, who holds it, live utilisation, "
                         "GPU-hours per user and group."},
@@ -204,3 +202,13 @@ def _log_failure(app):
             app.log.error("gpuspawner: recovering notebook GPU jobs failed", exc_info=future.exception())
 
     return done
+
+
+def _browser_notifications(c: Any) -> None:
+    """Each user's browser notification feed (:mod:`.browser_feed`), and the server's GPUs in the progress
+    stream's ready event (``c.Spawner.progress_ready_hook``) unless the site set its own hook."""
+    from . import browser_feed
+
+    c.JupyterHub.extra_handlers.extend(browser_feed.handlers())
+    if "progress_ready_hook" not in c.Spawner:
+        c.Spawner.progress_ready_hook = browser_feed.ready_event_gpus
