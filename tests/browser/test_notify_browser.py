@@ -56,11 +56,13 @@ RECORD = """
   const Real = window.Notification;
   if (!Real) { return; }
   window.__made = [];
+  window.__objects = [];
   class Recorded extends Real {
     constructor(title, options) {
       super(title, options);
       window.__made.push({ title, body: (options || {}).body, tag: (options || {}).tag,
                            visibility: document.visibilityState });
+      window.__objects.push(this);
       window.__lastNotification = this;
     }
   }
@@ -199,13 +201,20 @@ def test_the_feed_shows_a_users_own_notifications_on_the_hubs_pages(notify_hub, 
     expect(page.locator("body")).to_have_attribute("data-gpuspawner-feed", "read")  # what came before is not news
 
     tell(hub, admin, "bob", event="job", title="Job 7 ended", text="bob's job 7: failed")
+    tell(hub, admin, "ada", event="cull", title="Odd link", text="never followed",
+         url="javascript:document.body.dataset.followed='yes'")
     tell(hub, admin, "ada", event="job", title="Job 3 ended", text="Your notebook job 3 is done.",
          url=hub.url + "/hub/gpus/bookings")
-    told = wait_for(lambda: made(page), "no notification on ada's page", hub)
+    shown = wait_for(lambda: made(page)[1:] and made(page), "no notification on ada's page", hub)
+    assert [n["title"] for n in shown] == ["Odd link", "Job 3 ended"]
+    page.evaluate("window.__objects[0].dispatchEvent(new Event('click'))")  # a javascript: link is not followed
+    page.wait_for_timeout(500)
+    assert page.evaluate("document.body.dataset.followed") is None and "/hub/gpus/usage" in page.url
+    told = made(page)[1:]
     assert told == [{"title": "Job 3 ended", "body": "Your notebook job 3 is done.", "tag": told[0]["tag"],
                      "visibility": "visible"}]
     page.wait_for_timeout(2500)  # two more polls: nothing is shown twice, bob's never
-    assert made(page) == told
+    assert made(page)[1:] == told
     shot(page, "notify", 3, "feed")
     page.evaluate("window.__lastNotification.dispatchEvent(new Event('click'))")  # opens its link
     page.wait_for_url(re.compile(r"/hub/gpus/bookings$"))
@@ -216,12 +225,15 @@ def test_the_feed_shows_a_users_own_notifications_on_the_hubs_pages(notify_hub, 
     # the REST feed: each user's own; no credentials 403; a bad since 400
     mine = requests.get(feed, headers=ada.auth, timeout=60)
     assert mine.status_code == 200
-    assert [i["text"] for i in mine.json()["items"]] == ["Your notebook job 3 is done."]
+    assert [i["text"] for i in mine.json()["items"]] == ["never followed", "Your notebook job 3 is done."]
     assert requests.get(feed, headers=bob.auth, timeout=60).json()["items"][0]["text"] == "bob's job 7: failed"
     last = mine.json()["last"]
     assert requests.get(feed, params={"since": last}, headers=ada.auth, timeout=60).json() == {
         "items": [], "last": last}
     assert requests.get(feed, timeout=60).status_code == 403
+    r = ada.call("POST", "/tokens", json={"scopes": ["read:users:activity!user"], "note": "no servers"})
+    narrow = {"Authorization": f"token {r.json()['token']}"}
+    assert requests.get(feed, headers=narrow, timeout=60).status_code == 403  # her own read:servers is needed
     bad = requests.get(feed, params={"since": "yesterday"}, headers=ada.auth, timeout=60)
     assert bad.status_code == 400 and "since must be the id of a notification" in bad.json()["message"]
 
