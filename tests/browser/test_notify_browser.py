@@ -199,6 +199,7 @@ def test_the_feed_shows_a_users_own_notifications_on_the_hubs_pages(notify_hub, 
     log_in(page, hub.url, "ada")
     page.goto(hub.url + "/hub/gpus/usage")
     expect(page.locator("body")).to_have_attribute("data-gpuspawner-feed", "read")  # what came before is not news
+    before = {who.name: requests.get(feed, headers=who.auth, timeout=60).json()["last"] for who in (ada, bob)}
 
     tell(hub, admin, "bob", event="job", title="Job 7 ended", text="bob's job 7: failed")
     tell(hub, admin, "ada", event="cull", title="Odd link", text="never followed",
@@ -223,10 +224,11 @@ def test_the_feed_shows_a_users_own_notifications_on_the_hubs_pages(notify_hub, 
     assert made(page) == []  # this browser showed it already
 
     # the REST feed: each user's own; no credentials 403; a bad since 400
-    mine = requests.get(feed, headers=ada.auth, timeout=60)
+    mine = requests.get(feed, params={"since": before["ada"]}, headers=ada.auth, timeout=60)
     assert mine.status_code == 200
     assert [i["text"] for i in mine.json()["items"]] == ["never followed", "Your notebook job 3 is done."]
-    assert requests.get(feed, headers=bob.auth, timeout=60).json()["items"][0]["text"] == "bob's job 7: failed"
+    bobs = requests.get(feed, params={"since": before["bob"]}, headers=bob.auth, timeout=60).json()["items"]
+    assert [i["text"] for i in bobs] == ["bob's job 7: failed"]
     last = mine.json()["last"]
     assert requests.get(feed, params={"since": last}, headers=ada.auth, timeout=60).json() == {
         "items": [], "last": last}
