@@ -244,7 +244,8 @@ class GPUQueue:
         """Why ``waiter`` is ``position``-th: the rule the queue orders by, in words."""
         if self.fair_share is None:
             return WORDS["arrival"].format(nth=ordinal(position))
-        return WORDS["fair_share"].format(nth=ordinal(position), used=f"{waiter.share:.1f}",
+        used = f"{waiter.share:.1f}" if waiter.share == 0 or waiter.share >= 0.05 else "less than 0.1"
+        return WORDS["fair_share"].format(nth=ordinal(position), used=used,
                                           half_life=duration(self.fair_share.half_life))
 
     def ahead(self, count_models: tuple[str, ...], gpus: Iterable[GPU], before: Waiter | None = None) -> list[Waiter]:
