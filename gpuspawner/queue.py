@@ -225,10 +225,9 @@ class GPUQueue:
     def reorder(self) -> None:
         """Sort the waiting requests: by each user's recent use now under :attr:`fair_share`, then (rank,
         arrival); by arrival alone every request keeps ``share`` 0."""
-        if self.fair_share is not None:
-            use = self.fair_share.use({w.user for w in self._waiters})
-            for w in self._waiters:
-                w.share = use.get(w.user, 0.0)
+        use = self.fair_share.use({w.user for w in self._waiters}) if self.fair_share is not None else {}
+        for w in self._waiters:
+            w.share = use.get(w.user, 0.0)
         self._waiters.sort(key=lambda w: w.key)
 
     def _place_of(self, waiter: Waiter) -> tuple[float, float, float]:

@@ -16,7 +16,7 @@ from gpuspawner.placement import GPURequest
 from gpuspawner.queue import GPUQueue, Waiter, known_for
 from gpuspawner.replay import Policy, Session, TraceParams, gpus, main, synthetic_trace
 from gpuspawner.replay.fairness import jain, measure
-from gpuspawner.waits import WaitHistory
+from gpuspawner.waits import WaitHistory, queue_estimate
 
 HOUR = 3600.0
 DAY = 24 * HOUR
@@ -136,6 +136,29 @@ def test_a_later_request_of_a_user_with_less_use_passes_and_the_order_follows_us
     assert queue.ahead((), inventory, before=Waiter("new/", "new", 1, (), 0, -1)) == [heavy, light]
 
 
+def test_the_wait_estimate_follows_the_fair_share_order():
+    now = 100 * HOUR
+    inventory = (GPU("h", 0, "u0", A100),)
+    ledger = Ledger()
+    ledger.reserve(inventory, GPURequest("old/job/1", 1))  # a job: ends by its time limit, 1 hour on
+    queue = GPUQueue()
+    queue.fair_share = fixed({"heavy": 5.0})
+    heavy = queue.join("heavy/", "heavy", 1)
+    light = queue.join("light/", "light", 1)
+    for w in (heavy, light):
+        w.joined = now
+
+    def estimate(waiter):
+        return queue_estimate(waiter, inventory, queue, ledger.allocations(), lambda owner: now, WaitHistory(list, str),
+                              job_time_limit=HOUR, queue_timeout=3 * HOUR, now=now)
+
+    assert estimate(light).likely == now + HOUR and "ahead of yours" not in estimate(light).basis
+    assert "; 1 request ahead of yours;" in estimate(heavy).basis
+    queue.fair_share = None  # by arrival heavy, who came first, is first
+    queue.reorder()
+    assert estimate(heavy).likely == now + HOUR and "; 1 request ahead of yours;" in estimate(light).basis
+
+
 def test_the_place_and_its_rule_in_words():
     assert [ordinal(n) for n in (1, 2, 3, 4, 11, 12, 13, 21, 22, 101, 111)] == [
         "1st", "2nd", "3rd", "4th", "11th", "12th", "13th", "21st", "22nd", "101st", "111th"]
@@ -147,6 +170,9 @@ def test_the_place_and_its_rule_in_words():
     queue.reorder()
     assert queue.why(w, 3) == ("3rd in the queue: fair share puts users with less recent GPU use first "
                                "(your recent use: 12.5 GPU-hours, use 7 days ago counting half)")
+    queue.fair_share = fixed({"ann": 0.01}, half_life=36 * HOUR)
+    queue.reorder()
+    assert queue.why(w, 1).endswith("(your recent use: less than 0.1 GPU-hours, use 36 hours ago counting half)")
 
 
 async def test_a_waiting_request_under_fair_share_is_told_its_place_and_why():
