@@ -18,6 +18,7 @@ pytestmark = pytest.mark.integration
 PROFILES = [{"slug": "gpu", "display_name": "GPU notebook (queued)", "gpu_models": ["any"], "gpu_counts": [1],
              "default": True, "queue": True}]
 ONE = {"profile": "gpu", "gpus": 1}
+A100 = "NVIDIA A100-SXM4-80GB"
 LILY_WHY = ("1st in the queue: fair share puts users with less recent GPU use first (your recent use: 0.0 GPU-hours, "
             "use 7 days ago counting half)")
 HANK_WHY = ("2nd in the queue: fair share puts users with less recent GPU use first (your recent use: less than 0.1 "
@@ -47,7 +48,7 @@ def test_a_light_users_later_request_passes_a_heavy_users_only_under_fair_share(
             assert [q["user"] for q in hub.overview().json()["queue"]] == ["lily"]
             return
         assert [(q["user"], q["position"], q["why"]) for q in queue] == [("lily", 1, LILY_WHY), ("hank", 2, HANK_WHY)]
-        waiting = f"Waiting for a free GPU: {HANK_WHY}; 2 of 2 waiting for these GPUs; 1 of 1 NVIDIA A100-SXM4-80GB held."
+        waiting = f"Waiting for a free GPU: {HANK_WHY}; 2 of 2 waiting for these GPUs; 1 of 1 {A100} held."
         assert waiting in progress_until(hub, "hank", waiting)
         hub.stop_server("old")
         hub.wait_ready("lily")
