@@ -115,8 +115,8 @@ def test_under_fair_share_the_order_is_total_by_use_then_todays_rule(joins, use)
 
 
 def test_a_later_request_of_a_user_with_less_use_passes_and_the_order_follows_use_now():
-    use = {"heavy": 5.0}
-    queue = GPUQueue()
+    use, clock = {"heavy": 5.0}, [0.0]
+    queue = GPUQueue(clock=lambda: clock[0])
     queue.fair_share = fixed(use)
     heavy = queue.join("heavy/", "heavy", 1)
     light = queue.join("light/", "light", 1)
@@ -130,6 +130,9 @@ def test_a_later_request_of_a_user_with_less_use_passes_and_the_order_follows_us
     use["mid"] = 6.0
     assert queue.ahead((), inventory, before=Waiter("mid/", "mid", 1, (), 0, -1)) == [light, heavy]
     use["light"] = 9.0  # light's server has held GPUs for long: at the next look heavy is first again
+    queue.wake()
+    assert queue.waiters() == [light, heavy]  # looked at once a second, however many look meanwhile
+    clock[0] += 1.0
     queue.wake()
     assert queue.waiters() == [heavy, light]
     queue.fair_share = None  # by arrival, a request not queued goes behind everyone
