@@ -1,13 +1,17 @@
 """Fair-share queueing on a real hub (``gpu_queue_order``): one A100 (the stand-in NVML), held by
 another user. Hank used it before and queues first; Lily, with no use, queues after him. By fair share
-Lily is served first and each is told their place and why (progress page and ``/hub/api/gpus``); by
+Lily is served first and each is told their place and why (progress page, ``/hub/api/gpus`` and the
+``/hub/gpus`` page); by
 arrival Hank is."""
 
 from __future__ import annotations
 
+import html as htmllib
+
 import pytest
 
 from gpuspawner.simulation import simulated_config
+from hub import login
 from ops_hub import OpsHub
 from test_form_first_hour import progress_until
 from test_local_hub import start
@@ -50,6 +54,8 @@ def test_a_light_users_later_request_passes_a_heavy_users_only_under_fair_share(
         assert [(q["user"], q["position"], q["why"]) for q in queue] == [("lily", 1, LILY_WHY), ("hank", 2, HANK_WHY)]
         waiting = f"Waiting for a free GPU: {HANK_WHY}; 2 of 2 waiting for these GPUs; 1 of 1 {A100} held."
         assert waiting in progress_until(hub, "hank", waiting)
+        page = htmllib.unescape(login(hub, "hank").get(hub.url + "/hub/gpus", timeout=60).text)  # his own place
+        assert f"<td>{HANK_WHY}</td>" in page and LILY_WHY not in page
         hub.stop_server("old")
         hub.wait_ready("lily")
         assert [q["user"] for q in hub.overview().json()["queue"]] == ["hank"]
