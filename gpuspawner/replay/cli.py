@@ -20,7 +20,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     defaults = TraceParams()
     summary = (sys.modules[__package__].__doc__ or "").split("\n\n")[0]  # the package's first paragraph
     p = argparse.ArgumentParser(prog="python -m gpuspawner.replay", description=summary)
-    p.add_argument("--gpus", default="a100=8,t4=8", help="the GPUs: MODEL=COUNT,... (hosts of 4; a100, t4)")
+    p.add_argument("--gpus", default="a100=8,t4=8", help="the GPUs: MODEL=COUNT,... (a100, t4)")
+    p.add_argument("--host-gpus", type=int, default=4,
+                   help="GPUs per host (default 4): a request's GPUs are on one host, so fewer, larger hosts "
+                        "show how much of the wait comes from free GPUs split across hosts")
     p.add_argument("--history", help="replay GET /hub/api/gpus/usage?by=allocation output (.json or .csv) "
                                      "instead of a synthetic trace")
     for name in ("load", "hours", "session_hours", "active_minutes", "pause_minutes", "cpu_share",
@@ -55,8 +58,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="measure a booking load instead (policy gpuspawner): share of bookings honoured at their "
                         "start, everyone else's waits (see gpuspawner/replay/bookings.py)")
     p.add_argument("--choices", action="store_true",
-                   help="measure what users do with a long wait estimate instead: queue, take another model, or "
-                        "come back at the estimate (see gpuspawner/replay/choices.py), beside the same policies as is")
+                   help="measure what users do with a long wait estimate instead: queue, take another model, "
+                        "come back at the estimate, or book a window from it (see gpuspawner/replay/choices.py), "
+                        "beside the same policies as is")
     p.add_argument("--patience", type=float, default=20.0,
                    help="with --choices: the longest estimated wait, minutes, a user queues for as asked (default 20)")
     p.add_argument("--fairness", action="store_true",
@@ -119,7 +123,8 @@ def bookings(args: argparse.Namespace, inventory: tuple) -> list:
 
 
 def choices(args: argparse.Namespace, inventory: tuple) -> list:
-    """``--choices``: the runnable hub's settings, strict and first-fit, as is and with users choosing."""
+    """``--choices``: the runnable hub's settings, strict and first-fit, as is, with users choosing, and with
+    users choosing or booking."""
     from .choices import COLUMNS as CHOICE_COLUMNS, measure
 
     days = _days(args, inventory, args.seed, args.load)
@@ -153,7 +158,7 @@ def fairness(args: argparse.Namespace, inventory: tuple) -> list:
 
 def main(argv: list[str] | None = None) -> list:
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    inventory = gpus(args.gpus)
+    inventory = gpus(args.gpus, args.host_gpus)
     if args.estimates:
         return estimates(args, inventory)
     if args.bookings:

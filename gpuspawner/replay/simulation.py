@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 
 from ..fairshare import RecentUse, held_now, use_now
-from ..gpu import GPU
+from ..gpu import GPU, GPUs
 from ..idle import IdleTracker
 from ..ledger import Ledger
 from ..owner import user_of
@@ -109,7 +109,7 @@ class _Replay:
                  estimator: Callable[[_Replay, _Live], object] | None = None) -> None:
         self.now = 0.0
         self.end = hours * 3600
-        self.inventory = inventory
+        self.inventory = GPUs(inventory)  # what placement derives from it is kept with it
         self.policy = policy
         self.ledger = Ledger(clock=lambda: self.now)
         self.queue = GPUQueue(clock=lambda: self.now)

@@ -20,16 +20,19 @@ DAY = 24 * 3600.0
 MODELS = {"a100": "NVIDIA A100-SXM4-80GB", "t4": "Tesla T4"}
 
 
-def gpus(spec: str) -> tuple[GPU, ...]:
-    """GPUs from ``"a100=8,t4=8"``: hosts of 4 GPUs each, one model per host."""
+def gpus(spec: str, per_host: int = 4) -> tuple[GPU, ...]:
+    """GPUs from ``"a100=8,t4=8"``: hosts of ``per_host`` GPUs each (the last of a model may have fewer),
+    one model per host."""
+    if per_host < 1:
+        raise ValueError(f"GPUs per host must be 1 or more, not {per_host}")
     out: list[GPU] = []
     for part in spec.split(","):
         model, _, count = part.strip().partition("=")
         if model not in MODELS or not count.isdigit():
             raise ValueError(f"GPU spec {part!r}: use MODEL=COUNT with MODEL one of {', '.join(MODELS)}")
         for i in range(int(count)):
-            host = f"{model}-node{i // 4 + 1}"
-            out.append(GPU(uuid=f"GPU-{model}-{i:03d}", name=MODELS[model], index=i % 4, host=host))
+            host = f"{model}-node{i // per_host + 1}"
+            out.append(GPU(uuid=f"GPU-{model}-{i:03d}", name=MODELS[model], index=i % per_host, host=host))
     return tuple(out)
 
 
