@@ -38,7 +38,9 @@ class GPUQueueOrderMixin(Configurable):
         ties go by arrival as above. The order is looked at again at every release and re-check, so a
         request can be passed by a later one of a user with less use; each waiting user sees their
         place and why on the progress page and in ``/hub/api/gpus``. Every GPU-hour counts 1 whatever
-        the model. Any other value is refused at hub start.""",
+        the model. Where the cluster's own queue is the queue (gpu-slurm, whose priority has its own
+        fair share; gpu-kube profiles with a Kueue queue) this setting orders nothing. Any other value
+        is refused at hub start.""",
     ).tag(config=True)
 
     @validate("gpu_queue_order")
