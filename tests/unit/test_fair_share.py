@@ -7,8 +7,11 @@ import asyncio
 import pytest
 from hypothesis import given, settings, strategies as st
 from traitlets import TraitError
+from traitlets.config import Config
 
+from gpuspawner.backends.local.spawner import GPULocalProcessSpawner
 from gpuspawner.backends.queue_order import GPUQueueOrderMixin
+from gpuspawner.backends.startup import refusal_at_start
 from gpuspawner.fairshare import FairShare, RecentUse, held_now, ordinal, use_now
 from gpuspawner.gpu import GPU
 from gpuspawner.ledger import Ledger
@@ -211,6 +214,13 @@ def test_the_setting_is_checked_at_start():
     for bad in (0.0, -1.0, float("inf"), float("nan")):
         with pytest.raises(TraitError, match="gpu_fair_share_half_life must be a finite number of hours > 0"):
             GPUQueueOrderMixin(gpu_fair_share_half_life=bad)
+    # a hub configured so stops at start, with the sentence (c.GPUSpawnerMixin.x, as documented)
+    c = Config()
+    c.GPUSpawnerMixin.gpu_queue_order = "fifo"
+    assert refusal_at_start(GPULocalProcessSpawner, c) == (
+        "GPULocalProcessSpawner: gpu_queue_order must be 'arrival' or 'fair-share', not 'fifo'")
+    c.GPUSpawnerMixin.gpu_queue_order = "fair-share"
+    assert refusal_at_start(GPULocalProcessSpawner, c) is None
 
 
 # ---------------------------------------------------------------- the replay
