@@ -141,7 +141,7 @@ def test_a_queued_server_tells_its_user_it_is_ready_while_the_tab_is_in_the_back
         expect(page.locator("#gpuspawner-ready-said")).to_have_text(
             "You will get a browser notification when it is ready, also while this tab is in the background.")
         expect(page.locator("#gpuspawner-ready-ask")).to_be_hidden()
-        shot(page, "notify", 1, "queued")
+        shot(page, "browser-notify", 1, "queued")
 
         # carol queues too, in a browser that refuses notifications: her page says so once
         refusing = browser.new_context(viewport={"width": 1400, "height": 900})
@@ -155,7 +155,7 @@ def test_a_queued_server_tells_its_user_it_is_ready_while_the_tab_is_in_the_back
             r"^Notifications are blocked for this hub in your browser, so this page cannot tell you when your "
             r"server is ready; it still opens your server then\.$"))
         expect(carols.locator("#gpuspawner-ready-ask")).to_be_hidden()
-        shot(carols, "notify", 2, "blocked")
+        shot(carols, "browser-notify", 2, "blocked")
 
         # she reads something else in another tab: the hub's tab is hidden
         other = tabs.new_page()
@@ -216,7 +216,7 @@ def test_the_feed_shows_a_users_own_notifications_on_the_hubs_pages(notify_hub, 
                      "visibility": "visible"}]
     page.wait_for_timeout(2500)  # two more polls: nothing is shown twice, bob's never
     assert made(page)[1:] == told
-    shot(page, "notify", 3, "feed")
+    shot(page, "browser-notify", 3, "feed")
     page.evaluate("window.__lastNotification.dispatchEvent(new Event('click'))")  # opens its link
     page.wait_for_url(re.compile(r"/hub/gpus/bookings$"))
     expect(page.locator("body")).to_have_attribute("data-gpuspawner-feed", "read")
@@ -249,6 +249,6 @@ def test_the_feed_shows_a_users_own_notifications_on_the_hubs_pages(notify_hub, 
     expect(note).to_have_text(re.compile(r"^Notifications are blocked for this hub in your browser"))
     expect(plain.locator("#gpuspawner-notify-ask")).to_be_hidden()
     expect(plain.locator("h1")).to_have_text("Your GPU usage")
-    shot(plain, "notify", 4, "blocked")
+    shot(plain, "browser-notify", 4, "blocked")
     context.close()
     refusing.close()
