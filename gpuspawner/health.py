@@ -285,13 +285,14 @@ class HealthInventory:
     def __init__(self, source: InventorySource, tracker: HealthTracker) -> None:
         self.source = source
         self.tracker = tracker
-        self._seen: dict[str, GPU] = {}
+        self._seen: dict[str, GPU] = {}  # every GPU as last read (one NVML no longer names is kept)
+        self._last: InventoryReading | None = None
 
     def read(self) -> InventoryReading:
         reading = self.source.read()
-        for gpu in reading.gpus:
-            if gpu.uuid not in self._seen or self._seen[gpu.uuid] != gpu:
-                self._seen[gpu.uuid] = gpu
+        if reading is not self._last:  # a static list answers the same reading every time: 10,000 GPUs
+            self._last = reading
+            self._seen.update((gpu.uuid, gpu) for gpu in reading.gpus)
         outages = self.tracker.outages()
         if not outages:
             return reading
