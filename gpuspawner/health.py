@@ -64,6 +64,9 @@ WORDS = {
     "notice": ("The GPU this server uses ({name}, {uuid}) has failed: {reason}. Save your work now; "
                "what runs on it may fail or give wrong results. Stop this server and start it again "
                "to get a healthy GPU."),
+    "cluster_notice": ("Node {node}, where this server runs, has {out} of its {total} {name} GPUs out of service: "
+                       "{reason}. Your server uses one of them: save your work now; what runs on it may fail or give "
+                       "wrong results. Stop this server and start it again to get a healthy GPU."),
 }
 
 

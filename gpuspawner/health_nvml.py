@@ -26,6 +26,7 @@ from traitlets.config import Configurable
 
 from . import nvml
 from .health import WORDS, HealthInventory, HealthTracker, health_settings
+from .health_cluster import ClusterHealth
 from .inventory import InventorySource, NVMLInventory
 
 log = logging.getLogger("gpuspawner.health")
@@ -167,7 +168,8 @@ class NVMLHealthWatcher:
 
 
 class GPUHealth:
-    """One hub's GPU health: its tracker, the inventory that shows it, and (NVML hosts) the watcher.
+    """One hub's GPU health: its tracker, the inventory that shows it, (NVML hosts) the watcher, and
+    (where the cluster places) the cluster's word on its nodes (``cluster``, :mod:`gpuspawner.health_cluster`).
 
     ``wake``: told when a GPU comes back (the queue). :meth:`start` (on the hub's event loop, once
     the hub is up) watches NVML where the inventory reads it.
@@ -176,6 +178,7 @@ class GPUHealth:
     def __init__(self, settings: Configurable, wake: Callable[[], None] = lambda: None) -> None:
         found = health_settings(settings)
         self.tracker = HealthTracker(found.gpu_health_ignored_xids, found.gpu_health_auto_return)
+        self.cluster = ClusterHealth()  # what the cluster's nodes say, where the cluster places (gpu-kube, gpu-slurm)
         self.interval = found.gpu_health_poll_interval
         self._wake = wake
         self.watcher = None

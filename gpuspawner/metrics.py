@@ -12,7 +12,9 @@ registered on import).
   counted as the form and refusals count them (:mod:`gpuspawner.availability`), of the
   hub's own inventory only;
 - ``gpuspawner_gpu_healthy{gpu,host,model}``: 1 for each GPU in service, 0 for one out of
-  service (``gpu`` is its UUID; see :mod:`gpuspawner.health`);
+  service (``gpu`` is its UUID; see :mod:`gpuspawner.health`). Where the cluster places (gpu-kube,
+  gpu-slurm) and names no device, the GPUs of its nodes as its nodes say (``host`` is the node;
+  ``gpu`` is ``<node>/<model>/<n>``, those in service numbered first: :mod:`gpuspawner.health_cluster`);
 - ``gpuspawner_cluster_gpus_held{resource}``: GPUs this hub's servers hold where
   the cluster places them (gpu-kube), per cluster resource (``nvidia.com/gpu``,
   ``nvidia.com/mig-1g.10gb``, ...);
@@ -34,7 +36,7 @@ Collecting never does I/O: it uses the newest inventory reading the hub has.
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 
 from prometheus_client import Counter as PromCounter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -42,6 +44,7 @@ from prometheus_client.registry import REGISTRY, Collector, CollectorRegistry
 
 from .availability import by_model
 from .gpu import GPU
+from .health_cluster import numbered
 from .inventory import CachedInventory
 from .ledger import Ledger, cluster_holdings
 
@@ -53,8 +56,9 @@ class HubMetrics(Collector):
 
     def __init__(self, inventory: CachedInventory, ledger: Ledger, queue_length: Callable[[], int],
                  gpu_seconds: Mapping[tuple[str, str], float] | None = None,
-                 jobs: Callable[[], dict[str, int]] = dict) -> None:
+                 jobs: Callable[[], dict[str, int]] = dict, cluster_health: Callable[[], Iterable] = tuple) -> None:
         self._inventory = inventory
+        self._cluster_health = cluster_health  # NodeHealth of the cluster's nodes (gpuspawner.health_cluster)
         self._gpu_seconds = gpu_seconds if gpu_seconds is not None else {}
         self._jobs = jobs
         self._ledger = ledger
@@ -102,6 +106,8 @@ class HubMetrics(Collector):
                                     labels=["gpu", "host", "model"])
         for gpu in reading.gpus if reading is not None else ():
             healthy.add_metric([gpu.uuid, gpu.host, gpu.model], 1 if gpu.healthy else 0)
+        for gpu, host, model, value in numbered(self._cluster_health()):
+            healthy.add_metric([gpu, host, model], value)
         yield healthy
         cluster = GaugeMetricFamily(
             "gpuspawner_cluster_gpus_held",

@@ -305,7 +305,7 @@ class HubState:
         self.ledger.observe(self.usage.observe)
         #: this hub's own metrics collector (served while this is the newest hub state)
         self.metrics = HubMetrics(self.inventory, self.ledger, self.queue.__len__, self.usage.gpu_seconds,
-                                  lambda: self.job_counts())
+                                  lambda: self.job_counts(), self.health.cluster.nodes)
         #: owner -> GPU records the runtime reported (container labels, process environments)
         self.found = {}
         #: what the layers above keep for this hub, by class (see :meth:`cache`)

@@ -142,6 +142,8 @@ class _Overview:
                      why=state.queue.why)
         data["isolation"] = self.isolation()
         data["outages"] = {uuid: o.to_dict() for uuid, o in state.health.tracker.outages().items()}
+        data["cluster_outages"] = [n.to_dict() for n in state.health.cluster.outages()]  # gpu-kube, gpu-slurm nodes
+        data["cluster_health_unknown"] = state.health.cluster.unknown
         return data if viewer is None else own_view(data, viewer)
 
     def isolation(self) -> dict | None:

@@ -10,7 +10,12 @@
   database, :mod:`gpuspawner.health_store`; kept after every change), starts the NVML watch and,
   every :data:`PERIOD` seconds, tells the users whose server holds a GPU that went out of service, in
   JupyterLab (a notice, through :func:`gpuspawner.hub.judging.post_notice`, as the culler and bookings
-  do), once per outage.
+  do), once per outage;
+- where the cluster places the GPUs (gpu-kube, gpu-slurm: the spawner class's ``cluster_health_reader``),
+  :func:`read_cluster` reads its nodes' GPU health every ``gpu_health_poll_interval`` seconds
+  (:mod:`gpuspawner.health_cluster`): ``GET /hub/api/gpus/health`` lists it under ``cluster``, and the users
+  whose workload certainly uses a GPU out of service are told the same way. Those come back when the
+  cluster says so, not by this API.
 """
 
 from __future__ import annotations
@@ -60,7 +65,9 @@ class HealthListHandler(_Admin, APIHandler):
         self.require_admin()
         state = self.state
         self.set_header("Cache-Control", "no-store")
-        self.finish({"out_of_service": [_entry(o, state) for o in state.health.tracker.outages().values()]})
+        cluster = state.health.cluster
+        self.finish({"out_of_service": [_entry(o, state) for o in state.health.tracker.outages().values()],
+                     "cluster": [n.to_dict() for n in cluster.outages()], "cluster_unknown": cluster.unknown})
 
 
 class HealthHandler(_Admin, APIHandler):
@@ -112,21 +119,30 @@ class Teller:
 
     async def round(self) -> None:
         outages = self.state.health.tracker.outages()
+        told_now = set(outages)
         for uuid, outage in outages.items():
             owner = self.state.ledger.holder(uuid)
-            if owner is None or (owner, uuid, outage.since) in self.told:
-                continue
-            url = self._server_url(owner)
-            if url is None:
-                continue
-            name = self.state.gpu_info(uuid)["name"] or "GPU"
-            message = WORDS["notice"].format(name=name, uuid=uuid, reason=outage.reason)
-            code = await post_notice(self.call, url.rstrip("/"), message, source="gpu-health",
-                                     notice_id=NOTICE_ID, level="error")
-            if 200 <= code < 300:
-                self.told.add((owner, uuid, outage.since))
-                log.warning("%s told that GPU %s is out of service", owner, uuid)
-        self.told = {t for t in self.told if t[1] in outages}
+            if owner is not None and (owner, uuid, outage.since) not in self.told:
+                name = self.state.gpu_info(uuid)["name"] or "GPU"
+                await self._tell(owner, uuid, outage.since,
+                                 WORDS["notice"].format(name=name, uuid=uuid, reason=outage.reason))
+        for node in self.state.health.cluster.outages():  # where the cluster places: its nodes' word
+            key = f"{node.node}/{node.model}"
+            told_now.add(key)
+            for owner in node.affected:
+                if (owner, key, node.since) not in self.told:
+                    await self._tell(owner, key, node.since, WORDS["cluster_notice"].format(**node.to_dict()))
+        self.told = {t for t in self.told if t[1] in told_now}
+
+    async def _tell(self, owner: str, what: str, since: float | None, message: str) -> None:
+        url = self._server_url(owner)
+        if url is None:
+            return
+        code = await post_notice(self.call, url.rstrip("/"), message, source="gpu-health", notice_id=NOTICE_ID,
+                                 level="error")
+        if 200 <= code < 300:
+            self.told.add((owner, what, since))
+            log.warning("%s told that GPU %s is out of service", owner, what)
 
     def _server_url(self, owner: str) -> str | None:
         parsed = Owner.parse(owner)
@@ -156,4 +172,29 @@ def watch(settings: dict) -> Teller:
     state.health.start(loop, refresh)
     teller = state.cache(Teller, lambda: Teller(settings, state))
     state.every("gpu-health", PERIOD, teller.round)
+    hook = getattr(settings.get("spawner_class"), "cluster_health_reader", None)
+    if hook is not None:  # the cluster places the GPUs and knows their health (gpu-kube, gpu-slurm)
+        reader = hook(settings["config"])
+        asyncio.ensure_future(read_cluster(state, reader))
+        state.every("gpu-health-cluster", state.health.interval, lambda: read_cluster(state, reader))
     return teller
+
+
+async def read_cluster(state: HubState, reader) -> None:
+    """One reading of the cluster's nodes' GPU health (``reader``: the spawner class's ``cluster_health_reader``)."""
+    cluster = state.health.cluster
+    try:
+        nodes = await reader.read()
+    except RuntimeError as e:
+        if cluster.unknown != str(e):
+            log.warning("gpuspawner: the cluster's GPU health is not known now (the last reading stands): %s", e)
+        cluster.failed(str(e))
+        return
+    went_out, came_back = cluster.update(nodes)
+    for node in went_out:
+        log.error("gpuspawner: node %s has %d of %d %s out of service: %s", node.node, node.out, node.total,
+                  node.name, node.reason)
+    for node in came_back:
+        log.warning("gpuspawner: node %s has its %s back in service (was: %s)", node.node, node.name, node.reason)
+    if came_back:
+        state.queue.wake()

@@ -253,6 +253,8 @@ def own_view(data: dict, user: str) -> dict:
             "cluster": [h for h in data["cluster"] if mine(h)],
             "queue": [q for q in data["queue"] if q["user"] == user],
             "isolation": None, "viewer": user,
+            "cluster_outages": [n for n in data.get("cluster_outages", [])
+                                if any(Owner.parse(o).user == user for o in n["affected"])],
             "outages": {u: o for u, o in data.get("outages", {}).items()
                         if any(g["uuid"] == u and mine(g["holder"]) for g in data["gpus"])}}
 

@@ -6,7 +6,9 @@ Nodes say what they have through the labels NVIDIA GPU Feature Discovery sets
 ``nvidia.com/gpu.replicas``) and through ``status.allocatable`` (what the
 NVIDIA device plugin advertises: ``nvidia.com/gpu``, ``nvidia.com/mig-1g.10gb``,
 ``nvidia.com/gpu.shared``). What is free on a node is its allocatable minus the
-requests of the pods bound to it that have not terminated.
+requests of the pods bound to it that have not terminated. A device the plugin
+finds unhealthy leaves the allocatable and stays in ``status.capacity``: the
+difference is out of service (:mod:`gpuspawner.backends.kube.health`).
 
 Every GPU resource of a node falls in one *pool*, named by the slug a user
 picks as ``gpu_model``:
@@ -79,6 +81,7 @@ class NodePool:
     product: str  # the node's nvidia.com/gpu.product label value
     allocatable: int
     used: int
+    out: int = 0  # unhealthy: in the node's capacity, dropped from its allocatable by the device plugin
 
     @property
     def free(self) -> int:
@@ -234,16 +237,18 @@ def cluster_inventory(nodes: Iterable[Mapping[str, Any]], pods: Iterable[Mapping
         meta = node.get("metadata") or {}
         labels = meta.get("labels") or {}
         allocatable = (node.get("status") or {}).get("allocatable") or {}
+        capacity = (node.get("status") or {}).get("capacity") or {}
         product = labels.get(PRODUCT_LABEL, "")
         name = meta.get("name", "")
         pools = []
-        for resource, value in sorted(allocatable.items()):
+        for resource in sorted(allocatable.keys() | capacity.keys()):
             kind = _kind_of(resource, product, labels)
-            n = _count(value)
-            if kind is None or n == 0:
+            n = _count(allocatable.get(resource))
+            out = max(0, _count(capacity.get(resource)) - n)  # the device plugin's unhealthy devices
+            if kind is None or n + out == 0:
                 continue
             slug, pool_kind, pool_name = kind
-            pools.append(NodePool(slug, pool_kind, pool_name, resource, product, n, used[name].get(resource, 0)))
+            pools.append(NodePool(slug, pool_kind, pool_name, resource, product, n, used[name].get(resource, 0), out))
         if not pools:
             continue
         memory = _count(labels.get(MEMORY_LABEL)) or None
@@ -259,7 +264,8 @@ def pools(nodes: Iterable[NodeGPUs], cuda: CudaVersion | None = None) -> list[Po
 
     Counted by :class:`~gpuspawner.availability.Tally`, so free and total mean
     what they mean on the form everywhere: a pool's GPUs on a node that is not
-    Ready or is cordoned are ``unavailable``, not part of the total.
+    Ready or is cordoned, and those the device plugin dropped from a node's
+    allocatable as unhealthy, are ``unavailable``, not part of the total.
     """
     tally = Tally()
     first: dict[str, NodePool] = {}
@@ -274,6 +280,8 @@ def pools(nodes: Iterable[NodeGPUs], cuda: CudaVersion | None = None) -> list[Po
             products[p.slug].add(p.product)
             node_count[p.slug] += 1
             tally.add(p.slug, p.name, node.name, p.allocatable, node.free(p), node.schedulable)
+            if p.out:  # unhealthy devices: out of service wherever they are
+                tally.add(p.slug, p.name, node.name, p.out, 0, in_service=False)
     return sorted(
         (
             Pool(slug, first[slug].kind, m.name, first[slug].resource, tuple(sorted(products[slug])),

@@ -54,6 +54,7 @@ from .caches import KubeCaches
 from .capacity import GPU_RESOURCE, PRODUCT_LABEL, CapacityError, offered_models, place, pools
 from .estimates import KubeEstimatesMixin
 from .events import EventContext
+from .health import KubeHealthMixin
 from .holdings import USERNAME_ANNOTATION, server_holdings
 from .kueue import QUEUE_LABEL, check_queue_name
 from .objects import DEFAULT_TOLERATIONS, GPU_TRAITS, PodGPURequest, replaced_settings
@@ -75,8 +76,8 @@ def image_repository(image: str) -> str:
     return name[:colon] if colon > slash else name
 
 
-class GPUKubeSpawner(KubeOptionsMixin, KubeWaitingMixin, KubeBookingsMixin, KubeEstimatesMixin, GPUSpawnerMixin,
-                     KubeSpawner):
+class GPUKubeSpawner(KubeOptionsMixin, KubeWaitingMixin, KubeBookingsMixin, KubeEstimatesMixin, KubeHealthMixin,
+                     GPUSpawnerMixin, KubeSpawner):
     """KubeSpawner with gpuspawner's GPU profiles, live capacity and plain-words progress.
 
     Its options and form (:mod:`~gpuspawner.backends.kube.options`) and its waiting in words

@@ -73,6 +73,7 @@ class SlurmNode:
     used: Mapping[str, int] = field(default_factory=dict)
     reason: str = ""
     features: tuple[str, ...] = ()  # active features (``Feature=`` in slurm.conf): ``cuda12.4`` names its driver
+    reason_since: float | None = None  # when its reason was set (``reason_changed_at``), where there is one
 
     @property
     def in_service(self) -> bool:
@@ -120,8 +121,17 @@ def read_nodes(sinfo: str | bytes | Mapping[str, Any]) -> tuple[SlurmNode, ...]:
             used=parse_gres(raw.get("gres_used")),
             reason=str(raw.get("reason") or ""),
             features=_features(raw),
+            reason_since=_epoch(raw.get("reason_changed_at")),
         )
     return tuple(nodes[n] for n in sorted(nodes))
+
+
+def _epoch(value: Any) -> float | None:
+    """A time ``sinfo --json`` gives: seconds since the epoch (22.05), or ``{"set": true, "number": N}`` (newer);
+    None where not set (0)."""
+    if isinstance(value, Mapping):
+        value = value.get("number") if value.get("set", True) else None
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0 else None
 
 
 def _features(raw: Mapping[str, Any]) -> tuple[str, ...]:

@@ -46,6 +46,7 @@ from ..claim import Claim
 from .booking import SlurmBookingKeeper
 from .capacity import UNTYPED, NeverFits, choose_type, cuda_constraint
 from .cuda import DriverCuda
+from .health import SlurmHealthReader
 from .reading import SlurmReadingMixin
 from .reconciling import SlurmReconcileMixin, ledger_resource
 from .settings import join_gres, lenient_render, refused_settings, sbatch_directives
@@ -251,6 +252,11 @@ class GPUSlurmSpawner(SlurmJobMixin, SlurmReadingMixin, SlurmReconcileMixin, GPU
     def booking_keeper(cls, config) -> SlurmBookingKeeper:
         """Bookings held as Slurm advance reservations (:mod:`.booking`), made with ``config``'s settings."""
         return SlurmBookingKeeper.of(cls(config=config))
+
+    @classmethod
+    def cluster_health_reader(cls, config) -> SlurmHealthReader:
+        """The reader of the nodes' health (drained, down: :mod:`.health`), made with ``config``'s settings."""
+        return SlurmHealthReader.of(cls(config=config))
 
     def offers_gpus(self) -> bool:
         """Whether some profile lets a user pick GPUs (then the site's own GPU settings are refused)."""
