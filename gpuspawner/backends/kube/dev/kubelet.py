@@ -151,6 +151,22 @@ class FakeKubelet:
         with self._lock:
             self._nodes[name]["heartbeat"] = False
 
+    def set_unhealthy(self, name: str, count: int, resource: str = "nvidia.com/gpu") -> dict:
+        """Mark ``count`` of node ``name``'s ``resource`` devices unhealthy (0: all healthy again) the way
+        NVIDIA's device plugin does: they leave the node's allocatable, its capacity keeps them. Returns
+        the node as the API server then holds it."""
+        client = Client(self.server, self.pki, "fake-kubelet")
+        try:
+            node = client.request("GET", f"/api/v1/nodes/{name}")
+            capacity = int(node["status"]["capacity"][resource])
+            if not 0 <= count <= capacity:
+                raise ValueError(f"node {name} has {capacity} {resource}: cannot mark {count} unhealthy")
+            allocatable = {**node["status"]["allocatable"], resource: str(capacity - count)}
+            return client.request("PATCH", f"/api/v1/nodes/{name}/status", {"status": {"allocatable": allocatable}},
+                                  "application/merge-patch+json")
+        finally:
+            client.close()
+
     def remove_node(self, name: str) -> None:
         with self._lock:
             self._nodes.pop(name, None)
