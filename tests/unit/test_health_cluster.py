@@ -71,12 +71,17 @@ def slurm_nodes(name: str):
 
 def test_a_drained_slurm_node_is_out_with_slurms_reason_and_time_and_its_jobs_users():
     nodes = slurm_nodes("sinfo-drained.json")
-    running = SlurmJob("7", "RUNNING", "None", "gpu", comment=job_comment("hub1", "ann", ""), nodes="vm")
-    elsewhere = SlurmJob("8", "RUNNING", "None", "gpu", comment=job_comment("other-hub", "bob", ""), nodes="vm")
-    waiting = SlurmJob("9", "PENDING", "Resources", "gpu", comment=job_comment("hub1", "cy", "x"))
-    found = slurm_health(nodes, [running, elsewhere, waiting], GresTypes(), "hub1")
+    running = SlurmJob("7", "RUNNING", "None", "gpu", comment=job_comment("hub1", "ann", ""), nodes="vm",
+                       gpus="gres:gpu:a100:1")
+    untyped = SlurmJob("6", "RUNNING", "None", "gpu", comment=job_comment("hub1", "dee", ""), nodes="vm",
+                       gpus="gres:gpu:1")
+    elsewhere = SlurmJob("8", "RUNNING", "None", "gpu", comment=job_comment("other-hub", "bob", ""), nodes="vm",
+                         gpus="gres:gpu:t4:1")
+    waiting = SlurmJob("9", "PENDING", "Resources", "gpu", comment=job_comment("hub1", "cy", "x"), gpus="gres:gpu:1")
+    found = slurm_health(nodes, [running, untyped, elsewhere, waiting], GresTypes(), "hub1")
     assert [(n.model, n.out, n.total, n.reason, n.since, n.affected) for n in found] == [
-        ("a100", 2, 2, "maintenance", 1795423853.0, ("ann/",)), ("t4", 2, 2, "maintenance", 1795423853.0, ("ann/",))]
+        ("a100", 2, 2, "maintenance", 1795423853.0, ("ann/", "dee/")),
+        ("t4", 2, 2, "maintenance", 1795423853.0, ("dee/",))]
     assert {a.slug: a.card for a in gpu_availability(nodes, GresTypes())}["a100"] == \
         "A100 (gpu:a100): none usable, 2 A100 (gpu:a100) out of service"
     assert all(n.out == 0 and n.reason == "" for n in slurm_health(slurm_nodes("sinfo-idle.json"), [running],

@@ -20,7 +20,7 @@ from batchspawner import format_template
 
 from ...health_cluster import NodeHealth
 from ...owner import Owner, OwnerError
-from .capacity import GresTypes, SlurmNode
+from .capacity import UNTYPED, GresTypes, SlurmNode, parse_gres
 from .commands import SlurmReader
 from .queue import ENDED, SlurmJob, parse_comment
 
@@ -66,22 +66,26 @@ def job_owner(job: SlurmJob, hub_id: str) -> str | None:
 def node_health(nodes: Iterable[SlurmNode], jobs: Iterable[SlurmJob], types: GresTypes,
                 hub_id: str) -> list[NodeHealth]:
     """Every node's GPUs per model, those of an unfit node out of service with Slurm's reason and time,
-    and the owners of this hub's jobs running there."""
-    on_node: dict[str, set[str]] = {}
+    and the owners of this hub's jobs running there on GPUs of that model (an untyped ``--gres=gpu:N``:
+    any model of the node)."""
+    on_node: dict[tuple[str, str], set[str]] = {}  # (node, GRES type) -> owners of jobs using such GPUs there
     for job in jobs:
         owner = job_owner(job, hub_id)
         if owner is None or job.state in ENDED or job.pending:
             continue
+        asked = parse_gres(job.gpus.replace("gres:", ""))
         for name in hosts(job.nodes):
-            on_node.setdefault(name, set()).add(owner)
+            for gres_type in asked:
+                on_node.setdefault((name, gres_type), set()).add(owner)
     result = []
     for node in nodes:
         out = unfit(node)
         reason = (node.reason or NO_REASON.format(state=" ".join([node.state, *node.flags]).lower())) if out else ""
-        affected = tuple(sorted(on_node.get(node.name, ()))) if out else ()
         for gres_type, count in sorted(node.gpus.items()):
+            affected = on_node.get((node.name, gres_type), set()) | on_node.get((node.name, UNTYPED), set())
             result.append(NodeHealth(node.name, types.slug(gres_type), types.name(gres_type), count,
-                                     count if out else 0, reason, node.reason_since if out else None, affected))
+                                     count if out else 0, reason, node.reason_since if out else None,
+                                     tuple(sorted(affected)) if out else ()))
     return result
 
 
