@@ -99,7 +99,9 @@ class GPUHealthSettings(Configurable):
         5.0,
         help="""Seconds between two checks of every GPU's health through NVML (ECC counters, row
         remapping, GPU lost). XIDs arrive as NVML events at once where the driver gives them;
-        this check also catches what has no event. Above 0.""",
+        this check also catches what has no event. Where the cluster places the GPUs (gpu-kube,
+        gpu-slurm), the seconds between two readings of what its nodes say of their GPUs (the
+        device plugin's allocatable, Slurm's node states). Above 0.""",
     ).tag(config=True)
 
     gpu_health_auto_return = Float(

@@ -95,11 +95,12 @@ SENTENCES: dict[str, tuple[Refusal | None, str]] = {
     "kube_exceeds_host_size": (R.EXCEEDS_HOST_SIZE, "No node has {count} x {what}: at most {most} on one node. "
                                                     "{inventory}"),
     "kube_none_usable": (R.NONE_USABLE, "No {what} is usable right now: {down} of {down} {are} unavailable "
-                                        "(node not ready or cordoned).{others} Pick another model or try again later."),
+                                        "(node not ready or cordoned, or GPU unhealthy).{others} "
+                                        "Pick another model or try again later."),
     "kube_none_free": (R.NONE_FREE, "No {what} is free right now: {free} of {total} free, at most {largest} on one "
                                     "node, and you asked for {count}.{unavailable}{others} "
                                     "Pick another model or try again later."),
-    "kube_unavailable": (None, " {down} more {are} unavailable: node not ready or cordoned."),
+    "kube_unavailable": (None, " {down} more {are} unavailable: node not ready or cordoned, or GPU unhealthy."),
     # Slurm places (gpu-slurm): gpuspawner.backends.slurm.capacity.choose_type
     "slurm_no_gpus": (R.NO_GPUS, "No node {where} has GPUs."),
     "slurm_no_matching_model": (R.NO_MATCHING_MODEL, "No node {where} has {wanted} GPUs; the GPUs there: {sizes}."),

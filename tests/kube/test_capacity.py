@@ -163,7 +163,8 @@ def test_cordoned_and_not_ready_nodes_are_unavailable_not_free(node_items):
         place(nodes, [A100], 1)
     assert not down.value.never
     assert str(down.value).startswith(
-        "No NVIDIA-A100-SXM4-80GB is usable right now: 16 of 16 are unavailable (node not ready or cordoned).")
+        "No NVIDIA-A100-SXM4-80GB is usable right now: 16 of 16 are unavailable "
+        "(node not ready or cordoned, or GPU unhealthy).")
 
 
 def test_pod_requests_effective_value():
@@ -271,4 +272,4 @@ async def test_cordoned_and_not_ready_nodes_of_the_cluster_are_unavailable(h100_
         await spawner.reserve_gpus()
     assert e.value.status_code == 409
     assert e.value.jupyterhub_message.startswith(
-        f"No {H100} is usable right now: 16 of 16 are unavailable (node not ready or cordoned).")
+        f"No {H100} is usable right now: 16 of 16 are unavailable (node not ready or cordoned, or GPU unhealthy).")

@@ -5,15 +5,13 @@ JupyterLab; when the device is healthy again it is back."""
 
 from __future__ import annotations
 
-import html
 import re
 
 import pytest
-import requests
 
+from clusterhealth import HEALTH_CONFIG, cluster_outages, health_notice, healthy_metric, outage_row
 from gpuspawner.backends.kube.dev.kubelet import gpu_node
 from hub import BASE_HUB_CONFIG, Hub, login
-from test_ops_culler import notices
 from test_ops_overview import user_token, wait_for
 from test_pods_run import KUBE_HUB_CONFIG, SINGLEUSER, running_namespace  # noqa: F401 (a fixture)
 
@@ -22,15 +20,12 @@ pytestmark = pytest.mark.integration
 NODE = "sick-h100-0"
 PRODUCT = "NVIDIA-H100-80GB-HBM3"
 MODEL = "h100-80gb-hbm3"
-PROFILES = [{"slug": "h100", "display_name": "One H100", "gpu_models": [MODEL], "gpu_counts": [1]}]
-HEALTH_CONFIG = """
+CONFIGURED = """
 from gpuspawner.hub.setup import configure
 configure(c)
-c.Authenticator.admin_users = {"boss"}
-c.JupyterHub.authenticate_prometheus = False
-c.GPUSpawnerMixin.gpu_health_poll_interval = 1.0
 c.GPUSpawnerMixin.gpu_inventory_ttl = 0.5
 """
+PROFILES = [{"slug": "h100", "display_name": "One H100", "gpu_models": [MODEL], "gpu_counts": [1]}]
 
 
 @pytest.fixture
@@ -43,25 +38,13 @@ def one_gpu_node(kube_cluster):
         kube_cluster.kubelet.remove_node(NODE)
 
 
-def cluster_outages(hub, token: str) -> list[dict]:
-    r = requests.get(hub.url + "/hub/api/gpus/health", headers={"Authorization": f"token {token}"}, timeout=30)
-    assert r.status_code == 200, r.text
-    return r.json()["cluster"]
-
-
-def healthy_metric(hub) -> str | None:
-    text = requests.get(hub.url + "/hub/metrics", timeout=30).text
-    found = re.search(rf'gpuspawner_gpu_healthy\{{gpu="{NODE}/{MODEL}/0",host="{NODE}",model="{MODEL}"\}} (\S+)', text)
-    return found.group(1) if found else None
-
-
 def test_a_gpu_the_device_plugin_finds_unhealthy_is_out_of_service_and_its_user_told(
         kube_cluster, running_namespace, one_gpu_node, tmp_path):  # noqa: F811
     folder = tmp_path / "hub"
     folder.mkdir()
     config = folder / "jupyterhub_config.py"
     config.write_text(BASE_HUB_CONFIG + KUBE_HUB_CONFIG.format(namespace=running_namespace, image=SINGLEUSER,
-                                                                profiles=PROFILES) + HEALTH_CONFIG)
+                                                                profiles=PROFILES) + CONFIGURED + HEALTH_CONFIG)
     hub = Hub(folder, {"KUBECONFIG": str(kube_cluster.admin_kubeconfig)}, config_file=config)
     hub.start()
     try:
@@ -71,15 +54,13 @@ def test_a_gpu_the_device_plugin_finds_unhealthy_is_out_of_service_and_its_user_
         r = hub.spawn("ann", {"profile": "h100", "gpus": 1})
         assert r.status_code in (201, 202), r.text
         hub.wait_ready("ann", timeout=120)
-        assert wait_for(lambda: healthy_metric(hub) == "1.0", 30, 0.3), hub.log()
+        assert wait_for(lambda: healthy_metric(hub, NODE, MODEL) == "1.0", 30, 0.3), hub.log()
         assert cluster_outages(hub, boss) == []
 
         kube_cluster.kubelet.set_unhealthy(NODE, 1)
-        told = wait_for(lambda: [n for n in notices(hub, "ann", hub.token) if n["source"] == "gpu-health"], 30, 0.3)
-        assert told, hub.log()
+        message = health_notice(hub, "ann")
         why = "the NVIDIA device plugin reports 1 of 1 nvidia.com/gpu unhealthy (left out of the node's allocatable)"
-        assert told[0]["level"] == "error"
-        assert told[0]["message"] == (
+        assert message == (
             f"Node {NODE}, where this server runs, has 1 of its 1 {PRODUCT} GPUs out of service: {why}. Your "
             "server uses one of them: save your work now; what runs on it may fail or give wrong results. Stop "
             "this server and start it again to get a healthy GPU.")
@@ -90,14 +71,14 @@ def test_a_gpu_the_device_plugin_finds_unhealthy_is_out_of_service_and_its_user_
         form = boss_session.get(hub.url + "/hub/spawn", timeout=30).text
         assert f"{PRODUCT}: none usable, 1 {PRODUCT} out of service" in form
         page = boss_session.get(hub.url + "/hub/gpus", timeout=30).text
-        row = html.unescape(re.search(rf'<tr data-node="{NODE}" data-model="{MODEL}">.*?</tr>', page, re.S).group(0))
+        row = outage_row(page, NODE, MODEL)
         assert why in row and "1 of 1" in row and "ann/" in row and re.search(r"20\d\d-\d\d-\d\d", row)
-        assert healthy_metric(hub) == "0.0"
+        assert healthy_metric(hub, NODE, MODEL) == "0.0"
 
         # the device plugin finds it healthy again: back in service
         kube_cluster.kubelet.set_unhealthy(NODE, 0)
         assert wait_for(lambda: cluster_outages(hub, boss) == [], 30, 0.3), hub.log()
-        assert healthy_metric(hub) == "1.0"
+        assert healthy_metric(hub, NODE, MODEL) == "1.0"
         form = boss_session.get(hub.url + "/hub/spawn", timeout=30).text
         assert f"{PRODUCT}: 0 of 1 free" in form and "out of service" not in form
         hub.stop_server("ann", timeout=60)

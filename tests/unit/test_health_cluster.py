@@ -9,9 +9,10 @@ import copy
 import json
 from pathlib import Path
 
+import pytest
 from traitlets.config import Config
 
-from gpuspawner.backends.kube.capacity import cluster_inventory, pools
+from gpuspawner.backends.kube.capacity import CapacityError, cluster_inventory, place, pools
 from gpuspawner.backends.kube.dev.kubelet import gpu_node
 from gpuspawner.backends.kube.health import node_health as kube_health
 from gpuspawner.backends.slurm.capacity import GresTypes, gpu_availability, read_nodes
@@ -128,3 +129,12 @@ def test_prometheus_counts_a_nodes_gpus_out_of_service_numbered_per_node_and_mod
         (f"n/{A100}/0", "n", A100, 1), (f"n/{A100}/1", "n", A100, 1), (f"n/{A100}/2", "n", A100, 0),
         ("m/t4/0", "m", "t4", 1)}
     state.close()
+
+
+def test_a_request_only_the_unhealthy_devices_would_fit_is_refused_saying_so():
+    with pytest.raises(CapacityError) as refused:
+        place(cluster_inventory([node("a", 2, 1)], []), (A100,), 2)
+    assert refused.value.code == "none_free"
+    assert str(refused.value) == (
+        "No NVIDIA-A100-SXM4-80GB is free right now: 1 of 1 free, at most 1 on one node, and you asked for 2. "
+        "1 more is unavailable: node not ready or cordoned, or GPU unhealthy. Pick another model or try again later.")
