@@ -19,6 +19,8 @@ from gpuspawner.backends.slurm.capacity import GresTypes, gpu_availability, read
 from gpuspawner.backends.slurm.health import hosts, node_health as slurm_health
 from gpuspawner.backends.slurm.queue import SlurmJob, job_comment
 from gpuspawner.health_cluster import ClusterHealth, NodeHealth
+from gpuspawner.hub.health import read_cluster
+from gpuspawner.hub.overview import own_view
 from gpuspawner.state import GPUHubSettings, HubState
 
 A100 = "a100-sxm4-80gb"
@@ -138,3 +140,41 @@ def test_a_request_only_the_unhealthy_devices_would_fit_is_refused_saying_so():
     assert str(refused.value) == (
         "No NVIDIA-A100-SXM4-80GB is free right now: 1 of 1 free, at most 1 on one node, and you asked for 2. "
         "1 more is unavailable: node not ready or cordoned, or GPU unhealthy. Pick another model or try again later.")
+
+
+class Reader:
+    """A cluster health reader answering what a test sets (a RuntimeError: the cluster does not answer)."""
+
+    def __init__(self) -> None:
+        self.answer: list[NodeHealth] | RuntimeError = []
+
+    async def read(self) -> list[NodeHealth]:
+        if isinstance(self.answer, RuntimeError):
+            raise self.answer
+        return self.answer
+
+
+async def test_a_reading_that_fails_keeps_the_last_one_and_says_why_and_a_return_wakes_the_queue():
+    state = HubState(GPUHubSettings(config=Config({"GPUHubSettings": {"gpu_inventory": "static"}})))
+    woken = []
+    state.queue.wake = lambda: woken.append(1)
+    reader = Reader()
+    reader.answer = [NodeHealth("n", A100, "A100", 2, 2, "drained", 7.0, ("ann/",))]
+    await read_cluster(state, reader)
+    assert [n.node for n in state.health.cluster.outages()] == ["n"] and state.health.cluster.unknown is None
+    reader.answer = RuntimeError("sinfo did not answer within 10s")
+    await read_cluster(state, reader)
+    assert state.health.cluster.unknown == "sinfo did not answer within 10s"
+    assert [n.node for n in state.health.cluster.outages()] == ["n"] and woken == []
+    reader.answer = [NodeHealth("n", A100, "A100", 2)]
+    await read_cluster(state, reader)
+    assert state.health.cluster.outages() == () and woken == [1] and state.health.cluster.unknown is None
+    state.close()
+
+
+def test_a_user_sees_only_the_cluster_outages_under_their_own_servers():
+    data = {"gpus": [], "cluster": [], "queue": [], "cluster_outages": [
+        NodeHealth("n", A100, "A100", 1, 1, "bad", 1.0, ("ann/",)).to_dict(),
+        NodeHealth("m", A100, "A100", 2, 1, "bad", 1.0, ()).to_dict()]}
+    assert [n["node"] for n in own_view(data, "ann")["cluster_outages"]] == ["n"]
+    assert own_view(data, "bob")["cluster_outages"] == []
