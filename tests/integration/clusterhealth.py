@@ -28,6 +28,12 @@ def cluster_outages(hub, token: str) -> list[dict]:
     return r.json()["cluster"]
 
 
+def form_of(session: requests.Session, hub) -> str:
+    """The spawn form as ``session``'s user sees it (its capacity reading may lag ``gpu_inventory_ttl`` behind the
+    health reading: wait on it)."""
+    return session.get(hub.url + "/hub/spawn", timeout=30).text
+
+
 def health_notice(hub, name: str) -> str:
     """The GPU health notice ``name``'s server shows in JupyterLab (waited for): its message."""
     told = wait_for(lambda: [n for n in notices(hub, name, hub.token) if n["source"] == "gpu-health"], 30, 0.3)

@@ -1,7 +1,8 @@
 """GPU health on gpu-kube, on the test run's real control plane: the fake kubelet marks a device unhealthy the
 way NVIDIA's device plugin does (it leaves the node's allocatable, its capacity keeps it), and a real hub's
 form, /hub/gpus, /hub/api/gpus/health and Prometheus say so; the user whose pod holds it is told in
-JupyterLab; when the device is healthy again it is back."""
+JupyterLab; when the device is healthy again it is back. An administrator's taint (kube_gpu_health_taints)
+does the same for the whole node."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import re
 
 import pytest
 
-from clusterhealth import HEALTH_CONFIG, cluster_outages, health_notice, healthy_metric, outage_row
+from clusterhealth import HEALTH_CONFIG, cluster_outages, form_of, health_notice, healthy_metric, outage_row
 from gpuspawner.backends.kube.dev.kubelet import gpu_node
 from hub import BASE_HUB_CONFIG, Hub, login
 from test_ops_overview import user_token, wait_for
@@ -24,7 +25,9 @@ CONFIGURED = """
 from gpuspawner.hub.setup import configure
 configure(c)
 c.GPUSpawnerMixin.gpu_inventory_ttl = 0.5
+c.GPUKubeSpawner.kube_gpu_health_taints = ["example.com/gpu-unhealthy"]
 """
+TAINT = {"key": "example.com/gpu-unhealthy", "value": "XID79", "effect": "NoSchedule"}
 PROFILES = [{"slug": "h100", "display_name": "One H100", "gpu_models": [MODEL], "gpu_counts": [1]}]
 
 
@@ -68,8 +71,8 @@ def test_a_gpu_the_device_plugin_finds_unhealthy_is_out_of_service_and_its_user_
         assert (outage["node"], outage["model"], outage["out"], outage["total"], outage["reason"],
                 outage["affected"]) == (NODE, MODEL, 1, 1, why, ["ann/"])
         # the form's card, /hub/gpus (the node, why and since when) and Prometheus say so
-        form = boss_session.get(hub.url + "/hub/spawn", timeout=30).text
-        assert f"{PRODUCT}: none usable, 1 {PRODUCT} out of service" in form
+        assert wait_for(lambda: f"{PRODUCT}: none usable, 1 {PRODUCT} out of service" in form_of(boss_session, hub),
+                        30, 0.3)
         page = boss_session.get(hub.url + "/hub/gpus", timeout=30).text
         row = outage_row(page, NODE, MODEL)
         assert why in row and "1 of 1" in row and "ann/" in row and re.search(r"20\d\d-\d\d-\d\d", row)
@@ -79,8 +82,19 @@ def test_a_gpu_the_device_plugin_finds_unhealthy_is_out_of_service_and_its_user_
         kube_cluster.kubelet.set_unhealthy(NODE, 0)
         assert wait_for(lambda: cluster_outages(hub, boss) == [], 30, 0.3), hub.log()
         assert healthy_metric(hub, NODE, MODEL) == "1.0"
-        form = boss_session.get(hub.url + "/hub/spawn", timeout=30).text
-        assert f"{PRODUCT}: 0 of 1 free" in form and "out of service" not in form
+        assert wait_for(lambda: f"{PRODUCT}: 0 of 1 free" in form_of(boss_session, hub), 30, 0.3)
+        assert "out of service" not in form_of(boss_session, hub)
+
+        # an administrator taints the node (kube_gpu_health_taints): all its GPUs out, the users on it told
+        patch = "application/merge-patch+json"
+        kube_cluster.api("PATCH", f"/api/v1/nodes/{NODE}", {"spec": {"taints": [TAINT]}}, patch)
+        why = "the node is tainted example.com/gpu-unhealthy=XID79 (NoSchedule): its GPUs are out of service"
+        assert wait_for(lambda: [o["reason"] for o in cluster_outages(hub, boss)] == [why], 30, 0.3), hub.log()
+        assert wait_for(lambda: why in health_notice(hub, "ann"), 30, 0.3)
+        assert wait_for(lambda: f"{PRODUCT}: none usable, 1 {PRODUCT} out of service" in form_of(boss_session, hub),
+                        30, 0.3)
+        kube_cluster.api("PATCH", f"/api/v1/nodes/{NODE}", {"spec": {"taints": None}}, patch)
+        assert wait_for(lambda: cluster_outages(hub, boss) == [], 30, 0.3), hub.log()
         hub.stop_server("ann", timeout=60)
     finally:
         hub.close()

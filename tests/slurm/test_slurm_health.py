@@ -10,7 +10,7 @@ import re
 
 import pytest
 
-from clusterhealth import HEALTH_CONFIG, cluster_outages, health_notice, healthy_metric, outage_row
+from clusterhealth import HEALTH_CONFIG, cluster_outages, form_of, health_notice, healthy_metric, outage_row
 from hub import login
 from slurmhub import OVERVIEW_CONFIG, add_user, running_hub
 from test_ops_overview import user_token, wait_for
@@ -47,8 +47,8 @@ def test_a_drained_node_leaves_the_form_with_slurms_reason_and_its_users_are_tol
                     outages["a100"]["since"], outages["a100"]["affected"]) == (
                 node, 2, REASON, listed["reason_changed_at"], ["ann/"])
             # out of what the form offers; /hub/gpus and Prometheus say so
-            form = boss_session.get(hub.url + "/hub/spawn", timeout=30).text
-            assert f"{A100}: none usable, 2 {A100} out of service" in form
+            assert wait_for(lambda: f"{A100}: none usable, 2 {A100} out of service" in form_of(boss_session, hub),
+                            30, 0.3)
             page = boss_session.get(hub.url + "/hub/gpus", timeout=30).text
             row = outage_row(page, node, "a100")
             assert REASON in row and "2 of 2" in row and "ann/" in row and re.search(r"20\d\d-\d\d-\d\d", row)
@@ -58,5 +58,5 @@ def test_a_drained_node_leaves_the_form_with_slurms_reason_and_its_users_are_tol
         # resumed by an administrator: back in service
         assert wait_for(lambda: cluster_outages(hub, boss) == [], 30, 0.3), hub.log()
         assert healthy_metric(hub, node, "a100") == "1.0"
-        assert f"{A100}: 1 of 2 free" in boss_session.get(hub.url + "/hub/spawn", timeout=30).text
+        assert wait_for(lambda: f"{A100}: 1 of 2 free" in form_of(boss_session, hub), 30, 0.3)
         hub.stop_server("ann", timeout=60)

@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 
 import pytest
+from traitlets import TraitError
 from traitlets.config import Config
 
 from gpuspawner.backends.kube.capacity import CapacityError, cluster_inventory, place, pools
@@ -178,3 +179,27 @@ def test_a_user_sees_only_the_cluster_outages_under_their_own_servers():
         NodeHealth("m", A100, "A100", 2, 1, "bad", 1.0, ()).to_dict()]}
     assert [n["node"] for n in own_view(data, "ann")["cluster_outages"]] == ["n"]
     assert own_view(data, "bob")["cluster_outages"] == []
+
+
+def test_a_node_with_a_health_taint_has_all_its_gpus_out_and_every_user_on_it_told():
+    tainted = node("t", 2, 0)
+    tainted["spec"]["taints"] = [{"key": "example.com/gpu-unhealthy", "value": "XID79", "effect": "NoExecute",
+                                  "timeAdded": "2026-11-26T10:00:00Z"}]
+    pods = [pod("jupyter-ann", "t", 1, "ann"), pod("jupyter-bob", "t", 1, "bob")]
+    [a100] = pools(cluster_inventory([tainted, node("b", 1, 0)], [], ["example.com/gpu-unhealthy"]))
+    assert (a100.free, a100.total, a100.unavailable) == (1, 1, 2)
+    [found] = kube_health([tainted], pods, unhealthy_taints=["example.com/gpu-unhealthy"])
+    assert (found.out, found.total, found.affected, found.since) == (2, 2, ("ann/", "bob/"), 1795687200.0)
+    assert found.reason == ("the node is tainted example.com/gpu-unhealthy=XID79 (NoExecute): its GPUs are out of "
+                            "service")
+    # a taint that is not named changes nothing
+    assert kube_health([tainted], pods)[0].out == 0
+
+
+@pytest.mark.parametrize("key", ["has space", "/name", "a/b/c", "", "x" * 64])
+def test_a_health_taint_that_is_no_taint_key_is_refused_naming_the_setting(key):
+    from gpuspawner.backends.kube.health import KubeHealthMixin
+
+    with pytest.raises(TraitError, match="kube_gpu_health_taints"):
+        KubeHealthMixin(kube_gpu_health_taints=[key])
+    assert KubeHealthMixin(kube_gpu_health_taints=["example.com/gpu-unhealthy", "gpu-bad"]).kube_gpu_health_taints

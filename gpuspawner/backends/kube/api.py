@@ -74,8 +74,9 @@ async def list_server_pods(api, component: str, namespace: str | None, timeout: 
 class ClusterCapacity:
     """Cached GPU inventory of one cluster."""
 
-    def __init__(self, api, ttl: float = 5.0, timeout: float = 10.0) -> None:
+    def __init__(self, api, ttl: float = 5.0, timeout: float = 10.0, unhealthy_taints: tuple[str, ...] = ()) -> None:
         self.api = api  # kubernetes_asyncio.client.CoreV1Api
+        self.unhealthy_taints = unhealthy_taints  # kube_gpu_health_taints
         self.ttl = ttl
         self.timeout = timeout
         self._reading: ClusterReading | None = None
@@ -86,7 +87,7 @@ class ClusterCapacity:
     async def _fetch(self) -> tuple[NodeGPUs, ...]:
         nodes = await _json(self.api.list_node)
         pods = await _json(self.api.list_pod_for_all_namespaces, field_selector=ACTIVE_PODS)
-        return cluster_inventory(nodes.get("items") or [], pods.get("items") or [])
+        return cluster_inventory(nodes.get("items") or [], pods.get("items") or [], self.unhealthy_taints)
 
     async def read(self) -> ClusterReading:
         now = time.monotonic()

@@ -97,6 +97,8 @@ class NodeGPUs:
     cuda: CudaVersion | None
     memory_mib: int | None
     pools: tuple[NodePool, ...]
+    #: a taint of ``kube_gpu_health_taints`` on it (all its GPUs out of service): ``(key, value, effect, timeAdded)``
+    unhealthy_taint: tuple[str, str, str, str] | None = None
 
     def free(self, pool: NodePool) -> int:
         return pool.free if self.schedulable else 0
@@ -223,8 +225,21 @@ def _holds_resources(pod: Mapping[str, Any]) -> bool:
     return bool((pod.get("spec") or {}).get("nodeName")) and phase not in ("Succeeded", "Failed")
 
 
-def cluster_inventory(nodes: Iterable[Mapping[str, Any]], pods: Iterable[Mapping[str, Any]]) -> tuple[NodeGPUs, ...]:
-    """Every node's GPU pools with what its running pods use. Nodes without GPUs are left out."""
+def _taint(node: Mapping[str, Any], keys: Iterable[str]) -> tuple[str, str, str, str] | None:
+    """The node's first taint whose key is one of ``keys``, as (key, value, effect, timeAdded)."""
+    wanted = set(keys)
+    for taint in (node.get("spec") or {}).get("taints") or () if wanted else ():
+        if taint.get("key") in wanted:
+            return (taint["key"], str(taint.get("value") or ""), str(taint.get("effect") or ""),
+                    str(taint.get("timeAdded") or ""))
+    return None
+
+
+def cluster_inventory(nodes: Iterable[Mapping[str, Any]], pods: Iterable[Mapping[str, Any]],
+                      unhealthy_taints: Iterable[str] = ()) -> tuple[NodeGPUs, ...]:
+    """Every node's GPU pools with what its running pods use. Nodes without GPUs are left out. A node with
+    a taint whose key is one of ``unhealthy_taints`` has all its GPUs out of service (not schedulable)."""
+    unhealthy_taints = tuple(unhealthy_taints)
     used: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
     for pod in pods:
         if not _holds_resources(pod):
@@ -252,7 +267,9 @@ def cluster_inventory(nodes: Iterable[Mapping[str, Any]], pods: Iterable[Mapping
         if not pools:
             continue
         memory = _count(labels.get(MEMORY_LABEL)) or None
-        result.append(NodeGPUs(name, _schedulable(node), node_cuda(labels), memory, tuple(pools)))
+        taint = _taint(node, unhealthy_taints)
+        result.append(NodeGPUs(name, _schedulable(node) and taint is None, node_cuda(labels), memory, tuple(pools),
+                               taint))
     return tuple(result)
 
 

@@ -262,7 +262,8 @@ class GPUKubeSpawner(KubeOptionsMixin, KubeWaitingMixin, KubeBookingsMixin, Kube
         reader = readers.get(self.api)
         if reader is None:
             reader = readers[self.api] = ClusterCapacity(self.api, ttl=self.gpu_inventory_ttl,
-                                                         timeout=self.k8s_api_request_timeout)
+                                                         timeout=self.k8s_api_request_timeout,
+                                                         unhealthy_taints=tuple(self.kube_gpu_health_taints))
         return reader
 
     async def offered_models(self) -> set[str]:
