@@ -48,14 +48,16 @@ def node_health(nodes: Iterable[Mapping[str, Any]], pods: Iterable[Mapping[str, 
     """Every GPU pool of every node, with what is out of service and the owners of this hub's pods
     (``component``: KubeSpawner's ``component_label``) that certainly hold a failed GPU: on a node with one
     of ``unhealthy_taints``, every pod holding its GPUs."""
-    pods = list(pods)
     found = server_holdings(pods, component)
+    placed: dict[tuple[str, str], dict[str, int]] = {}  # (node, resource) -> owner -> GPUs it holds
+    for owner, where in found.placed.items():
+        for node_resource in where:
+            placed.setdefault(node_resource, {})[owner] = found.holdings[owner][node_resource[1]]
     result = []
     for node in cluster_inventory(nodes, (), unhealthy_taints):
         for pool in node.pools:
             total = pool.allocatable + pool.out
-            on_it = {owner: found.holdings[owner][pool.resource] for owner, where in found.placed.items()
-                     if (node.name, pool.resource) in where}
+            on_it = placed.get((node.name, pool.resource), {})
             if node.unhealthy_taint is not None:
                 key, value, effect, added = node.unhealthy_taint
                 reason = TAINTED.format(taint=f"{key}={value}" if value else key, effect=effect)
@@ -94,7 +96,9 @@ class KubeHealthReader:
             pods = await list_server_pods(s.api, s.component_label, namespace, s.k8s_api_request_timeout)
         except Exception as e:  # any failure: health unknown this time
             raise RuntimeError(why_failed(e)) from e
-        return node_health(nodes.get("items") or [], pods, s.component_label, s.kube_gpu_health_taints)
+        # 1,000 nodes and 8,000 pods: about 0.1 s, off the event loop
+        return await asyncio.to_thread(node_health, nodes.get("items") or [], pods, s.component_label,
+                                       tuple(s.kube_gpu_health_taints))
 
 
 class KubeHealthMixin(Configurable):

@@ -12,6 +12,7 @@ down until a job wants it) is not a health matter and is left out.
 
 from __future__ import annotations
 
+import asyncio
 import getpass
 import re
 from collections.abc import Iterable
@@ -112,4 +113,4 @@ class SlurmHealthReader:
         for reading in (nodes, jobs):
             if reading.unknown is not None:
                 raise RuntimeError(reading.unknown)
-        return node_health(nodes.value, jobs.value, self.types, self.hub_id)
+        return await asyncio.to_thread(node_health, nodes.value, jobs.value, self.types, self.hub_id)  # off the loop
