@@ -24,7 +24,10 @@ registered on import).
   (the culler's threshold; see :mod:`gpuspawner.usage`), counted since the hub
   process started;
 - ``gpuspawner_jobs{state}``: notebook GPU jobs per state (``queued``, ``starting``,
-  ``running``, ``completed``, ``failed``, ``cancelled``, ``timed_out``).
+  ``running``, ``completed``, ``failed``, ``cancelled``, ``timed_out``);
+- ``gpuspawner_notifications_total{channel,event,outcome}``: notifications the hub's notifier
+  (:mod:`gpuspawner.hub.notify`) sent (``outcome="sent"``) or gave up (``"failed"``), per
+  channel (``email``, ``webhook``, ``jupyterlab``, ...) and event (``ready``, ``cull``, ...).
 
 Collecting never does I/O: it uses the newest inventory reading the hub has.
 """
@@ -66,6 +69,10 @@ class HubMetrics(Collector):
             "gpuspawner_placement_seconds",
             "Seconds from asking for GPUs to getting them (queue wait included) or being refused",
             ["outcome"], buckets=BUCKETS, registry=None,
+        )
+        self.notifications = PromCounter(
+            "gpuspawner_notifications", "Notifications sent or failed, per channel and event",
+            ["channel", "event", "outcome"], registry=None,
         )
         self._registry: CollectorRegistry | None = None
 
@@ -119,6 +126,7 @@ class HubMetrics(Collector):
         yield jobs
         yield from self.refusals.collect()
         yield from self.placement_seconds.collect()
+        yield from self.notifications.collect()
 
     def register(self, registry: CollectorRegistry = REGISTRY) -> None:
         """Serve these metrics from ``registry`` (JupyterHub's ``/hub/metrics`` serves the default one).

@@ -42,6 +42,7 @@ from .policies import GPUPolicyMixin
 from .reconciling import GPUReconcileMixin
 from .saved_state import GPUStateMixin
 from .startup import check_configuration_at_hub_start
+from .telling import GPUTellingMixin
 
 __all__ = ["Claim", "GPUSpawnerMixin", "checked_cuda_map", "user_error"]
 
@@ -58,7 +59,8 @@ _HONOURED_ONLY_BY = (
 )
 
 
-class GPUSpawnerMixin(GPUOptionsMixin, GPUReconcileMixin, GPUStateMixin, GPUPolicyMixin, GPUHubSettings):
+class GPUSpawnerMixin(GPUOptionsMixin, GPUReconcileMixin, GPUStateMixin, GPUTellingMixin, GPUPolicyMixin,
+                      GPUHubSettings):
     """GPU profiles, placement and the GPU ledger for any JupyterHub spawner."""
 
     gpu_profiles = List(

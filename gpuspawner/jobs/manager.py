@@ -36,6 +36,7 @@ from ..jobmodel.outcome import outcome_of
 from ..jobmodel.runner import JobRunner
 from ..jobmodel.spec import JobSpec, parse_job, requested_job_id
 from ..jobmodel.store import ACTIVE, STATES, JobExists, JobRecord, JobStore
+from ..notifications import Teller, job_told
 from ..owner import Owner
 from ..profiles import OptionsError
 
@@ -276,6 +277,9 @@ class JobManager:
         self._cancel.pop(record.id, None)
         self._save(record.changed(state=state, reason=reason, ended=time.time(), exit_code=exit_code))
         log.info("job %s of %s %s: %s; its GPUs are free", record.id, record.user, state, reason)
+        told = job_told(record.name, record.id, state, reason)
+        if told is not None:
+            self.state.cache(Teller).later(record.user, "job", *told)
 
     # ------------------------------------------------------------ cancelling
 
