@@ -1,7 +1,7 @@
 """Being told, on a real hub: a queued server's user gets an email (a real SMTP server, aiosmtpd)
 and a webhook's JSON (a local receiver) once it is ready, an email when a notebook job ends; each
 user reads and changes only their own settings; a dead SMTP server changes nothing for the spawn
-and is counted in Prometheus."""
+and is counted in Prometheus; the GPU idle culler's warning reaches the user's webhook."""
 
 from __future__ import annotations
 
@@ -15,6 +15,8 @@ from gpuspawner.simulation import simulated_config
 from hub import Hub, login
 from jobnotebooks import GPU_REPORT, submit, wait_state, write
 from notify_parts import SMTPServer, WebhookReceiver, text_of
+from ops_hub import OpsHub
+from test_local_hub import start
 from test_ops_overview import user_token, wait_for
 
 pytestmark = pytest.mark.integration
@@ -182,3 +184,33 @@ def test_a_dead_smtp_server_changes_nothing_for_the_spawn_and_is_counted(parts):
         hub.stop_server("dan")
     finally:
         smtp.start()
+
+
+@pytest.fixture
+def culled_hub(tmp_path, fakenvml_libdir):
+    receiver = WebhookReceiver()
+    hub = OpsHub(tmp_path, fakenvml_libdir, PROFILES, server_args=["--GPUMonitor.interval=0.5"],
+                 culler={"period": 2, "threshold": 10, "idle_timeout": 14, "warn_before": 6},
+                 mixin={"gpu_notify_webhook_prefixes": [f"http://127.0.0.1:{receiver.port}/hooks/"]})
+    try:
+        hub.start()
+        yield hub, receiver
+    finally:
+        hub.close()
+        receiver.close()
+
+
+def test_the_culler_warning_reaches_the_users_webhook_with_how_to_keep_the_server(culled_hub):
+    hub, receiver = culled_hub
+    hub.set_utilization({device["uuid"]: 85 for device in hub.gpus_config["devices"]})  # busy until it is eve's
+    hub.add_users("eve")
+    token = user_token(hub, login(hub, "eve"), "eve")
+    r = settings_api(hub, token, "PUT", {"webhook": f"http://127.0.0.1:{receiver.port}/hooks/eve"})
+    assert r.status_code == 200, r.text
+    hub.set_utilization(dict.fromkeys(start(hub, "eve", T4), 2))
+
+    told = wait_for(lambda: [b for path, b in receiver.received if path == "/hooks/eve"], 120)
+    assert told, hub.log()
+    assert told[0]["title"] == "Your idle GPU server will be stopped"
+    assert told[0]["message"].startswith("Your server will be stopped in 6 seconds because its GPUs are idle")
+    assert "Use them, or stop the server yourself" in told[0]["message"]  # how to keep it
