@@ -6,6 +6,7 @@ and is counted in Prometheus; the GPU idle culler's warning reaches the user's w
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 import requests
@@ -17,6 +18,7 @@ from jobnotebooks import GPU_REPORT, submit, wait_state, write
 from notify_parts import SMTPServer, WebhookReceiver, text_of
 from ops_hub import OpsHub
 from test_local_hub import start
+from test_ops_culler import notices
 from test_ops_overview import user_token, wait_for
 
 pytestmark = pytest.mark.integration
@@ -55,7 +57,7 @@ def parts(tmp_path_factory, fakenvml_libdir):
     })
     try:
         hub.start()
-        hub.add_users("ann", "bob", "cat", "dan")
+        hub.add_users("ann", "bob", "cat", "dan", "fay")
         yield hub, smtp, receiver
     finally:
         hub.close()
@@ -116,6 +118,8 @@ def test_a_queued_server_that_becomes_ready_is_told_by_email_and_webhook(parts):
     assert hooks, hub.log()
     assert hooks[0]["title"] == "Your GPU server is ready" and "is now running" in hooks[0]["message"]
     assert smtp.messages("ann@example.org") == []  # ann got hers at once: nothing to tell
+    lab = wait_for(lambda: [n for n in notices(hub, "bob", token) if n["source"] == "gpu-notifications"], 30)
+    assert lab and lab[0]["message"].startswith("Your GPU server is ready: ")  # JupyterLab's notification centre
     counted = notifications_counted(hub)
     assert counted[("email", "ready", "sent")] >= 1 and counted[("webhook", "ready", "sent")] >= 1
     hub.stop_server("bob")
@@ -168,6 +172,25 @@ def test_each_user_reads_and_changes_only_their_own_settings(parts):
     assert page.status_code == 200
     assert 'id="gpuspawner-nav-notifications"' in page.text and "Tell me when" in page.text
     assert requests.get(hub.url + "/hub/gpus/notifications", timeout=60, allow_redirects=False).status_code == 302
+
+
+def test_a_booked_windows_start_is_told_by_email(parts):
+    hub, smtp, _ = parts
+    token = user_token(hub, login(hub, "fay"), "fay")
+    assert settings_api(hub, token, "PUT", {"email": "fay@example.org"}).status_code == 200
+    start = time.time() + 3
+    r = requests.post(hub.url + "/hub/api/gpus/bookings", headers={"Authorization": f"token {token}"}, timeout=60,
+                      json={"model": "a100", "count": 1, "start": start, "end": start + 600})
+    assert r.status_code == 201, r.text
+    booking = r.json()["id"]
+    try:
+        mail = wait_for(lambda: smtp.messages("fay@example.org"), 90)  # the hub looks every 30 s
+        assert mail, hub.log()
+        assert mail[0]["Subject"] == "Your GPU booking starts"
+        assert "1 x a100" in text_of(mail[0]) and f"(booking {booking})" in text_of(mail[0])
+    finally:
+        requests.delete(f"{hub.url}/hub/api/gpus/bookings/{booking}", headers={"Authorization": f"token {token}"},
+                        timeout=60)
 
 
 def test_a_dead_smtp_server_changes_nothing_for_the_spawn_and_is_counted(parts):
