@@ -162,8 +162,8 @@ def test_each_user_reads_and_changes_only_their_own_settings(parts):
         assert r.json()["message"].startswith(f"{field}: "), r.json()
     assert settings_api(hub, tokens["ann"]).json() == before
 
-    r = settings_api(hub, tokens["ann"], "PUT", {"events": {"jupyterlab": {"cull": False}}})
-    assert r.status_code == 200 and r.json()["events"]["jupyterlab"]["cull"] is False
+    r = settings_api(hub, tokens["ann"], "PUT", {"events": {"jupyterlab": {"job": False}}})
+    assert r.status_code == 200 and r.json()["events"]["jupyterlab"]["job"] is False
     assert settings_api(hub, tokens["ann"]).json()["events"]["jupyterlab"]["ready"] is True
 
     # the page: linked from the navigation bar, showing her own settings
