@@ -35,7 +35,7 @@ from dataclasses import replace
 from typing import Any, Protocol
 
 from ..bookings import Booking, windows
-from ..notifications import CHANNELS, GPUNotifySettings, Preferences, Teller, defaults, recipient_url
+from ..notifications import GPUNotifySettings, Preferences, Teller, defaults, recipient_url
 from ..state import HubState, hub_state_of_app, settings_for
 from .judging import HubHTTP, post_notice
 from .notify_store import NotifyStore
@@ -81,8 +81,7 @@ class _Apprise:
 def _notify(target: str, title: str, text: str) -> bool:
     import apprise
 
-    sender = apprise.Apprise(asset=apprise.AppriseAsset(app_id="gpuspawner", app_desc="JupyterHub GPUs",
-                                                        app_url="https://github.com/"))
+    sender = apprise.Apprise(asset=apprise.AppriseAsset(app_id="gpuspawner", app_desc="JupyterHub GPUs"))
     if not sender.add(target):
         raise NotSent("Apprise cannot read the target URL")
     return bool(sender.notify(title=title, body=text))
@@ -265,4 +264,4 @@ def attach(settings: Mapping) -> Notifier:
     return notifier
 
 
-__all__ = ["CHANNELS", "Channel", "Notifier", "attach", "notifier_of"]
+__all__ = ["Channel", "Notifier", "attach", "notifier_of"]

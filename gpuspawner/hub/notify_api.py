@@ -27,6 +27,8 @@ from .notify import notifier_of
 from .usage import REPORT_ADMIN_SCOPE, REPORT_SCOPE
 
 MAX_TEXT = 2000
+#: the keys of an event's body (``url`` may be left out)
+EVENT_KEYS = ("user", "event", "title", "text", "url")
 
 
 class _Settings:
@@ -84,9 +86,14 @@ class NotifyEventHandler(APIHandler):
             body = read_json(self.request.body)
             if not isinstance(body, dict):
                 raise OptionsError("body", "must be a JSON object with user, event, title and text")
-            fields = {k: body.get(k) for k in ("user", "event", "title", "text", "url")}
+            unknown = [k for k in body if k not in EVENT_KEYS]
+            if unknown:
+                raise OptionsError(str(unknown[0])[:40], f"is not a field; the fields are {', '.join(EVENT_KEYS)}")
+            fields = {k: body.get(k) for k in EVENT_KEYS}
             for key, value in fields.items():
-                if not (isinstance(value, str) and 0 < len(value) <= MAX_TEXT) and (key != "url" or value is not None):
+                if key == "url" and value is None:
+                    continue  # the only optional one
+                if not isinstance(value, str) or not 0 < len(value) <= MAX_TEXT:
                     raise OptionsError(key, f"must be a non-empty string of at most {MAX_TEXT} characters")
             if fields["event"] not in EVENTS:
                 raise OptionsError("event", f"{shown(fields['event'], 20)} is not one of {', '.join(EVENTS)}")

@@ -166,6 +166,18 @@ def test_each_user_reads_and_changes_only_their_own_settings(parts):
     assert r.status_code == 200 and r.json()["events"]["jupyterlab"]["job"] is False
     assert settings_api(hub, tokens["ann"]).json()["events"]["jupyterlab"]["ready"] is True
 
+    # telling a user from outside the hub (the culler's way) needs the report scope, and a proper body
+    events = hub.url + "/hub/api/gpus/notifications/events"
+    told = {"user": "ann", "event": "budget", "title": "Budget", "text": "2 of 20 A100-hours left"}
+    r = requests.post(events, json=told, headers={"Authorization": f"token {tokens['dan']}"}, timeout=60)
+    assert r.status_code == 403
+    for body, field in (({**told, "event": "lunch"}, "event"), ({**told, "text": ""}, "text"),
+                        ({**told, "colour": "red"}, "colour")):
+        r = requests.post(events, json=body, headers={"Authorization": f"token {hub.token}"}, timeout=60)
+        assert r.status_code == 400 and r.json()["message"].startswith(f"{field}: "), r.text
+    r = requests.post(events, json=told, headers={"Authorization": f"token {hub.token}"}, timeout=60)
+    assert r.status_code == 202, r.text
+
     # the page: linked from the navigation bar, showing her own settings
     session = login(hub, "ann")
     page = session.get(hub.url + "/hub/gpus/notifications", timeout=60)
