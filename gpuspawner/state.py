@@ -55,7 +55,6 @@ from .usage import UsageRecorder
 log = logging.getLogger("gpuspawner")
 
 T = TypeVar("T")
-C = TypeVar("C", bound=Configurable)
 
 __all__ = ["GPUHubSettings", "HubState", "hub_state", "hub_state_of_app",
            "stop_serving_hub_metrics"]
@@ -247,8 +246,8 @@ class GPUHubSettings(Configurable):
         return value
 
 
-def settings_for(config: Config, spawner_class: type | None, kind: type[C] = GPUHubSettings) -> C:
-    """The GPU settings (a ``kind`` of them) ``spawner_class`` gets from ``config``, read by traitlets itself.
+def settings_for(config: Config, spawner_class: type | None, kind: type[T] = GPUHubSettings) -> T:
+    """The GPU settings (``kind``: a parent of the spawners) ``spawner_class`` gets from ``config``, read by traitlets.
 
     A settings object whose config sections are the spawner class's own, so that
     ``c.GPUSpawnerMixin.x``, ``c.GPUDockerSpawner.x`` and ``c.Spawner.x`` apply
