@@ -223,3 +223,12 @@ def test_telling_before_the_hub_attached_its_notifier_does_nothing():
         Teller().later("ann", "ready", "t", "x")
 
     asyncio.run(tell())
+
+
+def test_settings_are_kept_in_the_hubs_database_across_a_restart(tmp_path):
+    engine = create_engine(f"sqlite:///{tmp_path / 'hub.sqlite'}")
+    chosen = Preferences("ann@example.org", PREFIXES[0] + "ann", {"email": frozenset({"ready", "job"})})
+    NotifyStore(engine).put("ann", chosen)
+    engine.dispose()
+    again = NotifyStore(create_engine(f"sqlite:///{tmp_path / 'hub.sqlite'}"))  # the hub started again
+    assert again.get("ann") == chosen and again.get("bob") is None
