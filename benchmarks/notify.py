@@ -36,7 +36,7 @@ def notifier(email: str, prefix: str, timeout: float) -> Notifier:
     n = Notifier(GPUNotifySettings(gpu_notify_email=email, gpu_notify_webhook_prefixes=[prefix],
                                    gpu_notify_timeout=timeout), NotifyStore(create_engine("sqlite://")), counter)
     n.add(EmailChannel(n.pool, email, n.preferences))
-    n.add(WebhookChannel(n.pool, n.preferences))
+    n.add(WebhookChannel(n.pool, n.preferences, [prefix]))
     return n
 
 

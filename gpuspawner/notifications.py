@@ -224,7 +224,7 @@ def parse_preferences(body: Any, current: Preferences, channels: Collection[str]
     """``current`` changed by a settings body (``{"email"?, "webhook"?, "events"?}``; a key left out
     stays as it is; ``events``: ``{channel: {event: true|false}}``, the events named changed).
 
-    Raises :class:`~gpuspawner.inputs.OptionsError` naming the field: an address that is not one, a
+    Raises :class:`~gpuspawner.inputs.OptionsError` naming the field given: an address that is not one, a
     webhook URL outside the admin's ``prefixes`` (or any, with none), email while the hub sends
     none (``email_on``), an unknown channel or event, a value that is not true or false.
     """
@@ -233,13 +233,13 @@ def parse_preferences(body: Any, current: Preferences, channels: Collection[str]
     unknown = [k for k in body if k not in BODY_KEYS]
     if unknown:
         raise OptionsError(str(unknown[0])[:40], f"is not a setting; the settings are {', '.join(BODY_KEYS)}")
-    email = _text(body, "email", current.email, MAX_ADDRESS)
-    if email and not email_on:
+    email = _text(body, "email", current.email, MAX_ADDRESS)  # checked where given: a change of the admin's
+    if email and "email" in body and not email_on:  # settings never locks a user out of theirs
         raise OptionsError("email", "this hub sends no email (its admin configured no sender)")
-    if email and not _EMAIL.fullmatch(email):
+    if email and "email" in body and not _EMAIL.fullmatch(email):
         raise OptionsError("email", f"{shown(email, 60)} is not an email address such as ann@example.org")
     webhook = _text(body, "webhook", current.webhook, MAX_URL)
-    if webhook and not webhook_allowed(webhook, prefixes):
+    if webhook and "webhook" in body and not webhook_allowed(webhook, prefixes):
         allowed = ", ".join(prefixes) if prefixes else "none: this hub's admin allowed no webhooks"
         raise OptionsError("webhook", f"{shown(webhook, 60)} is not under an allowed prefix ({allowed})")
     events = {c: set(current.events.get(c, ())) for c in channels}

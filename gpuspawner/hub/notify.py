@@ -35,7 +35,7 @@ from dataclasses import replace
 from typing import Any, Protocol
 
 from ..bookings import Booking, windows
-from ..notifications import GPUNotifySettings, Preferences, Teller, defaults, recipient_url
+from ..notifications import GPUNotifySettings, Preferences, Teller, defaults, recipient_url, webhook_allowed
 from ..state import HubState, hub_state_of_app, settings_for
 from .judging import HubHTTP, post_notice
 from .notify_store import NotifyStore
@@ -104,12 +104,15 @@ class EmailChannel(_Apprise):
 class WebhookChannel(_Apprise):
     name = "webhook"
 
-    def __init__(self, pool: ThreadPoolExecutor, preferences: Callable[[str], Preferences]) -> None:
+    def __init__(self, pool: ThreadPoolExecutor, preferences: Callable[[str], Preferences],
+                 prefixes: Iterable[str]) -> None:
         super().__init__(pool)
-        self.preferences = preferences
+        self.preferences, self.prefixes = preferences, list(prefixes)
 
     def reaches(self, user: str, event: str) -> bool:
-        return bool(self.preferences(user).webhook)
+        """Only a URL under today's prefixes (one saved under an admin's earlier ones is not posted to)."""
+        url = self.preferences(user).webhook
+        return bool(url) and webhook_allowed(url, self.prefixes)
 
     async def send(self, user: str, event: str, title: str, text: str, url: str | None) -> None:
         await self.deliver(webhook_target(self.preferences(user).webhook), title, text)
@@ -202,7 +205,7 @@ def notifier_of(settings: Mapping) -> Notifier:
         if config.gpu_notify_email:
             notifier.add(EmailChannel(notifier.pool, config.gpu_notify_email, notifier.preferences))
         if config.gpu_notify_webhook_prefixes:
-            notifier.add(WebhookChannel(notifier.pool, notifier.preferences))
+            notifier.add(WebhookChannel(notifier.pool, notifier.preferences, config.gpu_notify_webhook_prefixes))
         token = (settings.get(SETTINGS_KEY) or {}).get("token", "")  # the overview's: access:servers
         notifier.add(JupyterLabChannel(settings["users"], HubHTTP(token)))
         state.cache(Teller).notifier = notifier

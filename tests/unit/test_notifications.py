@@ -98,6 +98,9 @@ def test_email_is_refused_where_the_hub_sends_none():
     with pytest.raises(OptionsError, match="sends no email"):
         parse({"email": "bob@example.org"}, email_on=False)
     assert parse({"email": ""}, email_on=False).email == ""
+    # saved before the admin changed their settings: the user may still change the rest
+    saved = replace(START, email="bob@example.org", webhook="https://old.example.org/x")
+    assert not parse({"events": {"email": {"job": False}}}, saved, email_on=False).wants("email", "job")
 
 
 json_values = st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=30),
@@ -173,7 +176,7 @@ def notifier(timeout: float, prefixes: list[str]) -> tuple[Notifier, Counter]:
     store = NotifyStore(create_engine("sqlite://"))
     n = Notifier(GPUNotifySettings(gpu_notify_timeout=timeout, gpu_notify_webhook_prefixes=prefixes), store,
                  counter)
-    n.add(WebhookChannel(n.pool, n.preferences))
+    n.add(WebhookChannel(n.pool, n.preferences, prefixes))
     return n, counter
 
 
@@ -196,7 +199,11 @@ def test_the_notifier_posts_a_users_webhook_as_json_and_counts_it():
         assert counted(counter, "sent") == 1 and counted(counter, "failed") == 0
         n.store.put("ann", replace(n.preferences("ann"), events={"webhook": frozenset({"job"})}))
         asyncio.run(n.tell("ann", "ready", "Your GPU server is ready", "It is running."))  # turned off
-        assert len(receiver.received) == 1
+        # a URL saved under an admin's earlier prefixes is not posted to
+        n.store.put("ann", Preferences(webhook=f"http://127.0.0.1:{receiver.port}/old/ann",
+                                       events={"webhook": frozenset(EVENTS)}))
+        asyncio.run(n.tell("ann", "ready", "Your GPU server is ready", "It is running."))
+        assert len(receiver.received) == 1 and counted(counter, "sent") == 1
     finally:
         receiver.close()
         n.close()
