@@ -170,15 +170,14 @@ class Notifier:
     async def tell(self, user: str, event: str, title: str, text: str, url: str | None = None) -> None:
         """Tell ``user`` of ``event`` on every channel they want it on; never raises."""
         chosen = self.preferences(user)
-        sends = []
-        for channel in list(self.channels.values()):
-            reaches = getattr(channel, "reaches", None)
-            if chosen.wants(channel.name, event) and (reaches is None or reaches(user, event)):
-                sends.append(self._send(channel, user, event, title, text, url))
-        await asyncio.gather(*sends)
+        await asyncio.gather(*(self._send(channel, user, event, title, text, url)
+                               for channel in list(self.channels.values()) if chosen.wants(channel.name, event)))
 
     async def _send(self, channel: Channel, user: str, event: str, title: str, text: str, url: str | None) -> None:
         try:
+            reaches = getattr(channel, "reaches", None)  # optional: whether the user has an address there
+            if reaches is not None and not reaches(user, event):
+                return
             await asyncio.wait_for(channel.send(user, event, title, text, url), self.settings.gpu_notify_timeout)
         except Exception as e:
             why = f"no answer in {self.settings.gpu_notify_timeout:g} s" if isinstance(e, asyncio.TimeoutError) else e
