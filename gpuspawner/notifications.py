@@ -41,6 +41,11 @@ EVENTS: dict[str, str] = {
 }
 #: the channels this hub always has (others, such as the browser's, are added by their modules)
 CHANNELS = ("email", "webhook", "jupyterlab")
+#: (channel, event) the notifier leaves alone, because something else always tells it there: why
+TOLD_ELSEWHERE = {
+    ("jupyterlab", "cull"): "The GPU idle culler's own warning always shows in JupyterLab",
+    ("browser", "ready"): "The spawn-pending page tells it itself, also while its tab is in the background",
+}
 #: the keys of a settings body (``PUT /hub/api/gpus/notifications``)
 BODY_KEYS = ("email", "webhook", "events")
 MAX_ADDRESS = 254

@@ -10,9 +10,12 @@ implements :class:`Channel`:
   lie under one of the admin's ``gpu_notify_webhook_prefixes``;
 - ``jupyterlab``: a notice on each of the user's running servers (their GPU monitor's notice board,
   :func:`~gpuspawner.hub.judging.post_notice`), which JupyterLab shows in its notification centre;
-  not for ``cull``: the culler posts its own warning there.
+- ``browser``: the hub's pages show it with the browser's Notification API (:mod:`.browser_feed`).
 
-Other modules add channels with :meth:`Notifier.add` (the browser's Notification API does). A
+Where something else always tells an event on a channel (the culler's own warning in JupyterLab, the
+spawn-pending page's own "ready"), the notifier leaves it alone (:data:`~gpuspawner.notifications.TOLD_ELSEWHERE`).
+
+Other channels may be added with :meth:`Notifier.add`. A
 failing channel never blocks or fails its caller: Apprise runs in the notifier's own worker
 threads, each send is given up after ``gpu_notify_timeout`` seconds, and every outcome is logged
 and counted (``gpuspawner_notifications_total{channel,event,outcome}``).
@@ -35,8 +38,17 @@ from dataclasses import replace
 from typing import Any, Protocol
 
 from ..bookings import Booking, windows
-from ..notifications import GPUNotifySettings, Preferences, Teller, defaults, recipient_url, webhook_allowed
+from ..notifications import (
+    TOLD_ELSEWHERE,
+    GPUNotifySettings,
+    Preferences,
+    Teller,
+    defaults,
+    recipient_url,
+    webhook_allowed,
+)
 from ..state import HubState, hub_state_of_app, settings_for
+from .browser_feed import feed_of
 from .judging import HubHTTP, post_notice
 from .notify_store import NotifyStore
 
@@ -135,7 +147,7 @@ class JupyterLabChannel:
         return [s.server.url.rstrip("/") for s in found.spawners.values() if s.ready and s.server is not None]
 
     def reaches(self, user: str, event: str) -> bool:
-        return event != "cull" and bool(self._servers(user))  # the culler posts its own warning
+        return bool(self._servers(user))
 
     async def send(self, user: str, event: str, title: str, text: str, url: str | None) -> None:
         for server in self._servers(user):
@@ -171,7 +183,8 @@ class Notifier:
         """Tell ``user`` of ``event`` on every channel they want it on; never raises."""
         chosen = self.preferences(user)
         await asyncio.gather(*(self._send(channel, user, event, title, text, url)
-                               for channel in list(self.channels.values()) if chosen.wants(channel.name, event)))
+                               for channel in list(self.channels.values())
+                               if chosen.wants(channel.name, event) and (channel.name, event) not in TOLD_ELSEWHERE))
 
     async def _send(self, channel: Channel, user: str, event: str, title: str, text: str, url: str | None) -> None:
         try:
@@ -207,6 +220,7 @@ def notifier_of(settings: Mapping) -> Notifier:
             notifier.add(WebhookChannel(notifier.pool, notifier.preferences, config.gpu_notify_webhook_prefixes))
         token = (settings.get(SETTINGS_KEY) or {}).get("token", "")  # the overview's: access:servers
         notifier.add(JupyterLabChannel(settings["users"], HubHTTP(token)))
+        notifier.add(feed_of(settings))  # "browser": the hub's pages show it (Notification API)
         state.cache(Teller).notifier = notifier
         return notifier
 

@@ -21,7 +21,7 @@ from jupyterhub.handlers import BaseHandler
 from tornado import web
 
 from ..inputs import OptionsError, dumps, read_json, shown
-from ..notifications import EVENTS, Teller, parse_preferences
+from ..notifications import EVENTS, TOLD_ELSEWHERE, Teller, parse_preferences
 from ..state import hub_state_of_app
 from .notify import notifier_of
 from .usage import REPORT_ADMIN_SCOPE, REPORT_SCOPE
@@ -114,7 +114,8 @@ class NotifySettingsPageHandler(_Settings, BaseHandler):
     async def get(self) -> None:
         data = self.answer_for(self.whose())
         self.set_header("Cache-Control", "no-store")
-        self.finish(await self.render_template("gpuspawner_notifications.html", data=data, events=EVENTS))
+        self.finish(await self.render_template("gpuspawner_notifications.html", data=data, events=EVENTS,
+                                               elsewhere=TOLD_ELSEWHERE))
 
 
 def handlers() -> list[tuple[str, type]]:

@@ -143,7 +143,7 @@ def test_each_user_reads_and_changes_only_their_own_settings(parts):
     hub, _, receiver = parts
     tokens = {name: user_token(hub, login(hub, name), name) for name in ("ann", "dan")}
     before = settings_api(hub, tokens["ann"]).json()
-    assert before["user"] == "ann" and before["channels"] == ["email", "webhook", "jupyterlab"]
+    assert before["user"] == "ann" and before["channels"] == ["email", "webhook", "jupyterlab", "browser"]
     assert before["email"] == "" and all(before["events"]["jupyterlab"].values())  # the admin's defaults
 
     assert settings_api(hub, tokens["dan"], user="ann").status_code == 403

@@ -17,6 +17,7 @@ from traitlets.config import Config
 from gpuspawner.backends.local.spawner import GPULocalProcessSpawner
 from gpuspawner.backends.startup import refusal_at_start
 from gpuspawner.bookings import WEEK, Booking
+from gpuspawner.hub.browser_feed import BrowserFeed
 from gpuspawner.hub.notify import Notifier, WebhookChannel, window_starts
 from gpuspawner.hub.notify_store import NotifyStore
 from gpuspawner.inputs import OptionsError
@@ -239,3 +240,15 @@ def test_settings_are_kept_in_the_hubs_database_across_a_restart(tmp_path):
     engine.dispose()
     again = NotifyStore(create_engine(f"sqlite:///{tmp_path / 'hub.sqlite'}"))  # the hub started again
     assert again.get("ann") == chosen and again.get("bob") is None
+
+
+def test_the_browser_feed_gets_what_the_spawn_pending_page_does_not_tell_itself():
+    n, _ = notifier(10, [])
+    feed = BrowserFeed()
+    n.add(feed)
+    try:
+        asyncio.run(n.tell("ann", "ready", "Your GPU server is ready", "It is running."))  # the page's own
+        asyncio.run(n.tell("ann", "job", "Your GPU job is done", "It finished."))
+        assert [i["title"] for i in feed.read("ann")["items"]] == ["Your GPU job is done"]
+    finally:
+        n.close()
