@@ -1,0 +1,99 @@
+"""The budget gate on every backend: each one's options step (servers, and notebook GPU jobs through
+``apply_job_options``) refuses a GPU choice of a spent budget with the 422 and lets CPU-only through.
+
+The real hub shows the whole path on gpu-local (tests/integration/test_budgets_hub.py); here each
+backend's own options step is driven with its inventory read stubbed (no Docker engine, cluster
+or Slurm needed), so a backend whose options step forgot the gate fails.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+from jupyterhub.spawner import SpawnException
+from traitlets.config import Config
+
+from gpuspawner.budgets import BudgetPolicy, BudgetSpec
+from gpuspawner.profiles import Choice, load_profiles
+from gpuspawner.state import GPUHubSettings, HubState
+
+STATIC = [{"uuid": "GPU-0", "name": "NVIDIA A100-SXM4-80GB", "host": "h1", "index": 0}]
+PROFILES = [{"display_name": "GPU", "slug": "gpu", "gpu_counts": [0, 1], "default_gpus": 1}]
+BACKENDS = ["local", "docker", "swarm", "kube", "slurm"]
+
+
+@pytest.fixture
+def no_cluster(tmp_path, monkeypatch):
+    """A kubeconfig whose cluster never answers (gpu-kube's spawner reads one when it is made)."""
+    from kubespawner.clients import load_config
+
+    path = tmp_path / "kubeconfig"
+    path.write_text("apiVersion: v1\nkind: Config\ncurrent-context: none\nclusters: [{name: none, cluster: "
+                    "{server: 'https://127.0.0.1:1'}}]\ncontexts: [{name: none, context: {cluster: none, user: none}}]\n"
+                    "users: [{name: none, user: {token: none}}]\n")
+    monkeypatch.setenv("KUBECONFIG", str(path))
+    monkeypatch.setattr("kubernetes_asyncio.config.kube_config.KUBE_CONFIG_DEFAULT_LOCATION", str(path))
+    load_config.cache_clear()
+    yield
+    load_config.cache_clear()
+
+
+def make(backend: str):
+    config = Config({"GPUSpawnerMixin": {"gpu_profiles": PROFILES, "gpu_budget_per_user": 2}})
+    user = SimpleNamespace(name="alice", groups=[], url="/", id=1)
+    if backend == "kube":
+        from gpuspawner.spawners.kube import GPUKubeSpawner
+
+        spawner = GPUKubeSpawner(_mock=True, config=config, user=user)
+        profile = load_profiles(PROFILES)[0]
+
+        async def check_options(options):
+            return {"slug": "gpu"}, Choice(profile, options.get("gpus", 1), "any")
+
+        spawner.check_options = check_options
+    else:
+        import importlib
+
+        module = importlib.import_module(f"gpuspawner.spawners.{backend}")
+        cls = next(getattr(module, n) for n in dir(module) if n.startswith("GPU") and n.endswith("Spawner")
+                   and getattr(module, n).__module__.startswith("gpuspawner.backends"))
+        spawner = cls(config=config, user=user)
+
+        async def offered_models():
+            return {"a100-sxm4-80gb"}
+
+        async def gpus_found():
+            return True
+
+        spawner.offered_models, spawner.gpus_found = offered_models, gpus_found
+    spawner.hub_state = HubState(GPUHubSettings(gpu_inventory="static", static_gpus=STATIC))
+    now = 1_800_000_000.0
+    spent = BudgetPolicy(per_user=BudgetSpec(2, "week")).standing(
+        "alice", [], [SimpleNamespace(user="alice", started=now - 7200, ended=now, gpu_count=1,
+                                      model="a100", groups="[]", busy_seconds=0, idle_seconds=0)], now)
+    spawner.gpu_budget_standing = lambda: spent
+    return spawner
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+async def test_every_backend_refuses_a_spent_budgets_gpu_choice_and_starts_cpu_only(backend, no_cluster):
+    spawner = make(backend)
+    for step in (spawner._apply_gpu_options, spawner.apply_job_options):
+        with pytest.raises(SpawnException) as refused:
+            await step({"profile": "gpu", "gpus": 1})
+        assert refused.value.status_code == 422 and refused.value.reason == "compute-quota-exceeded"
+        assert refused.value.json_fields["error"] == "compute-quota-exceeded"
+        assert "you have used 2 of 2 GPU-hours this week" in refused.value.jupyterhub_message
+    await spawner._apply_gpu_options({"profile": "gpu", "gpus": 0})  # CPU only: no refusal
+    assert spawner.gpu_choice.gpus == 0
+
+
+@pytest.mark.parametrize("backend", ["local", "kube"])
+async def test_queue_last_marks_the_spawn_instead_of_refusing(backend, no_cluster):
+    spawner = make(backend)
+    spawner.gpu_budget_exhausted = "queue-last"
+    await spawner._apply_gpu_options({"profile": "gpu", "gpus": 1})
+    assert spawner.gpu_budget_last is True
+    await spawner._apply_gpu_options({"profile": "gpu", "gpus": 0})
+    assert spawner.gpu_budget_last is False
