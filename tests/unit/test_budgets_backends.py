@@ -29,8 +29,9 @@ def no_cluster(tmp_path, monkeypatch):
     from kubespawner.clients import load_config
 
     path = tmp_path / "kubeconfig"
-    path.write_text("apiVersion: v1\nkind: Config\ncurrent-context: none\nclusters: [{name: none, cluster: "
-                    "{server: 'https://127.0.0.1:1'}}]\ncontexts: [{name: none, context: {cluster: none, user: none}}]\n"
+    path.write_text("apiVersion: v1\nkind: Config\ncurrent-context: none\n"
+                    "clusters: [{name: none, cluster: {server: 'https://127.0.0.1:1'}}]\n"
+                    "contexts: [{name: none, context: {cluster: none, user: none}}]\n"
                     "users: [{name: none, user: {token: none}}]\n")
     monkeypatch.setenv("KUBECONFIG", str(path))
     monkeypatch.setattr("kubernetes_asyncio.config.kube_config.KUBE_CONFIG_DEFAULT_LOCATION", str(path))
@@ -97,3 +98,42 @@ async def test_queue_last_marks_the_spawn_instead_of_refusing(backend, no_cluste
     assert spawner.gpu_budget_last is True
     await spawner._apply_gpu_options({"profile": "gpu", "gpus": 0})
     assert spawner.gpu_budget_last is False
+
+
+@pytest.mark.parametrize(("setting", "value", "words"), [
+    ("gpu_budget_per_user", -3, "gpu_budget_per_user: -3 is not a number of GPU-hours"),
+    ("gpu_budget_per_group", {"students": {"hours": 5, "period": "year"}},
+     "gpu_budget_per_group['students']: period 'year'"),
+    ("gpu_budget_overrides", {"alice": "lots"}, "gpu_budget_overrides['alice']: 'lots' is not a number"),
+    ("gpu_budget_weights", {"a100*": -1}, "gpu_budget_weights['a100*']: -1"),
+    ("gpu_budget_period", "fortnight", "gpu_budget_period must be one of day, week, month"),
+    ("gpu_budget_exhausted", "stop", "gpu_budget_exhausted must be 'refuse' or 'queue-last'"),
+    ("gpu_budget_low", 1.5, "gpu_budget_low must be a share from 0 to 1"),
+    ("gpu_budget_check_interval", 0, "gpu_budget_check_interval must be a finite number"),
+])
+def test_a_bad_budget_setting_stops_the_hub_at_start_naming_it(setting, value, words):
+    from gpuspawner.backends.startup import refusal_at_start
+    from gpuspawner.spawners.local import GPULocalProcessSpawner
+
+    refusal = refusal_at_start(GPULocalProcessSpawner, Config({"GPUSpawnerMixin": {setting: value}}))
+    assert refusal is not None and words in refusal, refusal
+
+
+def test_the_keeper_tells_its_listeners_once_when_a_budget_runs_low():
+    from gpuspawner.backends.budgets import BudgetKeeper
+
+    keeper, told = BudgetKeeper(), []
+    keeper.on_low(lambda user, standing: told.append((user, round(standing.left, 2))))
+    keeper.on_low(lambda user, standing: 1 / 0)  # a failing listener is logged, the others still hear
+    policy = BudgetPolicy(per_user=BudgetSpec(10, "week"))
+    now = 1_800_000_000.0
+
+    def look(hours_used: float) -> None:
+        rows = [SimpleNamespace(user="alice", started=now - hours_used * 3600, ended=now, gpu_count=1, model="t4",
+                                groups="[]", busy_seconds=0, idle_seconds=0)]
+        keeper.note(policy.standing("alice", [], rows, now), policy.low)
+
+    for used in (5, 9.5, 9.8, 3, 9.2):
+        look(used)
+    assert told == [("alice", 0.5), ("alice", 0.8)]  # crossed at 9.5 used, again after it had recovered
+    assert keeper.left_by_user() == {"alice": pytest.approx(0.8)}
