@@ -40,6 +40,7 @@ from .claim import Claim
 from .errors import user_error
 from .options import GPUOptionsMixin
 from .policies import GPUPolicyMixin
+from .queue_order import GPUQueueOrderMixin
 from .reconciling import GPUReconcileMixin
 from .saved_state import GPUStateMixin
 from .startup import check_configuration_at_hub_start
@@ -59,8 +60,8 @@ _HONOURED_ONLY_BY = (
 )
 
 
-class GPUSpawnerMixin(GPUOptionsMixin, GPUReconcileMixin, GPUStateMixin, GPUPolicyMixin, GPUBudgetSettings,
-                      GPUHubSettings):
+class GPUSpawnerMixin(GPUOptionsMixin, GPUReconcileMixin, GPUStateMixin, GPUQueueOrderMixin, GPUPolicyMixin,
+                      GPUBudgetSettings, GPUHubSettings):
     """GPU profiles, placement and the GPU ledger for any JupyterHub spawner."""
 
     gpu_profiles = List(

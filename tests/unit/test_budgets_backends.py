@@ -137,3 +137,37 @@ def test_the_keeper_tells_its_listeners_once_when_a_budget_runs_low():
         look(used)
     assert told == [("alice", 0.5), ("alice", 0.8)]  # crossed at 9.5 used, again after it had recovered
     assert keeper.left_by_user() == {"alice": pytest.approx(0.8)}
+
+
+async def test_the_queue_serves_a_spent_users_request_after_every_other_and_says_why():
+    import asyncio
+
+    from gpuspawner.queue import GPUQueue
+
+    queue = GPUQueue()
+    spent = queue.join("alice/", "alice", 1, ("a100",), "gpu", last=True)
+    later = [queue.join(f"{u}/", u, 1, ("a100",), "gpu") for u in ("bob", "carol")]
+    assert [w.user for w in queue.waiters()] == ["bob", "carol", "alice"]
+    told = []
+    free: list[str] = []
+
+    from gpuspawner.gpu import GPU
+
+    async def read():
+        return (GPU("h1", 0, "GPU-0", "NVIDIA A100-SXM4-80GB"),)
+
+    def place(room):
+        if not free:
+            from gpuspawner.refusals import refuse
+
+            raise refuse("none_free", {"subject": "GPU", "total": 1, "broken": "", "alternatives": "",
+                                       "next_step": ""})
+        return free.pop()
+
+    task = asyncio.ensure_future(queue.serve(spent, read, place, 5, lambda n, text: told.append(text), recheck=0.05))
+    await asyncio.sleep(0.1)
+    assert any("3rd in the queue: your GPU budget is spent" in t for t in told), told
+    for w in later:
+        queue.leave(w)
+    free.append("GPU-0")
+    assert await asyncio.wait_for(task, 5) == "GPU-0"
