@@ -29,6 +29,7 @@ from traitlets.config import Application
 
 from ..compat import min_cuda
 from ..gpu import GPU
+from ..health import GPUHealthSettings
 from ..inventory import CachedInventory
 from ..ledger import Ledger
 from ..owner import Owner
@@ -61,7 +62,7 @@ _HONOURED_ONLY_BY = (
 
 
 class GPUSpawnerMixin(GPUOptionsMixin, GPUReconcileMixin, GPUStateMixin, GPUQueueOrderMixin, GPUPolicyMixin,
-                      GPUBudgetSettings, GPUHubSettings):
+                      GPUBudgetSettings, GPUHubSettings, GPUHealthSettings):
     """GPU profiles, placement and the GPU ledger for any JupyterHub spawner."""
 
     gpu_profiles = List(
