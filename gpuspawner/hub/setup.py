@@ -6,7 +6,7 @@ configure(c, culler={"url": "http://127.0.0.1:8000", "idle_timeout": 3600})
 ```
 
 It registers the pages ``/hub/gpus``, ``/hub/gpus/usage`` and ``/hub/gpus/bookings`` and APIs
-``/hub/api/gpus`` and ``/hub/api/gpus/usage`` (everyone's for admins, each user's own
+``/hub/api/gpus``, ``/hub/api/gpus/usage`` and ``/hub/api/gpus/budgets`` (everyone's for admins, each user's own
 for them; linked from the hub's navigation bar by ``templates/page.html``, and
 JupyterHub's admin page gets a section of the GPUs each server holds from
 ``templates/admin.html``; a site's own ``page.html`` or ``admin.html`` in a
@@ -53,7 +53,7 @@ from ..recommended import (
     RECOMMENDED_QUEUE_TIMEOUT as RECOMMENDED_QUEUE_TIMEOUT,
     RECOMMENDED_QUOTA_PER_USER as RECOMMENDED_QUOTA_PER_USER,
 )
-from . import booking_notices, bookings, bookings_page, health, jobs, notify, notify_api, usage, usage_page
+from . import booking_notices, bookings, bookings_page, budgets, health, jobs, notify, notify_api, usage, usage_page
 from .culler import parse_args as culler_arguments
 from .handlers import SCOPE, SETTINGS_KEY, handlers
 
@@ -75,7 +75,8 @@ def configure(c: Any, *, culler: dict | None = None, python: str = sys.executabl
     check_spawner(c)
     c.JupyterHub.extra_handlers.extend(usage.handlers() + usage_page.handlers() + handlers())
     c.JupyterHub.extra_handlers.extend(jobs.handlers() + bookings.handlers())
-    c.JupyterHub.extra_handlers.extend(bookings_page.handlers() + health.handlers() + notify_api.handlers())
+    c.JupyterHub.extra_handlers.extend(bookings_page.handlers() + budgets.handlers() + health.handlers())
+    c.JupyterHub.extra_handlers.extend(notify_api.handlers())
     paths = c.JupyterHub.template_paths
     if isinstance(paths, LazyConfigValue):  # a list of its own, so JupyterHub's folder comes after ours
         paths = c.JupyterHub.template_paths = paths.get_value([])
@@ -192,6 +193,7 @@ def _when_hub_is_up() -> None:
         usage.attach_recorder(app.tornado_settings)
         bookings.start_keeping(app.tornado_settings)
         booking_notices.watch(app.tornado_settings)
+        budgets.watch(app.tornado_settings)
         health.watch(app.tornado_settings)
         notify.attach(app.tornado_settings)  # before jobs are recovered: their ends are told
         recovery = jobs.job_manager(app.tornado_settings).recovered()
