@@ -23,8 +23,8 @@ and counted (``gpuspawner_notifications_total{channel,event,outcome}``).
 Where events are told: a queued server is ready (:mod:`gpuspawner.backends.telling`); before a cull
 (the culler reports its warning to ``POST /hub/api/gpus/notifications/events``, :mod:`.notify_api`);
 a notebook job ended (the job manager); a booked window starts (:func:`tell_window_starts`, every
-:data:`WINDOW_PERIOD` seconds); a budget runs low (``state.cache(Teller).later(user, "budget", ...)``
-from the budget's hook).
+:data:`WINDOW_PERIOD` seconds); a budget runs low (:func:`tell_budget_low`: a listener of the hub's
+budget keeper, ``on_low``).
 """
 
 from __future__ import annotations
@@ -272,11 +272,28 @@ def tell_window_starts(settings: Mapping, state: HubState, notifier: Notifier) -
     state.every("notify-booking-windows", WINDOW_PERIOD, round_)
 
 
+def budget_text(standing: Any) -> str:
+    """What a user is told when their GPU budget runs low (``standing``: :class:`gpuspawner.budgets.Standing`)."""
+    return (f"Your GPU budget runs low: {standing.summary()}. Stop servers you do not use, so that what is "
+            "left lasts; the GPU usage page shows where it went.")
+
+
+def tell_budget_low(state: HubState) -> None:
+    """Tell a user when their budget runs low: a listener of the hub's budget keeper (``on_low``)."""
+    from ..backends.budgets import budget_keeper
+
+    teller = state.cache(Teller)
+    budget_keeper(state).on_low(lambda user, standing: teller.later(
+        user, "budget", "Your GPU budget runs low", budget_text(standing)))
+
+
 def attach(settings: Mapping) -> Notifier:
-    """In a running hub: make its notifier (spawners and jobs reach it through :class:`Teller`) and
-    watch booked windows."""
+    """In a running hub: make its notifier (spawners and jobs reach it through :class:`Teller`), watch
+    booked windows and listen for budgets running low."""
     notifier = notifier_of(settings)
-    tell_window_starts(settings, hub_state_of_app(settings), notifier)
+    state = hub_state_of_app(settings)
+    tell_window_starts(settings, state, notifier)
+    tell_budget_low(state)
     return notifier
 
 

@@ -1,7 +1,8 @@
 """Being told, on a real hub: a queued server's user gets an email (a real SMTP server, aiosmtpd)
 and a webhook's JSON (a local receiver) once it is ready, an email when a notebook job ends; each
 user reads and changes only their own settings; a dead SMTP server changes nothing for the spawn
-and is counted in Prometheus; the GPU idle culler's warning reaches the user's webhook."""
+and is counted in Prometheus; the GPU idle culler's warning and a budget running low reach the
+user's webhook."""
 
 from __future__ import annotations
 
@@ -249,3 +250,24 @@ def test_the_culler_warning_reaches_the_users_webhook_with_how_to_keep_the_serve
     assert told[0]["title"] == "Your idle GPU server will be stopped"
     assert told[0]["message"].startswith("Your server will be stopped in 6 seconds because its GPUs are idle")
     assert "Use them, or stop the server yourself" in told[0]["message"]  # how to keep it
+
+
+def test_a_budget_running_low_is_told_by_webhook(tmp_path, fakenvml_libdir):
+    receiver = WebhookReceiver()
+    hub = OpsHub(tmp_path, fakenvml_libdir, PROFILES, mixin={
+        "gpu_budget_per_user": 0.02, "gpu_budget_unit": "GPU-hours", "gpu_budget_low": 0.9,  # 72 s; low after 7 s
+        "gpu_budget_check_interval": 1, "gpu_notify_webhook_prefixes": [f"http://127.0.0.1:{receiver.port}/hooks/"]})
+    try:
+        hub.start()
+        hub.add_users("ivy")
+        token = user_token(hub, login(hub, "ivy"), "ivy")
+        assert settings_api(hub, token, "PUT", {"webhook": f"http://127.0.0.1:{receiver.port}/hooks/ivy"}).ok
+        start(hub, "ivy", T4)
+        told = wait_for(lambda: [b for path, b in receiver.received if path == "/hooks/ivy"], 90)
+        assert told, hub.log()
+        assert told[0]["title"] == "Your GPU budget runs low"
+        assert told[0]["message"].startswith("Your GPU budget runs low: ")
+        assert "of 0.02 GPU-hours left" in told[0]["message"], told
+    finally:
+        hub.close()
+        receiver.close()
