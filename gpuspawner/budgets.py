@@ -295,6 +295,11 @@ def _groups(row: Any) -> list[str]:
     return found if isinstance(found, list) else []
 
 
+def counted(scope: str, name: str, row: Any) -> bool:
+    """Whether a usage row counts in the budget of ``scope`` (``"user"`` or ``"group"``) ``name``."""
+    return row.user == name if scope == "user" else name in _groups(row)
+
+
 def _weighted_hours(rows: Iterable[Allocation], since: float, until: float, now: float,
                     weights: Sequence[tuple[str, float]]) -> tuple[float, float | None]:
     """(weighted GPU-hours in [since, until), the first counted moment or None)."""
@@ -357,7 +362,7 @@ class BudgetPolicy:
         rows = list(rows)
         lines = []
         for scope, name, spec in self.applying(user, groups):
-            mine = [r for r in rows if (r.user == name if scope == "user" else name in _groups(r))]
+            mine = [r for r in rows if counted(scope, name, r)]
             since, until = spec.window(now)
             used, first = _weighted_hours(mine, since, until, now, self.weights)
             resets = until if not spec.rolling else (None if first is None else first + spec.length)

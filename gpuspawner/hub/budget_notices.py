@@ -234,7 +234,7 @@ class BudgetNotices:
 def spends_of(standing, open_rows: Iterable, weights, low_share: float) -> list[Spend]:
     """The watcher's view of a user's :class:`~gpuspawner.budgets.Standing`: each budget line with the rate
     at which the GPUs held now (``open_rows``: the usage rows not ended) spend it, weighted as it weighs them."""
-    from ..budgets import Standing, counted, weight
+    from ..budgets import Standing, counted, weight  # the budgets' own rules: who counts, how much
 
     out = []
     for line in standing.lines:

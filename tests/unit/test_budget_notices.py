@@ -234,3 +234,32 @@ def test_the_settings_refuse_what_they_cannot_mean():
     for bad in (-1.0, math.inf, math.nan):
         with pytest.raises(TraitError, match="gpu_budget_warn_before must be a finite number"):
             GPUBudgetAtZeroMixin(gpu_budget_warn_before=bad)
+
+
+def test_the_watcher_reads_each_budget_with_the_rate_the_gpus_held_now_spend_it():
+    import json
+    from types import SimpleNamespace
+
+    from gpuspawner.budgets import BudgetPolicy, BudgetSpec
+    from gpuspawner.hub.budget_notices import spends_of
+
+    def row(user, started, ended=None, count=1, model="a100-sxm4-80gb", groups=("ml",)):
+        return SimpleNamespace(user=user, started=started, ended=ended, gpu_count=count, model=model,
+                               groups=json.dumps(list(groups)), busy_seconds=0.0, idle_seconds=0.0)
+
+    weights = (("a100*", 4.0),)
+    policy = BudgetPolicy(per_user=BudgetSpec(3.0, "week"), per_group={"ml": BudgetSpec(100.0, "week")},
+                          weights=weights, unit="T4-hours")
+    rows = [row("ann", NOW - 5 * 3600, NOW - 4 * 3600, model="t4"),  # 1 T4-hour, ended
+            row("ann", NOW - 900),  # an A100 held 15 minutes: 1 T4-hour so far, 4 an hour
+            row("bob", NOW - 3600, count=2, model="t4")]  # bob's 2 T4s: only the group's
+    standing = policy.standing("ann", ["ml"], rows, NOW)
+    mine, group = spends_of(standing, [r for r in rows if r.ended is None], weights, 0.5)
+    assert (mine.budget, mine.name, mine.left, mine.burn, mine.low) == ("user ann", "Your GPU budget", 1.0, 4.0, True)
+    assert mine.standing == "1 of 3 T4-hours left this week"
+    assert mine.reset == MONDAY
+    assert (group.budget, group.name, group.burn, group.low) == ("group ml", "The GPU budget of group 'ml'", 6.0,
+                                                                 False)
+    assert group.standing == "96 of 100 T4-hours left this week (group 'ml')"
+    assert stage([mine, group], NOW, 900) == "warn"  # 1 hour left at 4 an hour: 15 minutes
+    assert notice([mine, group], NOW, Rule(), "warn").startswith("Your GPU budget runs out in 15 minutes, at 14:15 UTC")
