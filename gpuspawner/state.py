@@ -246,8 +246,8 @@ class GPUHubSettings(Configurable):
         return value
 
 
-def settings_for(config: Config, spawner_class: type | None, kind: type[Any] = GPUHubSettings) -> Any:
-    """The GPU settings (of class ``kind``) ``spawner_class`` gets from ``config``, read by traitlets itself.
+def settings_for(config: Config, spawner_class: type | None, kind: type[T] = GPUHubSettings) -> T:
+    """The GPU settings (``kind``: a parent of the spawners) ``spawner_class`` gets from ``config``, read by traitlets.
 
     A settings object whose config sections are the spawner class's own, so that
     ``c.GPUSpawnerMixin.x``, ``c.GPUDockerSpawner.x`` and ``c.Spawner.x`` apply

@@ -1,13 +1,16 @@
 """Running servers and notebook jobs whose user's GPU budget runs out: told it runs low, warned, then
 stopped or allowed to finish (``gpu_budget_at_zero``, :mod:`gpuspawner.backends.budget_at_zero`).
 
-Every :data:`PERIOD` seconds the hub looks at the users who hold GPUs now (the open rows of the
-usage records, every backend's servers and jobs alike) and at their budgets (:mod:`gpuspawner.budgets`:
-what is left of each budget that applies, and how fast the GPUs held now spend it, weighted as the
-budget weighs them). For each user, :func:`stage` says where they stand:
+Every :data:`PERIOD` seconds the hub looks at the users who hold GPUs now (the hub's ledger: every
+backend's servers and jobs alike) and at their budgets (:mod:`gpuspawner.budgets`: what is left of each
+budget that applies, and how fast the GPUs held now, the usage records not ended, spend it, weighted as
+the budget weighs them). It reads them through the hub's budget keeper
+(:class:`gpuspawner.backends.budgets.BudgetKeeper`), which calls its "runs low" listeners
+(``keeper.on_low``: the off-browser notifications) when a user's budget crosses ``gpu_budget_low``:
+so the hook is called while servers run, not only when someone spawns or reads the budgets. For
+each user, :func:`stage` says where they stand:
 
-- ``"low"``: a budget's low threshold is crossed. The budgets' "runs low" hook is called once per
-  crossing (the off-browser notifications hang on it), and each of the user's servers gets a notice;
+- ``"low"``: a budget is at or under its low share; each of the user's servers gets a notice;
 - ``"warn"``: at the GPUs held now, a budget runs out within ``gpu_budget_warn_before`` seconds:
   each server is warned when, and what happens then (stopped, or allowed to finish while new GPU
   servers meet the budget until it resets);
@@ -23,7 +26,7 @@ one replaces an earlier one, never the culler's or a booking's; each stage has i
 (:data:`LEVELS`). After a hub restart nothing is told twice: the first time the watcher sees a
 server, it reads that server's notice board (which lives as long as the server) and takes the level
 of the notice found there as what this start was already told. A job has no notice board: its user
-hears of it through the hook's channels.
+hears of it through the low listeners' channels.
 
 - :func:`stage` and the sentences (:data:`WORDS`) are pure;
 - :class:`BudgetNotices` keeps what each start of each server was told, and acts;
@@ -38,8 +41,10 @@ import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 
+from sqlalchemy import select
+
 from ..owner import Owner, OwnerError
-from ..state import hub_state_of_app
+from ..state import hub_state_of_app, settings_for
 from .booking_notices import _hhmm, _left
 from .judging import HubHTTP, post_notice
 
@@ -53,6 +58,8 @@ END_REASON = "budget"
 RANK = {None: 0, "low": 1, "warn": 2, "zero": 3}
 #: the level of each stage's notice (and, read back from a server's board, the stage it was told)
 LEVELS = {"low": "info", "warn": "warning", "zero": "error"}
+#: what new GPU servers meet while a budget is spent, by ``gpu_budget_exhausted``
+NEW = {"refuse": "refused", "queue-last": "queued behind everyone with budget left"}
 
 #: the sentences of this part, in one place
 WORDS = {
@@ -159,19 +166,16 @@ def notice(spends: Iterable[Spend], now: float, rule: Rule, what: str, after: bo
 Post = Callable[[Holder, str, str], Awaitable[bool]]  # posts (message, level) to a server: whether it took it
 Board = Callable[[Holder], Awaitable["str | None"]]  # the level of this part's notice on a server's board
 Stop = Callable[[Holder], Awaitable[None]]  # stops a server, cancels a job: its usage ends "budget"
-Low = Callable[[str, Spend], None]  # the budgets' "runs low" hook: (user, the budget)
 
 
 class BudgetNotices:
     """What each start of each server was told, when each user's budget was seen spent; one :meth:`round`
     acts on it (see the module's words)."""
 
-    def __init__(self, post: Post, board: Board, stop: Stop, low: Low | None = None,
-                 clock: Callable[[], float] = time.time) -> None:
-        self._post, self._board, self._stop, self._low, self._clock = post, board, stop, low, clock
+    def __init__(self, post: Post, board: Board, stop: Stop, clock: Callable[[], float] = time.time) -> None:
+        self._post, self._board, self._stop, self._clock = post, board, stop, clock
         self._told: dict[tuple[str, float], int] = {}  # (owner, since) -> RANK of what it was told
         self._spent_since: dict[str, float] = {}  # user -> when the watcher first saw a budget of theirs spent
-        self._low_told: set[tuple[str, str]] = set()  # (user, budget) whose crossing the hook was told
 
     async def round(self, holders: Iterable[Holder], spends: Mapping[str, list[Spend]], rule: Rule) -> None:
         """Act on ``holders`` (every server and job holding GPUs now), ``spends``: user -> their budgets."""
@@ -183,7 +187,6 @@ class BudgetNotices:
         for user, theirs in by_user.items():
             budgets = spends.get(user, [])
             where = stage(budgets, now, rule.warn_before)
-            self._hook(user, budgets)
             if where != "zero":
                 self._spent_since.pop(user, None)
             spent_since = self._spent_since.setdefault(user, now) if where == "zero" else math.inf
@@ -200,19 +203,6 @@ class BudgetNotices:
             del self._told[key]
         for user in set(self._spent_since) - set(by_user):
             del self._spent_since[user]
-
-    def _hook(self, user: str, budgets: list[Spend]) -> None:
-        for s in budgets:
-            key = (user, s.budget)
-            if not s.low:
-                self._low_told.discard(key)
-            elif key not in self._low_told:
-                self._low_told.add(key)
-                if self._low is not None:
-                    try:
-                        self._low(user, s)
-                    except Exception:  # a failing hook never stops the watcher
-                        log.exception("the budgets' low hook failed for %s (%s)", user, s.budget)
 
     async def _tell(self, h: Holder, budgets: list[Spend], where: str | None, now: float, rule: Rule,
                     after: bool) -> None:
@@ -273,9 +263,33 @@ def holders_now(state, users: Mapping) -> list[Holder]:
     return found
 
 
-def budget_reader(settings: dict):
-    """What a round reads of the budgets (their keeper, :mod:`gpuspawner.hub.budgets`): not wired yet."""
-    raise NotImplementedError("the budgets' keeper is not merged yet")
+def rule_of(settings: dict, exhausted: str) -> Rule:
+    """The hub's :class:`Rule` (``settings``: its tornado settings), as its spawner class reads the settings;
+    ``exhausted``: ``gpu_budget_exhausted``."""
+    from ..backends.budget_at_zero import GPUBudgetAtZeroMixin
+
+    mine = settings_for(settings["config"], settings.get("spawner_class"), GPUBudgetAtZeroMixin)
+    return Rule(mine.gpu_budget_at_zero, mine.gpu_budget_warn_before, NEW[exhausted])
+
+
+def spends_now(settings: dict, users: Iterable[str], now: float) -> tuple[dict[str, list[Spend]], str]:
+    """Each of ``users``' budgets as the watcher sees them, and ``gpu_budget_exhausted``. Read through the
+    hub's budget keeper, which tells its "runs low" listeners of each crossing (:mod:`gpuspawner.backends.budgets`)."""
+    from ..backends.budgets import budget_keeper
+    from ..usage import Allocation
+    from .budgets import budget_policy
+
+    policy = budget_policy(settings)
+    if not policy.enabled:
+        return {}, policy.exhausted
+    db = settings["db"]
+    groups = {}
+    for name in users:
+        user = settings["users"].get(name)
+        groups[name] = [g.name for g in user.groups] if user is not None else []
+    standings = budget_keeper(hub_state_of_app(settings)).standings(db, policy, groups, now)
+    held = list(db.execute(select(Allocation).where(Allocation.ended.is_(None))).scalars())
+    return {s.user: spends_of(s, held, policy.weights, policy.low) for s in standings}, policy.exhausted
 
 
 def watch(settings: dict) -> BudgetNotices:
@@ -311,13 +325,16 @@ def watch(settings: dict) -> BudgetNotices:
         if record is not None:
             await jobs.cancel(record, wait=0, reason=END_REASON)
 
-    budgets = budget_reader(settings)
-    notices = state.cache(BudgetNotices, lambda: BudgetNotices(post, board, stop, budgets.low))
+    notices = state.cache(BudgetNotices, lambda: BudgetNotices(post, board, stop))
 
     async def round_() -> None:
         holders = holders_now(state, settings["users"])
-        if holders and budgets.enabled:
-            await notices.round(holders, budgets.spends({h.user for h in holders}), budgets.rule())
+        if not holders:
+            return
+        now = time.time()
+        spends, exhausted = spends_now(settings, {h.user for h in holders}, now)
+        if spends:
+            await notices.round(holders, spends, rule_of(settings, exhausted))
 
     state.every("budget-notices", PERIOD, round_)
     return notices

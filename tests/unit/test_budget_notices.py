@@ -83,7 +83,6 @@ class Server:
     def __init__(self) -> None:
         self.boards: dict[str, dict] = {}  # owner -> the notice under NOTICE_ID
         self.stopped: list[str] = []
-        self.hooked: list[tuple[str, str]] = []
         self.takes = True
 
     async def post(self, h: Holder, message: str, level: str) -> bool:
@@ -100,11 +99,8 @@ class Server:
     async def stop(self, h: Holder) -> None:
         self.stopped.append(h.owner)
 
-    def low(self, user: str, s: Spend) -> None:
-        self.hooked.append((user, s.budget))
-
     def watcher(self, clock: Clock) -> BudgetNotices:
-        return BudgetNotices(self.post, self.board, self.stop, self.low, clock)
+        return BudgetNotices(self.post, self.board, self.stop, clock)
 
 
 ANN = Holder("ann/", "ann", "", NOW - 600, url="http://127.0.0.1:9/user/ann/")
@@ -122,7 +118,6 @@ def test_a_round_tells_each_stage_once_then_stops_or_lets_finish(at_zero):
         await watcher.round([ANN, ANN_JOB, BOB], {"ann": [spend(3.0, low=True)], "bob": bob}, rule)
         await watcher.round([ANN, ANN_JOB, BOB], {"ann": [spend(2.9, low=True)], "bob": bob}, rule)
         assert servers.boards["ann/"]["level"] == LEVELS["low"] and servers.boards["ann/"]["posts"] == 1
-        assert servers.hooked == [("ann", "user ann")]  # once per crossing, not once per round
         assert "bob/" not in servers.boards
         await watcher.round([ANN, ANN_JOB, BOB], {"ann": [spend(0.9, low=True)], "bob": bob}, rule)
         await watcher.round([ANN, ANN_JOB, BOB], {"ann": [spend(0.8, low=True)], "bob": bob}, rule)
@@ -187,7 +182,6 @@ def test_a_budget_whole_again_is_told_again_when_it_next_runs_low():
         await watcher.round([ANN], {"ann": [spend(20.0)]}, Rule())
         await watcher.round([ANN], {"ann": [spend(1.0, low=True)]}, Rule())
         assert servers.boards["ann/"]["posts"] == 2 and servers.boards["ann/"]["level"] == "warning"
-        assert servers.hooked == [("ann", "user ann"), ("ann", "user ann")]
 
     asyncio.run(go())
 
@@ -207,18 +201,6 @@ def test_a_server_started_after_the_budget_was_spent_is_told_not_stopped():
         assert "took its GPUs after that and runs on" in servers.boards["ann/second"]["message"]
 
     asyncio.run(go())
-
-
-def test_a_failing_low_hook_is_logged_and_the_round_goes_on(caplog):
-    clock, servers = Clock(NOW), Server()
-
-    def broken(user, s):
-        raise RuntimeError("mail server down")
-
-    watcher = BudgetNotices(servers.post, servers.board, servers.stop, broken, clock)
-    asyncio.run(watcher.round([ANN], {"ann": [spend(3.0, low=True)]}, Rule()))
-    assert servers.boards["ann/"]["level"] == "info"
-    assert "low hook failed for ann" in caplog.text
 
 
 def test_the_settings_refuse_what_they_cannot_mean():
