@@ -45,7 +45,7 @@ from sqlalchemy import select
 
 from ..owner import Owner, OwnerError
 from ..state import hub_state_of_app, settings_for
-from .booking_notices import _hhmm, _left
+from .booking_notices import _hhmm, _left, stop_server
 from .judging import HubHTTP, post_notice
 
 log = logging.getLogger("gpuspawner.budgets")
@@ -272,16 +272,13 @@ def rule_of(settings: dict, exhausted: str) -> Rule:
     return Rule(mine.gpu_budget_at_zero, mine.gpu_budget_warn_before, NEW[exhausted])
 
 
-def spends_now(settings: dict, users: Iterable[str], now: float) -> tuple[dict[str, list[Spend]], str]:
-    """Each of ``users``' budgets as the watcher sees them, and ``gpu_budget_exhausted``. Read through the
-    hub's budget keeper, which tells its "runs low" listeners of each crossing (:mod:`gpuspawner.backends.budgets`)."""
+def spends_now(settings: dict, policy, users: Iterable[str], now: float) -> dict[str, list[Spend]]:
+    """Each of ``users``' budgets (``policy``: the hub's :class:`~gpuspawner.budgets.BudgetPolicy`) as the
+    watcher sees them. Read through the hub's budget keeper, which tells its "runs low" listeners of each
+    crossing (:mod:`gpuspawner.backends.budgets`)."""
     from ..backends.budgets import budget_keeper
     from ..usage import Allocation
-    from .budgets import budget_policy
 
-    policy = budget_policy(settings)
-    if not policy.enabled:
-        return {}, policy.exhausted
     db = settings["db"]
     groups = {}
     for name in users:
@@ -289,13 +286,13 @@ def spends_now(settings: dict, users: Iterable[str], now: float) -> tuple[dict[s
         groups[name] = [g.name for g in user.groups] if user is not None else []
     standings = budget_keeper(hub_state_of_app(settings)).standings(db, policy, groups, now)
     held = list(db.execute(select(Allocation).where(Allocation.ended.is_(None))).scalars())
-    return {s.user: spends_of(s, held, policy.weights, policy.low) for s in standings}, policy.exhausted
+    return {s.user: spends_of(s, held, policy.weights, policy.low) for s in standings}
 
 
 def watch(settings: dict) -> BudgetNotices:
     """In a running hub (``settings``: its tornado settings): tell, warn and stop (or let finish) the servers
     and jobs of users whose budgets run out, every :data:`PERIOD` seconds."""
-    from .booking_notices import stop_server
+    from .budgets import budget_policy
     from .handlers import SETTINGS_KEY
     from .jobs import job_manager
 
@@ -326,15 +323,15 @@ def watch(settings: dict) -> BudgetNotices:
             await jobs.cancel(record, wait=0, reason=END_REASON)
 
     notices = state.cache(BudgetNotices, lambda: BudgetNotices(post, board, stop))
+    policy = budget_policy(settings)  # the configuration, read once
+    rule = rule_of(settings, policy.exhausted)
 
     async def round_() -> None:
         holders = holders_now(state, settings["users"])
-        if not holders:
-            return
-        now = time.time()
-        spends, exhausted = spends_now(settings, {h.user for h in holders}, now)
-        if spends:
-            await notices.round(holders, spends, rule_of(settings, exhausted))
+        if holders:
+            spends = spends_now(settings, policy, {h.user for h in holders}, time.time())
+            await notices.round(holders, spends, rule)
 
-    state.every("budget-notices", PERIOD, round_)
+    if policy.enabled:  # no budget configured: nothing to watch
+        state.every("budget-notices", PERIOD, round_)
     return notices
