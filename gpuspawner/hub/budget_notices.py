@@ -282,8 +282,10 @@ def spends_now(settings: dict, policy, users: Iterable[str], now: float) -> dict
     db = settings["db"]
     groups = {}
     for name in users:
-        user = settings["users"].get(name)
-        groups[name] = [g.name for g in user.groups] if user is not None else []
+        try:  # (JupyterHub's UserDict finds a name through [], not through get())
+            groups[name] = [g.name for g in settings["users"][name].groups]
+        except KeyError:
+            groups[name] = []
     standings = budget_keeper(hub_state_of_app(settings)).standings(db, policy, groups, now)
     held = list(db.execute(select(Allocation).where(Allocation.ended.is_(None))).scalars())
     return {s.user: spends_of(s, held, policy.weights, policy.low) for s in standings}
