@@ -245,3 +245,30 @@ def test_the_watcher_reads_each_budget_with_the_rate_the_gpus_held_now_spend_it(
     assert group.standing == "96 of 100 T4-hours left this week (group 'ml')"
     assert stage([mine, group], NOW, 900) == "warn"  # 1 hour left at 4 an hour: 15 minutes
     assert notice([mine, group], NOW, Rule(), "warn").startswith("Your GPU budget runs out in 15 minutes, at 14:15 UTC")
+
+
+def test_the_budgets_are_read_again_only_when_something_may_have_changed():
+    from gpuspawner.hub.budget_notices import Readings
+
+    reads = []
+
+    def read(users, now):
+        reads.append(now)
+        return {"ann": [spend(2.0, burn=4.0)]}  # 30 minutes left at 4 an hour
+
+    readings, ann = Readings(read, every=60), [ANN]
+    assert readings.get(ann, NOW, 900)["ann"][0].left == 2.0
+    carried = readings.get(ann, NOW + 5, 900)["ann"][0]  # 5 s later: carried at the pace read
+    assert reads == [NOW] and carried.left == pytest.approx(2.0 - 4.0 * 5 / 3600)
+    readings.get(ann, NOW + 10, 900)
+    assert reads == [NOW]
+    readings.get([ANN, BOB], NOW + 15, 900)  # the holders changed
+    assert reads == [NOW, NOW + 15]
+    readings.get([ANN, BOB], NOW + 75, 900)  # a minute passed
+    assert reads == [NOW, NOW + 15, NOW + 75]
+    # read 30 minutes before zero; carried to within the warning time (here 1,790 s), ann would be warned:
+    # read again, so that the warning is on what is read
+    readings.get([ANN, BOB], NOW + 80, 1790)
+    assert reads[-1] == NOW + 75
+    readings.get([ANN, BOB], NOW + 90, 1790)
+    assert reads[-1] == NOW + 90
