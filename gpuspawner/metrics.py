@@ -25,6 +25,9 @@ registered on import).
   process started;
 - ``gpuspawner_jobs{state}``: notebook GPU jobs per state (``queued``, ``starting``,
   ``running``, ``completed``, ``failed``, ``cancelled``, ``timed_out``).
+- ``gpuspawner_budget_left{user}``: weighted GPU-hours left of each user's budget (the one with
+  the least left), as the hub last computed it (a spawn, the form, the budgets API, the usage
+  page); one series per user who has a budget and was looked at, none without budgets.
 
 Collecting never does I/O: it uses the newest inventory reading the hub has.
 """
@@ -68,6 +71,8 @@ class HubMetrics(Collector):
             ["outcome"], buckets=BUCKETS, registry=None,
         )
         self._registry: CollectorRegistry | None = None
+        #: user -> GPU-hours left of their budget (set by the hub's budget keeper, gpuspawner.backends.budgets)
+        self.budget_left: Callable[[], Mapping[str, float]] = dict
 
     # ------------------------------------------------------------ recording
 
@@ -117,6 +122,11 @@ class HubMetrics(Collector):
         for state, value in self._jobs().items():
             jobs.add_metric([state], value)
         yield jobs
+        left = GaugeMetricFamily("gpuspawner_budget_left", "Weighted GPU-hours left of each user's budget",
+                                 labels=["user"])
+        for user, value in sorted(self.budget_left().items()):
+            left.add_metric([user], value)
+        yield left
         yield from self.refusals.collect()
         yield from self.placement_seconds.collect()
 

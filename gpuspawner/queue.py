@@ -5,7 +5,8 @@ One queue per hub, owned by its :class:`~gpuspawner.state.HubState`.
 Order: first come, first served, with fairness across users. Each waiting
 request gets a rank when it joins: how many requests of the same user are
 already waiting. Requests are served by (rank, arrival), so a user's second
-request never goes ahead of another user's first.
+request never goes ahead of another user's first; a request whose user's GPU-hour
+budget is spent (``gpu_budget_exhausted = "queue-last"``) joins ``last``, behind all others.
 
 Requests compete only when they could use the same GPU models, so a queue of
 A100 requests does not hold back a T4 request. A request with no competing
@@ -75,10 +76,12 @@ class Waiter:
     event: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
     #: its last :class:`~gpuspawner.estimate.Estimate` (None before the first), made by the queue's ``known``
     estimate: Any = field(default=None, repr=False)
+    #: its user's GPU-hour budget is spent (``gpu_budget_exhausted = "queue-last"``): behind every request that is not
+    last: bool = False
 
     @property
-    def key(self) -> tuple[int, int]:
-        return (self.rank, self.seq)
+    def key(self) -> tuple[bool, int, int]:
+        return (self.last, self.rank, self.seq)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -180,10 +183,11 @@ class GPUQueue:
 
     # ------------------------------------------------------------ membership
 
-    def join(self, owner: str, user: str, count: int, models: tuple[str, ...] = (), profile: str = "") -> Waiter:
-        """Add a request at the back of its user's rank."""
+    def join(self, owner: str, user: str, count: int, models: tuple[str, ...] = (), profile: str = "",
+             last: bool = False) -> Waiter:
+        """Add a request at the back of its user's rank (``last``: behind every request that is not last)."""
         rank = sum(1 for w in self._waiters if w.user == user)
-        waiter = Waiter(owner, user, count, tuple(models), rank, next(self._seq), profile)
+        waiter = Waiter(owner, user, count, tuple(models), rank, next(self._seq), profile, last=last)
         self._waiters.append(waiter)
         self._waiters.sort(key=lambda w: w.key)
         return waiter

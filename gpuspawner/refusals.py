@@ -126,6 +126,8 @@ SENTENCES: dict[str, tuple[Refusal | None, str]] = {
     "budget": (R.BUDGET, "Your GPU budget is spent: {whose} used {used} of {limit} {unit} {period}.{reset} "
                          "CPU-only profiles still start; ask an administrator if you need more."),
     "budget_reset": (None, " GPU profiles open again at {time}."),
+    "budget_queue_last": (None, "Your GPU budget is spent, so your GPU requests wait in the queue behind everyone "
+                                "with budget left; CPU-only profiles start as usual."),
     # a refusal a wait would cure, where a profile this user may pick waits in the queue for it
     "queue_instead": (None, ' Pick "{profile}" to wait in the queue instead.'),
     # the spawn form: why a GPU count is offered disabled, after its label ("4 GPUs (not free now)")

@@ -9,9 +9,8 @@ from types import SimpleNamespace
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from gpuspawner.budgets import (
-    BudgetError, BudgetPolicy, BudgetSpec, Standing, cost_per_hour, crossed_low, parse_spec, parse_weights, weight,
-)
+from gpuspawner import budgets
+from gpuspawner.budgets import BudgetError, BudgetPolicy, BudgetSpec, Standing
 
 H = 3600.0
 
@@ -38,18 +37,18 @@ def test_calendar_periods_are_utc_days_weeks_from_monday_and_months():
 
 
 def test_weights_match_globs_then_slug_prefixes_and_default_to_one():
-    weights = parse_weights({"a100*": 4, "t4": 1.5, "nvidia.com/mig-1g*": 0.25})
-    assert weight("a100-sxm4-80gb", weights) == 4
-    assert weight("t4", weights) == 1.5
-    assert weight("t4-16gb", weights) == 1.5  # a slug pattern matches the models it begins, up to a dash
-    assert weight("t40", weights) == 1.0
-    assert weight("nvidia.com/mig-1g.10gb", weights) == 0.25
-    assert weight("h100", weights) == 1.0
-    assert cost_per_hour(2, "a100-pcie-40gb", weights) == 8
+    weights = budgets.parse_weights({"a100*": 4, "t4": 1.5, "nvidia.com/mig-1g*": 0.25})
+    assert budgets.weight("a100-sxm4-80gb", weights) == 4
+    assert budgets.weight("t4", weights) == 1.5
+    assert budgets.weight("t4-16gb", weights) == 1.5  # a slug pattern matches the models it begins, up to a dash
+    assert budgets.weight("t40", weights) == 1.0
+    assert budgets.weight("nvidia.com/mig-1g.10gb", weights) == 0.25
+    assert budgets.weight("h100", weights) == 1.0
+    assert budgets.cost_per_hour(2, "a100-pcie-40gb", weights) == 8
 
 
 def test_used_counts_count_x_overlap_x_weight_in_the_period_and_held_ones_up_to_now():
-    policy = BudgetPolicy(per_user=BudgetSpec(20, "week"), weights=parse_weights({"a100*": 4}))
+    policy = BudgetPolicy(per_user=BudgetSpec(20, "week"), weights=budgets.parse_weights({"a100*": 4}))
     monday = at("2026-11-23T00:00:00")
     rows = [
         row(started=monday - 2 * H, ended=monday + 1 * H, count=2),  # 1 h of it inside: 2 GPUs x 1 h x 4 = 8
@@ -109,10 +108,10 @@ def test_low_is_crossed_once_when_left_falls_to_the_share():
     policy = BudgetPolicy(per_user=BudgetSpec(10, "week"))
     before = policy.standing("alice", [], [row(started=NOW - 8 * H, ended=NOW - 0.5 * H)], NOW)  # 7.5 used
     after = policy.standing("alice", [], [row(started=NOW - 9.5 * H, ended=NOW)], NOW)  # 9.5 used: 5 % left
-    assert not crossed_low(None, before, 0.1)
-    assert crossed_low(before, after, 0.1)
-    assert not crossed_low(after, after, 0.1)
-    assert crossed_low(None, after, 0.1)
+    assert not budgets.crossed_low(None, before, 0.1)
+    assert budgets.crossed_low(before, after, 0.1)
+    assert not budgets.crossed_low(after, after, 0.1)
+    assert budgets.crossed_low(None, after, 0.1)
 
 
 @pytest.mark.parametrize(("value", "needle"), [
@@ -122,17 +121,17 @@ def test_low_is_crossed_once_when_left_falls_to_the_share():
 ])
 def test_bad_budgets_are_refused_naming_the_setting(value, needle):
     with pytest.raises(BudgetError, match=needle) as e:
-        parse_spec(value, "gpu_budget_per_group['students']")
+        budgets.parse_spec(value, "gpu_budget_per_group['students']")
     assert str(e.value).startswith("gpu_budget_per_group['students']: ")
 
 
 def test_bad_weights_are_refused_naming_the_entry():
     with pytest.raises(BudgetError, match=r"gpu_budget_weights\['a100\*'\]: -4"):
-        parse_weights({"a100*": -4})
+        budgets.parse_weights({"a100*": -4})
     with pytest.raises(BudgetError, match="not a model pattern"):
-        parse_weights({"": 2})
+        budgets.parse_weights({"": 2})
     with pytest.raises(BudgetError, match="must be a dict"):
-        parse_weights([("a100", 4)])
+        budgets.parse_weights([("a100", 4)])
 
 
 @settings(max_examples=60, deadline=None)
@@ -142,7 +141,7 @@ def test_bad_weights_are_refused_naming_the_entry():
                                            st.booleans()), max_size=4)))
 def test_any_budget_value_is_a_budget_or_a_sentence_naming_the_setting(value):
     try:
-        spec = parse_spec(value, "gpu_budget_per_user", allow_none=True)
+        spec = budgets.parse_spec(value, "gpu_budget_per_user", allow_none=True)
     except BudgetError as e:
         assert str(e).startswith("gpu_budget_per_user: ")
         return
@@ -159,14 +158,14 @@ allocations = st.lists(st.tuples(st.floats(-40, 0), st.floats(0, 30), st.integer
 @settings(max_examples=60, deadline=None)
 @given(allocations, st.floats(0, 60), st.sampled_from(["day", "week"]), st.booleans())
 def test_used_is_the_sum_over_allocations_and_left_never_below_zero(found, limit, period, rolling):
-    weights = parse_weights({"a100*": 4, "h100": 6})
+    weights = budgets.parse_weights({"a100*": 4, "h100": 6})
     rows = [row(started=NOW + s * H, ended=None if held else min(NOW, NOW + (s + d) * H), count=c, model=m)
             for s, d, c, m, held in found]
     spec = BudgetSpec(limit, period, rolling)
     line, = BudgetPolicy(per_user=spec, weights=weights).standing("alice", [], rows, NOW).lines
     since, until = spec.window(NOW)
     expected = sum(max(0.0, min(r.ended if r.ended is not None else NOW, until) - max(r.started, since))
-                   * r.gpu_count * weight(r.model, weights) for r in rows) / H
+                   * r.gpu_count * budgets.weight(r.model, weights) for r in rows) / H
     assert line.used == pytest.approx(expected, abs=1e-9)
     assert line.left == pytest.approx(max(0.0, limit - expected))
     assert line.exhausted == (expected >= limit)
