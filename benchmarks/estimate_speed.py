@@ -16,7 +16,7 @@ import statistics
 import time
 
 from gpuspawner.estimate import Ask, History, Holding, for_gpus
-from gpuspawner.gpu import GPU
+from gpuspawner.gpu import GPU, GPUs
 
 MODELS = ("NVIDIA A100-SXM4-80GB", "NVIDIA H100 80GB HBM3")
 HOUR = 3600.0
@@ -24,7 +24,7 @@ HOUR = 3600.0
 
 def case(gpus: int, users: int, seed: int, per: int = 1):
     rng = random.Random(seed)
-    inventory = tuple(GPU(f"h{h:05d}", i, f"GPU-{h}-{i}", MODELS[h % 2]) for h in range(gpus // 8) for i in range(8))
+    inventory = GPUs(GPU(f"h{h:05d}", i, f"GPU-{h}-{i}", MODELS[h % 2]) for h in range(gpus // 8) for i in range(8))
     now = 100 * HOUR
     holders, holdings = {}, {}
     for g in inventory:  # one owner per ``per`` GPUs of a host

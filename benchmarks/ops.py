@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 
-from gpuspawner.gpu import GPU
+from gpuspawner.gpu import GPU, GPUs
 from gpuspawner.hub.live import GPUNumbers
 from gpuspawner.hub.overview import Holder, build
 from gpuspawner.inventory import InventoryReading
@@ -24,9 +24,9 @@ from gpuspawner.queue import GPUQueue
 from gpuspawner.quota import Quota, check
 
 
-def inventory(n: int = 1000) -> tuple[GPU, ...]:
+def inventory(n: int = 1000) -> GPUs:
     names = ["NVIDIA A100-SXM4-80GB", "Tesla T4"]
-    return tuple(GPU(f"node{i // 8:03d}", i % 8, f"GPU-{i:05d}", names[(i // 8) % 2]) for i in range(n))
+    return GPUs(GPU(f"node{i // 8:03d}", i % 8, f"GPU-{i:05d}", names[(i // 8) % 2]) for i in range(n))
 
 
 def timed(fn, repeat: int) -> float:

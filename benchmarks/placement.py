@@ -29,7 +29,7 @@ import statistics
 import time
 
 from fakenvml.layouts import links as layout_links
-from gpuspawner.gpu import GPU, model_rank
+from gpuspawner.gpu import GPU, GPUs, model_rank
 from gpuspawner.ledger import Ledger
 from gpuspawner.placement import GPURequest, PlacementError, PlacementIndex, place, set_class_of
 from gpuspawner.topology import CLASS_NAMES, NVLINK_CLASSES
@@ -146,7 +146,7 @@ def time_queue(n: int, k: int, rng: random.Random) -> tuple[int, int, int]:
     The inventory is one tuple, as a hub's cached inventory reading is, so the
     ledger builds its placement state once (included in the total).
     """
-    gpus = tuple(inventory(n, rng))
+    gpus = GPUs(inventory(n, rng))
     ledger = Ledger()
     queue = requests(k, rng)
     placed = refused = 0

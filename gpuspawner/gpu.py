@@ -9,10 +9,9 @@ from __future__ import annotations
 
 import functools
 import re
-import threading
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from .topology import normalise_links, parse_cpus
 
@@ -32,26 +31,39 @@ NO_GPU_DEVICES = "void"
 
 T = TypeVar("T")
 
-#: (id of a tuple of GPU records, kind) -> (that tuple, what ``per_gpus`` made of it), the newest few
-_MADE: dict[tuple[int, Hashable], tuple[tuple, Any]] = {}
-_MADE_LOCK = threading.Lock()
+class GPUs(tuple):
+    """One reading's GPU records, in order: a tuple that also keeps what :func:`per_gpus` derived from it
+    (an inventory reading's ``gpus`` is one; it lives as long as the reading)."""
+
+    def __new__(cls, gpus: Iterable[GPU] = ()) -> GPUs:
+        self = super().__new__(cls, gpus)
+        self.made = {}
+        return self
+
+    def __reduce__(self):
+        return (GPUs, (tuple(self),))  # what was derived is not carried along
+
+
+_NOT_MADE = object()
+
+#: the most derivations one reading keeps (the kinds a hub asks for are a few per profile)
+MADE_PER_READING = 64
 
 
 def per_gpus(gpus: Iterable[GPU], kind: Hashable, make: Callable[[Iterable[GPU]], T]) -> T:
-    """``make(gpus)``, worked out once per tuple of GPU records: an inventory reading keeps one tuple until
+    """``make(gpus)``, worked out once per reading: an inventory reading keeps one :class:`GPUs` until
     the GPUs are read again, and what is grouped or indexed from 10,000 of them is asked for at every form,
-    count and placement. Anything but a tuple (a list may change) is worked out each time."""
-    if type(gpus) is not tuple:
+    count and placement. Anything else (a list or plain tuple may be anyone's) is worked out each time."""
+    if type(gpus) is not GPUs:
         return make(gpus)
-    with _MADE_LOCK:
-        found = _MADE.get((id(gpus), kind))
-    if found is None or found[0] is not gpus:
-        found = (gpus, make(gpus))
-        with _MADE_LOCK:
-            while len(_MADE) >= 8:
-                del _MADE[next(iter(_MADE))]
-            _MADE[(id(gpus), kind)] = found
-    return found[1]
+    made = gpus.made
+    found = made.get(kind, _NOT_MADE)
+    if found is _NOT_MADE:
+        found = make(gpus)  # two threads may both make it: the same value, and harmless
+        if len(made) >= MADE_PER_READING:
+            made.clear()
+        made[kind] = found
+    return found
 
 
 def nvidia_visible_devices(uuids: Sequence[str]) -> str:

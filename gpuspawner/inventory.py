@@ -18,18 +18,22 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from . import nvml
-from .gpu import GPU, gpu_from_record
+from .gpu import GPU, GPUs, gpu_from_record
 
 
 @dataclass(frozen=True)
 class InventoryReading:
-    gpus: tuple[GPU, ...] = ()
+    gpus: tuple[GPU, ...] = ()  # kept as a :class:`~gpuspawner.gpu.GPUs`, which holds what is derived from them
     problems: tuple[str, ...] = ()  # e.g. "NVML: NVIDIA driver is not loaded"
     simulated: bool = False
 
-    @property
-    def healthy(self) -> tuple[GPU, ...]:
-        return tuple(g for g in self.gpus if g.healthy)
+    def __post_init__(self) -> None:
+        if type(self.gpus) is not GPUs:
+            object.__setattr__(self, "gpus", GPUs(self.gpus))
+
+    @functools.cached_property
+    def healthy(self) -> GPUs:
+        return GPUs(g for g in self.gpus if g.healthy)
 
     @functools.cached_property
     def models(self) -> frozenset[str]:

@@ -41,6 +41,7 @@ from .claim import Claim
 from .errors import user_error
 from .options import GPUOptionsMixin
 from .policies import GPUPolicyMixin
+from .queue_order import GPUQueueOrderMixin
 from .reconciling import GPUReconcileMixin
 from .saved_state import GPUStateMixin
 from .startup import check_configuration_at_hub_start
@@ -60,8 +61,8 @@ _HONOURED_ONLY_BY = (
 )
 
 
-class GPUSpawnerMixin(GPUOptionsMixin, GPUReconcileMixin, GPUStateMixin, GPUPolicyMixin, GPUBudgetSettings,
-                      GPUBudgetAtZeroMixin, GPUHubSettings):
+class GPUSpawnerMixin(GPUOptionsMixin, GPUReconcileMixin, GPUStateMixin, GPUQueueOrderMixin, GPUPolicyMixin,
+                      GPUBudgetSettings, GPUBudgetAtZeroMixin, GPUHubSettings):
     """GPU profiles, placement and the GPU ledger for any JupyterHub spawner."""
 
     gpu_profiles = List(

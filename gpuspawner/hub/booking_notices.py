@@ -14,7 +14,8 @@ that they never replace the culler's. The hub posts them with its overview servi
 token (scope ``access:servers``), every :data:`PERIOD` seconds (:meth:`HubState.every`):
 
 - :func:`due` decides, from the time and what this server was already told, what to do;
-- :class:`BookingNotices` keeps what each start of each server was told, and acts;
+- :class:`BookingNotices` keeps what each start of each server was told, and acts; what a server
+  already shows is read from it once (:func:`shown`), so a restarted hub does not tell it again;
 - :func:`watch` starts it in a running hub, reading the servers admitted with an ``until``
   from the booking store (``BookingStore.admitted``, which placement fills: :func:`servers_until`).
 """
@@ -101,15 +102,33 @@ def due(now: float, until: float, warn_before: float, was_told: bool, was_warned
     return None if was_told else "tell"
 
 
+def shown(notices: object, s: Until) -> set[str]:
+    """What ``s``'s server already shows of this booking (``notices``: its ``GET /api/gpus/notices``
+    body): ``{"tell"}`` for the notice it was told, ``{"tell", "warn"}`` for the warning, none else.
+    The notice names the booking and the window's time of day (a server is stopped at its window,
+    so the one it shows is for this start's window)."""
+    listed = notices.get("notices") if isinstance(notices, dict) else None
+    for n in listed if isinstance(listed, list) else ():
+        if (isinstance(n, dict) and n.get("id") == NOTICE_ID and isinstance(n.get("message"), str)
+                and f"(booking {s.booking})" in n["message"] and _hhmm(s.until, s.until) in n["message"]):
+            return {"tell", "warn"} if n.get("level") == "warning" else {"tell"}
+    return set()
+
+
 Post = Callable[[Until, str, str], Awaitable[bool]]  # posts (message, level) to the server: whether it took it
 Stop = Callable[[Until], Awaitable[None]]  # records the end reason and stops the server
+Shown = Callable[[Until], Awaitable[set[str]]]  # what the server shows already (:func:`shown`)
 
 
 class BookingNotices:
-    """What each start of each server admitted "until" was told; one :meth:`round` acts on it."""
+    """What each start of each server admitted "until" was told; one :meth:`round` acts on it.
 
-    def __init__(self, post: Post, stop: Stop, clock: Callable[[], float] = time.time) -> None:
-        self._post, self._stop, self._clock = post, stop, clock
+    ``shown``: what a server shows already, asked once per start when it is up (a hub that restarts
+    starts with nothing told, while its servers still show what they were told before)."""
+
+    def __init__(self, post: Post, stop: Stop, clock: Callable[[], float] = time.time,
+                 shown: Shown | None = None) -> None:
+        self._post, self._stop, self._clock, self._shown = post, stop, clock, shown
         self._told: dict[tuple, set[str]] = {}  # (owner, since, until) -> {"tell", "warn"} done
 
     async def round(self, servers: Iterable[Until]) -> None:
@@ -119,6 +138,8 @@ class BookingNotices:
             key = (s.owner, s.since, s.until)
             seen.add(key)
             done = self._told.setdefault(key, set())
+            if s.url and self._shown is not None and "read" not in done:
+                done |= await self._shown(s) | {"read"}
             action = due(now, s.until, s.warn_before, "tell" in done, "warn" in done)
             if action == "stop":
                 log.warning(WORDS["stopped"].format(owner=s.owner, until=_hhmm(s.until, now), by=s.by,
@@ -194,7 +215,12 @@ def watch(settings: dict) -> BookingNotices:
                         "trying again every %g s", s.owner, code, PERIOD)
         return 200 <= code < 300
 
-    notices = state.cache(BookingNotices, lambda: BookingNotices(post, lambda s: stop_server(settings, s)))
+    async def showing(s: Until) -> set[str]:
+        code, body = await call("GET", f"{s.url.rstrip('/')}/api/gpus/notices")
+        return shown(body, s) if 200 <= code < 300 else set()
+
+    notices = state.cache(BookingNotices, lambda: BookingNotices(post, lambda s: stop_server(settings, s),
+                                                                  shown=showing))
 
     async def round_() -> None:
         await notices.round(servers_until(store_of(settings), settings["users"], state))

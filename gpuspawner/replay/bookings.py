@@ -83,9 +83,9 @@ class _BookingReplay(_Replay):
     """:class:`_Replay` whose placement honours ``bookings`` as the hub's does (backends/policies.py)."""
 
     def __init__(self, sessions: list[Session], inventory: tuple[GPU, ...], policy: Policy, hours: float,
-                 bookings: list[Booking]) -> None:
+                 bookings: list[Booking] | None = None) -> None:
         super().__init__(sessions, inventory, policy, hours)
-        self.bookings = bookings
+        self.bookings = list(bookings or [])
         self.admitted: dict[str, float] = {}  # owner -> until
         self.stopped_for_booking = 0
         self.capacity: dict[str, int] = {}

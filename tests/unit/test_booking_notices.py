@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from datetime import datetime, timezone
 
-from gpuspawner.hub.booking_notices import NOTICE_ID, BookingNotices, Until, due, told, warned
+from gpuspawner.hub.booking_notices import NOTICE_ID, BookingNotices, Until, due, shown, told, warned
 from gpuspawner.hub.culler import NOTICE_ID as CULLER_NOTICE_ID
 from gpuspawner.hub.usage_page import history
 from gpuspawner.usage import END_REASON_WORDS
@@ -88,6 +89,54 @@ def test_a_round_posts_each_notice_once_retries_one_not_taken_and_stops_at_the_s
         assert posted[-1]["level"] == "info" and "2026-12-04 10:00 UTC" in posted[-1]["message"]
 
     asyncio.run(go())
+
+
+def test_a_restarted_hub_does_not_tell_a_server_what_it_shows_already():
+    """The hub's memory of what it told is lost with the hub; the server's notice board is not."""
+    clock, posted = Clock(WINDOW - 3600), []
+    board: list[dict] = []  # the server's notices, kept across the hub's restart
+
+    async def post(s, message, level):
+        posted.append(level)
+        board[:] = [{"id": NOTICE_ID, "level": level, "message": message, "source": "gpu-bookings"}]
+        return True
+
+    async def stop(s):
+        pass
+
+    async def showing(s):
+        return shown({"notices": board}, s)
+
+    async def go():
+        await BookingNotices(post, stop, clock, shown=showing).round([server()])
+        assert posted == ["info"]
+        await BookingNotices(post, stop, clock, shown=showing).round([server()])  # the hub restarted
+        assert posted == ["info"]
+        clock.now = WINDOW - 590
+        restarted = BookingNotices(post, stop, clock, shown=showing)
+        await restarted.round([server()])
+        assert posted == ["info", "warning"]
+        await BookingNotices(post, stop, clock, shown=showing).round([server()])  # and again
+        assert posted == ["info", "warning"]
+        board[:] = []  # the server was restarted too and shows nothing: told afresh
+        await BookingNotices(post, stop, clock, shown=showing).round([server()])
+        assert posted == ["info", "warning", "warning"]
+
+    asyncio.run(go())
+
+
+def test_what_a_server_shows_is_matched_to_its_booking_and_window():
+    s = server()
+    mine = {"id": NOTICE_ID, "level": "info", "message": told(s, WINDOW - 3600)}
+    assert shown({"notices": [mine]}, s) == {"tell"}
+    assert shown({"notices": [dict(mine, level="warning", message=warned(s, WINDOW - 600))]}, s) == {"tell", "warn"}
+    earlier = server(until=WINDOW - 2 * 3600)  # another time: not what it was told
+    assert shown({"notices": [mine]}, earlier) == set()
+    other = dataclasses.replace(s, booking="b-000000")
+    assert shown({"notices": [mine]}, other) == set()
+    assert shown({"notices": [dict(mine, id=CULLER_NOTICE_ID)]}, s) == set()
+    for junk in (None, [], {"notices": "x"}, {"notices": [None, 3, {"id": NOTICE_ID, "message": 7}]}):
+        assert shown(junk, s) == set()
 
 
 def test_the_usage_page_says_a_booking_stopped_it():

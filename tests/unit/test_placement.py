@@ -354,14 +354,15 @@ def test_display_name(name, shown):
 
 
 def test_one_reading_is_indexed_once_whatever_is_held(monkeypatch):
-    """An inventory reading keeps one tuple of GPUs: placing from it (a spawn, the never-fits check of every
+    """An inventory reading keeps one GPUs tuple: placing from it (a spawn, the never-fits check of every
     queued request) indexes it once (10,000 GPUs: 20 ms a time), and each placement still sees what is held."""
+    from gpuspawner.inventory import InventoryReading
     from gpuspawner.placement import PlacementIndex, never_fits
 
     built = []
     index = PlacementIndex.__init__
     monkeypatch.setattr(PlacementIndex, "__init__", lambda self, gpus: built.append(1) or index(self, gpus))
-    reading = tuple(host("h1", A100, 2) + host("h2", T4, 1))
+    reading = InventoryReading(tuple(host("h1", A100, 2) + host("h2", T4, 1))).gpus
     assert uuids(place(reading, set(), GPURequest("ann", 1, ("a100",)))) == ["h1-0"]
     assert uuids(place(reading, {"h1-0"}, GPURequest("bob", 1, ("a100",)))) == ["h1-1"]
     assert "0 of 2 free" in str(refusal(reading, {"h1-0", "h1-1"}, GPURequest("cy", 1, ("a100",))))
@@ -370,3 +371,5 @@ def test_one_reading_is_indexed_once_whatever_is_held(monkeypatch):
     assert len(built) == 1
     place(list(reading), set(), GPURequest("fay", 1, ()))  # a list may change: indexed each time
     assert len(built) == 2
+    place(tuple(reading), set(), GPURequest("fay", 1, ()))  # nor is a plain tuple anyone's reading
+    assert len(built) == 3

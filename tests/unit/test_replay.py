@@ -67,6 +67,15 @@ def test_synthetic_trace_offers_the_load_asked():
         gpus("h100=4")
 
 
+def test_hosts_of_the_size_asked_and_one_gpu_requests_packed_so_a_two_gpu_request_finds_a_whole_host():
+    assert [g.host for g in gpus("t4=5", per_host=2)] == ["t4-node1"] * 2 + ["t4-node2"] * 2 + ["t4-node3"]
+    # a and b take one T4 each (b beside a: best fit), so c's 2 T4s at 600 find the other host empty.
+    sessions = [Session(0, "a", 0, 1, ("t4",), [("active", 3600)]), Session(1, "b", 60, 1, ("t4",), [("active", 3600)]),
+                Session(2, "c", 600, 2, ("t4",), [("active", 600)])]
+    r = replay([sessions], gpus("t4=4", per_host=2), Policy("q", queue=True, gpu_culler=CULLER), hours=1)
+    assert (r.served, r.p95_wait_min, r.refusals) == (3, 0.0, 0)
+
+
 def test_a_request_that_leaves_the_queue_lets_the_next_one_place_at_once():
     # one of 2 T4s held by a all along; b asks for 2 at 60 and waits; c asks for 1 at 300, free, but
     # behind b. b's wait ends at 60 + 1200 (it gives up, no retries): leaving wakes the queue, as in
@@ -180,7 +189,7 @@ def test_a_user_told_a_long_wait_comes_back_at_the_estimate_and_the_move_is_coun
     b = Session(1, "b", 600, 1, ("t4",), [("active", 600)])
     history = History([("server:any", "x", 3600.0)] * 10)
     policy = Policy("q", queue=True, gpu_culler=CULLER, queue_timeout=3600)
-    plain, chose = choices.measure([[a, b]], history, gpus("t4=2"), [policy], patience=1200, hours=2)
+    plain, chose, _book = choices.measure([[a, b]], history, gpus("t4=2"), [policy], patience=1200, hours=2)
     assert (plain.policy, plain.p95_queued_min, plain.p95_asked_min, plain.later) == ("q", 50.0, 50.0, 0)
     assert (chose.policy, chose.p95_queued_min, chose.p95_asked_min, chose.later) == ("q, users choose", 0.0, 50.0, 1)
     assert (chose.other_model, chose.gave_up, chose.held_idle_pct) == (0, 0, plain.held_idle_pct)
@@ -197,7 +206,7 @@ def test_a_user_whose_request_allows_any_model_takes_the_one_told_sooner():
                 Session(3, "u", 1800, 1, ("any",), [("active", 600)])]
     history = History([("server:a100", "x", 1500.0)] * 10 + [("server:t4", "x", 1500.0)] * 10)
     policy = Policy("q", queue=True, gpu_culler=CULLER, queue_timeout=7200)
-    plain, chose = choices.measure([sessions], history, gpus("a100=4,t4=4"), [policy], patience=1200, hours=1)
+    plain, chose, _book = choices.measure([sessions], history, gpus("a100=4,t4=4"), [policy], patience=1200, hours=1)
     assert (plain.other_model, plain.median_asked_min) == (0, 0.0)  # a and b only: w and u still wait
     assert (chose.other_model, chose.later, chose.p95_queued_min, chose.p95_asked_min) == (1, 0, 0.0, 0.0)
 
@@ -208,14 +217,53 @@ def test_the_replay_prints_what_users_choose(capsys):
     assert out[0].startswith("Users choosing by the estimates: 16 GPUs, 1 day(s) (seeds 1-1), offered load ")
     assert "patience 15 minutes" in out[0]
     titles = ["held-idle %", "p95 wait, queued min", "p95 asked -> started min", "took another model",
-              "came back at the estimate", "culled, came back"]
+              "came back at the estimate", "booked a window", "started at the window", "culled, came back"]
     assert all(t in out[1] for t in titles)
     assert [line.split("  ")[0] for line in out[2:]] == [
-        "gpuspawner", "gpuspawner, users choose", "gpuspawner, backfill first-fit",
-        "gpuspawner, backfill first-fit, users choose"]
+        "gpuspawner", "gpuspawner, users choose", "gpuspawner, users choose or book",
+        "gpuspawner, backfill first-fit", "gpuspawner, backfill first-fit, users choose",
+        "gpuspawner, backfill first-fit, users choose or book"]
 
 
 def test_the_estimates_are_measured_under_the_backfill_rule_asked(capsys):
     main(["--estimates", "--days", "1", "--estimate-loads", "0.85", "--backfill", "first-fit"])
     out = capsys.readouterr().out.splitlines()
     assert out[0].startswith("Wait estimates, policy gpuspawner, backfill first-fit, 16 GPUs, 1 day(s) per load")
+
+
+def test_a_user_told_a_long_wait_books_the_window_it_names_and_starts_there_at_once():
+    # As in the test above, b is told 3600 for a T4; instead of coming back it books one T4 from 3600 for its
+    # planned 10 minutes (the hub's check_new takes it), asks a minute into the window and is placed at once:
+    # a gave its T4s back at 3600. Asked -> started 51 minutes; its wait in a queue, none.
+    a = Session(0, "a", 0, 2, ("any",), [("active", 3600)])
+    b = Session(1, "b", 600, 1, ("t4",), [("active", 600)])
+    history = History([("server:any", "x", 3600.0)] * 10)
+    policy = Policy("q", queue=True, gpu_culler=CULLER, queue_timeout=3600)
+    *_, book = choices.measure([[a, b]], history, gpus("t4=2"), [policy], patience=1200, hours=2)
+    assert (book.policy, book.booked, book.honoured, book.later) == ("q, users choose or book", 1, "1 of 1", 0)
+    assert (book.p95_queued_min, book.p95_asked_min, book.gave_up) == (0.0, 51.0, 0)
+
+
+def test_a_booking_does_not_move_a_holder_admitted_before_it_was_made():
+    # a holds both T4s until 7200, past every recorded session: b books 3600-4200 (what it is told), but a was
+    # admitted with no end before the booking existed and keeps them. b is refused at 3660; on its retry at 4260
+    # the window is over, it queues and starts when a leaves at 7200: the booking was not honoured.
+    a = Session(0, "a", 0, 2, ("any",), [("active", 7200)])
+    b = Session(1, "b", 600, 1, ("t4",), [("active", 600)])
+    history = History([("server:any", "x", 3600.0)] * 10)
+    policy = Policy("q", queue=True, gpu_culler=CULLER, queue_timeout=3600)
+    *_, book = choices.measure([[a, b]], history, gpus("t4=2"), [policy], patience=1200, hours=2)
+    assert (book.booked, book.honoured, book.p95_asked_min) == (1, "0 of 1", 110.0)
+
+
+def test_a_booked_window_its_user_no_longer_holds_gpus_in_is_released_after_the_grace_period():
+    # b books T4s from 3600 to 6600 (its planned 50 minutes), starts at 3660, pauses at 4260 and is culled at 4920
+    # (10 minutes idle, in 60 s samples): the hub releases the window then (past its 15 minutes' grace), and b,
+    # back at 6060 for its last 10 minutes, finds it released and places as anyone does.
+    a = Session(0, "a", 0, 2, ("any",), [("active", 3600)])
+    b = Session(1, "b", 600, 1, ("t4",), [("active", 600), ("away", 1800), ("active", 600)])
+    history = History([("server:any", "x", 3600.0)] * 10)
+    policy = Policy("q", queue=True, gpu_culler=CULLER, queue_timeout=3600)
+    run = choices._Booking([a, b], gpus("t4=2"), policy, 2, history, 1200).run()
+    assert [(x.start, x.end, x.state, x.released_at) for x in run.bookings] == [(3600, 6600, "released", 4920)]
+    assert (run.honoured, run.came_back, run.gave_up) == (1, 1, 0)
