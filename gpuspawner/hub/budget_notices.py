@@ -16,9 +16,11 @@ each user, :func:`stage` says where they stand:
   servers meet the budget until it resets);
 - ``"zero"``: a budget is spent. With ``gpu_budget_at_zero = "stop"`` the user's servers are stopped
   (the proxy's route, then the spawner, as JupyterHub's own stop) and their jobs cancelled, their usage
-  records ending with the reason ``"budget"``; a server or job that took its GPUs after the watcher
-  saw the budget spent (admitted at the lowest priority with ``gpu_budget_exhausted = "queue-last"``)
-  is told, not stopped. With ``"finish"`` every server is told the budget is spent and runs on.
+  records ending with the reason ``"budget"``; a server or job that took its GPUs after the budget was
+  spent (admitted at the lowest priority with ``gpu_budget_exhausted = "queue-last"``) is told, not
+  stopped. When it was spent is reckoned the first time the watcher sees it spent (also after a hub
+  restart): what it is overspent, at the current pace, before then (:func:`spent_at`). With
+  ``"finish"`` every server is told the budget is spent and runs on.
 
 The notices go to the server's monitor (``POST {server}/api/gpus/notices``, which JupyterLab shows)
 through :func:`gpuspawner.hub.judging.post_notice`, all under one id (:data:`NOTICE_ID`), so a later
@@ -122,6 +124,16 @@ def runs_out(s: Spend, now: float) -> float:
     return now + s.left / s.burn * 3600.0 if s.burn > 0 else math.inf
 
 
+def spent_at(spends: Iterable[Spend], now: float) -> float:
+    """When the first budget spent was spent, seen at ``now``: what it is overspent, at the pace its GPUs spend
+    it now, before ``now`` (``now`` at no pace). A server that took its GPUs after this was admitted while
+    the budget was spent; the estimate is early only if the pace fell since (a holder left)."""
+    first = first_out(spends, now)
+    if first is None or first.left > 0 or first.burn <= 0:
+        return now
+    return now + first.left / first.burn * 3600.0
+
+
 def first_out(spends: Iterable[Spend], now: float) -> Spend | None:
     """The budget that runs out first (None without budgets)."""
     return min(spends, key=lambda s: (runs_out(s, now), s.left), default=None)
@@ -177,7 +189,7 @@ class BudgetNotices:
     def __init__(self, post: Post, board: Board, stop: Stop, clock: Callable[[], float] = time.time) -> None:
         self._post, self._board, self._stop, self._clock = post, board, stop, clock
         self._told: dict[tuple[str, float], int] = {}  # (owner, since) -> RANK of what it was told
-        self._spent_since: dict[str, float] = {}  # user -> when the watcher first saw a budget of theirs spent
+        self._spent_since: dict[str, float] = {}  # user -> when a budget of theirs was spent (:func:`spent_at`)
 
     async def round(self, holders: Iterable[Holder], spends: Mapping[str, list[Spend]], rule: Rule) -> None:
         """Act on ``holders`` (every server and job holding GPUs now), ``spends``: user -> their budgets."""
@@ -191,7 +203,7 @@ class BudgetNotices:
             where = stage(budgets, now, rule.warn_before)
             if where != "zero":
                 self._spent_since.pop(user, None)
-            spent_since = self._spent_since.setdefault(user, now) if where == "zero" else math.inf
+            spent_since = self._spent_since.setdefault(user, spent_at(budgets, now)) if where == "zero" else math.inf
             for h in theirs:
                 seen.add((h.owner, h.since))
                 stopping = where == "zero" and rule.at_zero == "stop" and h.since < spent_since

@@ -203,6 +203,19 @@ def test_a_server_started_after_the_budget_was_spent_is_told_not_stopped():
     asyncio.run(go())
 
 
+def test_after_a_restart_the_servers_admitted_while_spent_are_still_told_not_stopped():
+    from gpuspawner.hub.budget_notices import spent_at
+
+    spent = [spend(-0.2, burn=4.0)]  # 0.2 over at 4 an hour: spent 3 minutes ago
+    assert spent_at(spent, NOW) == NOW - 180
+    assert spent_at([spend(-0.2, burn=0.0)], NOW) == NOW and spent_at([spend(1.0)], NOW) == NOW
+    clock, servers = Clock(NOW), Server()
+    late = Holder("ann/late", "ann", "late", NOW - 60, url="http://127.0.0.1:9/user/ann/late/")
+    asyncio.run(servers.watcher(clock).round([ANN, late], {"ann": spent}, Rule()))  # a new hub's first round
+    assert servers.stopped == ["ann/"]
+    assert "took its GPUs after that and runs on" in servers.boards["ann/late"]["message"]
+
+
 def test_the_settings_refuse_what_they_cannot_mean():
     from traitlets import TraitError
 
