@@ -34,9 +34,12 @@ window for something to be left, if nothing more is used from now (still-held al
 counted as ending now).
 
 **Hook**: :func:`crossed_low` says when a user's left fell to the "low" share of its limit
-(or below) since it was last looked at; the hub calls the listeners of
-:class:`gpuspawner.hub.budgets.BudgetKeeper` then (``keeper.on_low(callback)``,
-``callback(user, standing)``), where notifications and the running-server budget watch attach.
+(or below) since it was last looked at. The hub's :class:`gpuspawner.backends.budgets.BudgetKeeper`
+(``budget_keeper(hub_state)``) looks at a user's budgets at each of their GPU spawns, form,
+budgets API and usage page reads, and every ``gpu_budget_check_interval`` seconds for the users
+holding GPUs (:func:`gpuspawner.hub.budgets.watch`); each time a user crosses ``gpu_budget_low``
+it calls ``callback(user, standing)`` of every ``keeper.on_low(callback)``: where notifications
+and the running-server budget watch attach. ``keeper.last`` holds each user's last standing.
 """
 
 from __future__ import annotations

@@ -207,6 +207,14 @@ class GPUBudgetSettings(Configurable):
         left.""",
     ).tag(config=True)
 
+    gpu_budget_check_interval = Float(
+        60.0,
+        help="""Seconds between the hub's looks at the budgets of the users who hold GPUs now (with
+        budgets configured): it keeps ``gpuspawner_budget_left`` current while servers run and calls
+        the "runs low" listeners when a running server takes a budget to ``gpu_budget_low``. A
+        finite number above 0.""",
+    ).tag(config=True)
+
     @validate("gpu_budget_per_user")
     def _check_user_budget(self, proposal):
         return self._checked(lambda: parse_spec(proposal["value"], "gpu_budget_per_user", allow_none=True),
@@ -238,6 +246,13 @@ class GPUBudgetSettings(Configurable):
     def _check_exhausted(self, proposal):
         if proposal["value"] not in EXHAUSTED:
             raise TraitError(f"gpu_budget_exhausted must be 'refuse' or 'queue-last', not {proposal['value']!r}")
+        return proposal["value"]
+
+    @validate("gpu_budget_check_interval")
+    def _check_interval(self, proposal):
+        if not 0 < proposal["value"] < float("inf"):
+            raise TraitError(f"gpu_budget_check_interval must be a finite number of seconds > 0, "
+                             f"not {proposal['value']}")
         return proposal["value"]
 
     @validate("gpu_budget_low")

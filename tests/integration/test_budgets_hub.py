@@ -17,7 +17,7 @@ from datetime import datetime
 import pytest
 import requests
 
-from hub import login
+from hub import login, xsrf_token
 from ops_hub import OpsHub
 from test_ops_overview import user_token, wait_for
 
@@ -110,8 +110,14 @@ def test_the_form_shows_what_is_left_and_each_choice_s_cost(budget_hub):
     assert "7 of 10 T4-hours left in the last 7 days" in bob
     costs = re.search(r'<div class="gs-note gs-cost">([^<]*)</div>', bob).group(1)
     assert costs == "Cost per GPU per hour held, in T4-hours: NVIDIA A100-SXM4-80GB 4, Tesla T4 1"
-    alice = login(hub, "alice").get(hub.url + "/hub/spawn", timeout=60).text
+    web = login(hub, "alice")
+    alice = web.get(hub.url + "/hub/spawn", timeout=60).text
     assert "0 of 10 T4-hours left in the last 7 days" in alice and "Your GPU budget is spent" in alice
+    # submitting a GPU choice anyway: the form again, with the refusal's sentence; nothing started
+    r = web.post(hub.url + "/hub/spawn", timeout=60, data={"_xsrf": xsrf_token(alice), "profile": "gpu",
+                                                           "gpus-gpu": "1", "gpu_model-gpu": "t4"})
+    assert "you have used 10 of 10 T4-hours in the last 7 days" in r.text and 'name="profile"' in r.text
+    assert hub.user("alice")["servers"] == {}
 
 
 def test_budgets_api_usage_page_and_prometheus_agree_with_the_records(budget_hub):

@@ -171,3 +171,26 @@ def test_used_is_the_sum_over_allocations_and_left_never_below_zero(found, limit
     assert line.exhausted == (expected >= limit)
     if line.exhausted and limit > 0:
         assert line.available_again >= NOW
+
+
+@settings(max_examples=60, deadline=None)
+@given(allocations, st.floats(0, 40), st.sampled_from(["day", "week", "month"]), st.booleans(),
+       st.lists(st.sampled_from(["ml", "physics"]), unique=True, max_size=2))
+def test_the_rest_bodies_are_json_and_agree_with_the_standing(found, limit, period, rolling, groups):
+    rows = [row(started=NOW + s * H, ended=None if held else min(NOW, NOW + (s + d) * H), count=c, model=m,
+                groups=groups) for s, d, c, m, held in found]
+    policy = BudgetPolicy(per_user=BudgetSpec(limit, period, rolling), per_group={"ml": BudgetSpec(30, "week")},
+                          weights=budgets.parse_weights({"a100*": 4}), unit="T4-hours")
+    standing = policy.standing("alice", groups, rows, NOW)
+    body = json.loads(json.dumps(standing.as_json()))
+    assert body["user"] == "alice" and len(body["budgets"]) == 1 + ("ml" in groups)
+    assert body["left"] == min(b["left"] for b in body["budgets"]) and body["exhausted"] == standing.exhausted
+    for b in body["budgets"]:
+        assert b["left"] == pytest.approx(max(0.0, b["limit"] - b["used"]), abs=1e-3)
+        assert datetime.fromisoformat(b["since"].replace("Z", "+00:00")).timestamp() <= NOW
+    if standing.exhausted:
+        refusal = json.loads(json.dumps(standing.quota_json()))
+        assert refusal["error"] == "compute-quota-exceeded" and refusal["left"] == 0
+        assert refusal["used"] >= refusal["limit"] and refusal["unit"] == "T4-hours"
+        assert refusal["reset"] is None or refusal["reset"] >= body["at"]
+        assert f"of {round(standing.binding.limit, 2):g} T4-hours" in standing.sentence()
