@@ -190,6 +190,7 @@ class BudgetNotices:
         self._post, self._board, self._stop, self._clock = post, board, stop, clock
         self._told: dict[tuple[str, float], int] = {}  # (owner, since) -> RANK of what it was told
         self._spent_since: dict[str, float] = {}  # user -> when a budget of theirs was spent (:func:`spent_at`)
+        self._failed: set[tuple[str, float]] = set()  # the starts an action failed for: said once in the log
 
     async def round(self, holders: Iterable[Holder], spends: Mapping[str, list[Spend]], rule: Rule) -> None:
         """Act on ``holders`` (every server and job holding GPUs now), ``spends``: user -> their budgets."""
@@ -206,17 +207,27 @@ class BudgetNotices:
             spent_since = self._spent_since.setdefault(user, spent_at(budgets, now)) if where == "zero" else math.inf
             for h in theirs:
                 seen.add((h.owner, h.since))
-                stopping = where == "zero" and rule.at_zero == "stop" and h.since < spent_since
-                if stopping:
-                    first = first_out(budgets, now)
-                    log.warning(WORDS["stopped"].format(owner=h.owner, name=first.name, standing=first.standing))
-                    await self._stop(h)
-                elif not h.is_job:
-                    await self._tell(h, budgets, where, now, rule, after=where == "zero" and rule.at_zero == "stop")
+                try:
+                    await self._act(h, budgets, where, now, rule, stop=h.since < spent_since)
+                except Exception as e:  # one server that cannot be reached holds up no other
+                    if (h.owner, h.since) not in self._failed:
+                        self._failed.add((h.owner, h.since))
+                        log.warning("%s: the budget watcher could not act on it (%s); trying again every round",
+                                    h.owner, e)
         for key in set(self._told) - seen:  # that start is over
             del self._told[key]
+        self._failed &= seen
         for user in set(self._spent_since) - set(by_user):
             del self._spent_since[user]
+
+    async def _act(self, h: Holder, budgets: list[Spend], where: str | None, now: float, rule: Rule,
+                   stop: bool) -> None:
+        if where == "zero" and rule.at_zero == "stop" and stop:
+            first = first_out(budgets, now)
+            log.warning(WORDS["stopped"].format(owner=h.owner, name=first.name, standing=first.standing))
+            await self._stop(h)
+        elif not h.is_job:
+            await self._tell(h, budgets, where, now, rule, after=where == "zero" and rule.at_zero == "stop")
 
     async def _tell(self, h: Holder, budgets: list[Spend], where: str | None, now: float, rule: Rule,
                     after: bool) -> None:

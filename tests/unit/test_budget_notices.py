@@ -285,3 +285,19 @@ def test_the_budgets_are_read_again_only_when_something_may_have_changed():
     assert reads[-1] == NOW + 75
     readings.get([ANN, BOB], NOW + 90, 1790)
     assert reads[-1] == NOW + 90
+
+
+def test_a_server_that_cannot_be_reached_holds_up_no_other(caplog):
+    clock, servers = Clock(NOW), Server()
+
+    async def post(h, message, level):
+        if h.owner == "ann/":
+            raise ConnectionRefusedError("connection refused")
+        return await servers.post(h, message, level)
+
+    watcher = BudgetNotices(post, servers.board, servers.stop, clock)
+    budgets = {"ann": [spend(0.9)], "bob": [spend(0.9)]}
+    asyncio.run(watcher.round([ANN, BOB], budgets, Rule()))
+    asyncio.run(watcher.round([ANN, BOB], budgets, Rule()))
+    assert servers.boards["bob/"]["level"] == "warning"
+    assert caplog.text.count("ann/: the budget watcher could not act on it (connection refused)") == 1
