@@ -11,7 +11,9 @@ for them; linked from the hub's navigation bar by ``templates/page.html``, and
 JupyterHub's admin page gets a section of the GPUs each server holds from
 ``templates/admin.html``; a site's own ``page.html`` or ``admin.html`` in a
 template folder listed before gpuspawner's wins) (plus the culler's
-``/hub/api/gpus/usage/report``, scope ``custom:gpus:report``), defines
+``/hub/api/gpus/usage/report``, scope ``custom:gpus:report``, and each user's browser
+notification feed ``/hub/api/gpus/notifications/feed``, :mod:`.browser_feed`; the progress
+stream's ready event names the server's GPUs, ``c.Spawner.progress_ready_hook``, unless the site set one), defines
 the custom scope ``custom:gpus:read`` (grant it in a role to let a service or
 user read the overview; admins read it through their ``admin-ui`` scope,
 since JupyterHub's admin role cannot be changed), the notebook GPU job API
@@ -77,6 +79,7 @@ def configure(c: Any, *, culler: dict | None = None, python: str = sys.executabl
     if isinstance(paths, LazyConfigValue):  # a list of its own, so JupyterHub's folder comes after ours
         paths = c.JupyterHub.template_paths = paths.get_value([])
     paths.append(TEMPLATES)
+    _browser_notifications(c)
     c.JupyterHub.custom_scopes.update({
         SCOPE: {"description": "Read the GPU overview and usage: every GPU, who holds it, live utilisation, "
                         "GPU-hours per user and group."},
@@ -202,3 +205,13 @@ def _log_failure(app):
             app.log.error("gpuspawner: recovering notebook GPU jobs failed", exc_info=future.exception())
 
     return done
+
+
+def _browser_notifications(c: Any) -> None:
+    """Each user's browser notification feed (:mod:`.browser_feed`), and the server's GPUs in the progress
+    stream's ready event (``c.Spawner.progress_ready_hook``) unless the site set its own hook."""
+    from . import browser_feed
+
+    c.JupyterHub.extra_handlers.extend(browser_feed.handlers())
+    if "progress_ready_hook" not in c.Spawner:
+        c.Spawner.progress_ready_hook = browser_feed.ready_event_gpus
