@@ -324,20 +324,37 @@ def _weighted_hours(rows: Iterable[Allocation], since: float, until: float, now:
 
 def _available_again(rows: list[Allocation], spec: BudgetSpec, used: float, now: float,
                      weights: Sequence[tuple[str, float]]) -> float | None:
-    """When a spent budget has something left again if nothing more is used (see the module's words)."""
+    """When a spent budget has something left again if nothing more is used (see the module's words).
+
+    Rolling: as the window's start moves on from ``now - length``, each counted span [a, b) stops
+    counting at its rate (GPUs x weight per hour) while the start passes through it; the first
+    moment the count falls below the limit, plus the window's length, is the answer (to the second).
+    """
     if used < spec.hours or spec.hours <= 0:
         return None
     if not spec.rolling:
         return spec.window(now)[1]
     length = spec.length
-    low, high = now, now + length  # used over [t - length, now] falls from `used` to 0 as t goes low -> high
-    for _ in range(60):
-        middle = (low + high) / 2
-        if _weighted_hours(rows, middle - length, now, now, weights)[0] < spec.hours:
-            high = middle
-        else:
-            low = middle
-    return float(math.ceil(high))
+    x = now - length
+    points = []  # (time, change of the rate at which the count falls as the window's start passes)
+    for part in shares(rows, x, now, now):
+        a, b = max(part.row.started, x), min(part.row.ended if part.row.ended is not None else now, now)
+        if b > a:
+            rate = part.held * weight(part.row.model, weights) / (b - a) / 3600.0
+            points += [(a, rate), (b, -rate)]
+    points.sort()
+    remaining, rate, i = used, 0.0, 0
+    while True:
+        while i < len(points) and points[i][0] <= x:
+            rate += points[i][1]
+            i += 1
+        following = points[i][0] if i < len(points) else math.inf
+        if rate > 1e-12 and remaining - rate * (following - x) < spec.hours - 1e-9:  # falls below inside this span
+            return float(math.floor(x + (remaining - spec.hours) / rate + length) + 1)
+        if following == math.inf:
+            return float(math.floor(x + length) + 1)
+        remaining -= rate * (following - x)
+        x = following
 
 
 @dataclass(frozen=True)
@@ -370,16 +387,35 @@ class BudgetPolicy:
 
     def standing(self, user: str, groups: Iterable[str], rows: Iterable[Allocation], now: float) -> Standing:
         """Where ``user`` stands at ``now``, from usage ``rows`` (any superset of those that count)."""
-        rows = list(rows)
-        lines = []
-        for scope, name, spec in self.applying(user, groups):
-            mine = [r for r in rows if counted(scope, name, r)]
-            since, until = spec.window(now)
-            used, first = _weighted_hours(mine, since, until, now, self.weights)
-            resets = until if not spec.rolling else (None if first is None else first + spec.length)
-            lines.append(BudgetLine(scope, name, spec, used, since, until, resets,
-                                    _available_again(mine, spec, used, now, self.weights)))
-        return Standing(user, self.unit, now, tuple(lines))
+        return self.standings({user: groups}, rows, now)[0]
+
+    def standings(self, users: Mapping[str, Iterable[str]], rows: Iterable[Allocation], now: float) -> list[Standing]:
+        """Where each of ``users`` (name -> groups) stands at ``now``, the rows sorted by user and group once."""
+        by_user: dict[str, list[Allocation]] = {}
+        by_group: dict[str, list[Allocation]] = {}
+        for r in rows:
+            by_user.setdefault(r.user, []).append(r)
+            for g in _groups(r):
+                by_group.setdefault(g, []).append(r)
+        counted: dict[tuple[str, str, BudgetSpec], BudgetLine] = {}  # a group's line, once for all its members
+        out = []
+        for user, groups in users.items():
+            lines = []
+            for scope, name, spec in self.applying(user, groups):
+                line = counted.get((scope, name, spec))
+                if line is None:
+                    mine = (by_user if scope == "user" else by_group).get(name, [])
+                    line = counted[(scope, name, spec)] = self._line(scope, name, spec, mine, now)
+                lines.append(line)
+            out.append(Standing(user, self.unit, now, tuple(lines)))
+        return out
+
+    def _line(self, scope: str, name: str, spec: BudgetSpec, rows: list[Allocation], now: float) -> BudgetLine:
+        since, until = spec.window(now)
+        used, first = _weighted_hours(rows, since, until, now, self.weights)
+        resets = until if not spec.rolling else (None if first is None else first + spec.length)
+        return BudgetLine(scope, name, spec, used, since, until, resets,
+                          _available_again(rows, spec, used, now, self.weights))
 
     def cost_per_hour(self, count: int, model: str) -> float:
         return cost_per_hour(count, model, self.weights)

@@ -71,16 +71,22 @@ class BudgetKeeper:
 
     def standings(self, db: Any, policy: BudgetPolicy, users: Mapping[str, Iterable[str]],
                   now: float | None = None) -> list[Standing]:
-        """Where each of ``users`` (name -> groups) stands now, from one read of the usage records."""
+        """Where each of ``users`` (name -> groups) stands now, from one read of the usage records (only the
+        rows of these users and their budgeted groups, in the earliest period that counts)."""
         now = time.time() if now is None else now
         users = {user: sorted(groups) for user, groups in users.items()}
-        starts = [s for s in (policy.earliest(u, g, now) for u, g in users.items()) if s is not None]
+        applying = [(scope, name, spec) for u, g in users.items() for scope, name, spec in policy.applying(u, g)]
         rows: list[Allocation] = []
-        if starts and db is not None:
-            query = select(Allocation).where(Allocation.started < now,
-                                             or_(Allocation.ended.is_(None), Allocation.ended > min(starts)))
+        if applying and db is not None:
+            since = min(spec.window(now)[0] for _, _, spec in applying)
+            names = {name for scope, name, _ in applying if scope == "user"}
+            groups = {name for scope, name, _ in applying if scope == "group"}
+            whose = [Allocation.user.in_(sorted(names))] if names else []
+            whose += [Allocation.groups.contains(json.dumps(g), autoescape=True) for g in sorted(groups)]
+            query = select(Allocation).where(Allocation.started < now, or_(*whose),
+                                             or_(Allocation.ended.is_(None), Allocation.ended > since))
             rows = list(db.execute(query).scalars())
-        found = [policy.standing(user, groups, rows, now) for user, groups in users.items()]
+        found = policy.standings(users, rows, now)
         for standing in found:
             self.note(standing, policy.low)
         return found

@@ -54,8 +54,7 @@ def watch(settings: dict) -> PeriodicCallback | None:
         try:
             db = settings["db"]
             users = {}
-            for owner in state.ledger.allocations():
-                name = Owner.parse(owner).user
+            for name in {Owner.parse(owner).user for owner in state.ledger.allocations() if "/" in owner}:
                 found = orm.User.find(db, name)
                 users[name] = [g.name for g in found.groups] if found is not None else []
             budget_keeper(state).standings(db, policy, users)

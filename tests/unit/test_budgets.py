@@ -155,7 +155,7 @@ allocations = st.lists(st.tuples(st.floats(-40, 0), st.floats(0, 30), st.integer
                                  st.sampled_from(["a100-sxm4-80gb", "t4", "h100"]), st.booleans()), max_size=8)
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=120, deadline=None)
 @given(allocations, st.floats(0, 60), st.sampled_from(["day", "week"]), st.booleans())
 def test_used_is_the_sum_over_allocations_and_left_never_below_zero(found, limit, period, rolling):
     weights = budgets.parse_weights({"a100*": 4, "h100": 6})
@@ -171,6 +171,12 @@ def test_used_is_the_sum_over_allocations_and_left_never_below_zero(found, limit
     assert line.exhausted == (expected >= limit)
     if line.exhausted and limit > 0:
         assert line.available_again >= NOW
+    if line.exhausted and limit > 0 and rolling:  # the first second at which less than the limit is counted
+        def counted(t: float) -> float:
+            return budgets._weighted_hours(rows, t - spec.length, NOW, NOW, weights)[0]
+
+        assert counted(line.available_again) < limit
+        assert line.available_again - 2 < NOW or counted(line.available_again - 2) >= limit - 1e-9
 
 
 @settings(max_examples=60, deadline=None)
