@@ -11,6 +11,8 @@ registered on import).
   ``unavailable`` (out of service) or ``allocated`` (held, whatever its health),
   counted as the form and refusals count them (:mod:`gpuspawner.availability`), of the
   hub's own inventory only;
+- ``gpuspawner_gpu_healthy{gpu,host,model}``: 1 for each GPU in service, 0 for one out of
+  service (``gpu`` is its UUID; see :mod:`gpuspawner.health`);
 - ``gpuspawner_cluster_gpus_held{resource}``: GPUs this hub's servers hold where
   the cluster places them (gpu-kube), per cluster resource (``nvidia.com/gpu``,
   ``nvidia.com/mig-1g.10gb``, ...);
@@ -100,6 +102,12 @@ class HubMetrics(Collector):
                                          ("free", counts.free), ("unavailable", counts.unavailable)):
                         gpus.add_metric([slug, host, state], value)
         yield gpus
+        healthy = GaugeMetricFamily("gpuspawner_gpu_healthy", "1: the GPU is in service; 0: out of service "
+                                    "(unhealthy: XID, ECC error, row remapping, lost, or taken out)",
+                                    labels=["gpu", "host", "model"])
+        for gpu in reading.gpus if reading is not None else ():
+            healthy.add_metric([gpu.uuid, gpu.host, gpu.model], 1 if gpu.healthy else 0)
+        yield healthy
         cluster = GaugeMetricFamily(
             "gpuspawner_cluster_gpus_held",
             "GPUs held by this hub's servers where the cluster places them, per resource", labels=["resource"],

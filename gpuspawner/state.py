@@ -43,6 +43,7 @@ from traitlets import Bool, Dict, Float, TraitError, Unicode, validate
 from traitlets.config import Config, Configurable
 
 from .gpu import GPU
+from .health import GPUHealth
 from .inventory import CachedInventory, NVMLInventory, StaticInventory, gpus_from_config
 from .ledger import Ledger, cluster_resource
 from .metrics import HubMetrics
@@ -291,7 +292,8 @@ class HubState:
         else:
             source = NVMLInventory(simulated=settings.simulated_gpus)
         self.inventory_source = settings.gpu_inventory
-        self.inventory = CachedInventory(source, ttl=settings.gpu_inventory_ttl)
+        self.health = GPUHealth(settings, lambda: self.queue.wake())  # broken GPUs out of placement
+        self.inventory = CachedInventory(self.health.watch(source), ttl=settings.gpu_inventory_ttl)
         self.ledger = Ledger()
         self.queue = GPUQueue()
         #: GPUs held because what last held them is not over (processes that would not die)
@@ -395,6 +397,7 @@ class HubState:
         """Stop serving this state's metrics, stop its timers and retrying out-of-service GPUs."""
         _SERVED.stop(self)
         self.out_of_service.close()
+        self.health.close()
         timers, self._timers = self._timers, {}
         for timer in timers.values():
             timer.cancel()

@@ -29,6 +29,7 @@ from traitlets.config import Application
 
 from ..compat import min_cuda
 from ..gpu import GPU
+from ..health import GPUHealthSettings
 from ..inventory import CachedInventory
 from ..ledger import Ledger
 from ..owner import Owner
@@ -62,7 +63,7 @@ _HONOURED_ONLY_BY = (
 
 
 class GPUSpawnerMixin(GPUOptionsMixin, GPUReconcileMixin, GPUStateMixin, GPUQueueOrderMixin, GPUPolicyMixin,
-                      GPUBudgetSettings, GPUBudgetAtZeroMixin, GPUHubSettings):
+                      GPUBudgetSettings, GPUBudgetAtZeroMixin, GPUHubSettings, GPUHealthSettings):
     """GPU profiles, placement and the GPU ledger for any JupyterHub spawner."""
 
     gpu_profiles = List(

@@ -252,7 +252,9 @@ def own_view(data: dict, user: str) -> dict:
     return {**data, "gpus": [g for g in data["gpus"] if mine(g["holder"])],
             "cluster": [h for h in data["cluster"] if mine(h)],
             "queue": [q for q in data["queue"] if q["user"] == user],
-            "isolation": None, "viewer": user}
+            "isolation": None, "viewer": user,
+            "outages": {u: o for u, o in data.get("outages", {}).items()
+                        if any(g["uuid"] == u and mine(g["holder"]) for g in data["gpus"])}}
 
 
 def held_by_owner(data: dict) -> list[dict]:

@@ -23,7 +23,8 @@ every user for themselves, and to their servers' tokens, by adding
 attaches usage accounting to the hub's database (so every allocation is recorded
 from the hub's start, whether or not a server spawns or a page is read) and
 recovers the jobs a previous run of the hub left, reads the GPU bookings
-(``/hub/api/gpus/bookings``, :mod:`.bookings`) and releases unused windows on a timer, tells, warns
+(``/hub/api/gpus/bookings``, :mod:`.bookings`) and releases unused windows on a timer, watches the GPUs'
+health (``/hub/api/gpus/health``, :mod:`.health`: broken GPUs out of placement, their users told), tells, warns
 and stops the servers admitted until a booked window (:mod:`.booking_notices`), warns, then stops or lets
 finish, the servers and jobs of users whose GPU budget runs out (:mod:`.budget_notices`), creates the hub-internal
 service ``gpuspawner-overview`` (scope ``access:servers``) whose token reads
@@ -52,7 +53,7 @@ from ..recommended import (
     RECOMMENDED_QUEUE_TIMEOUT as RECOMMENDED_QUEUE_TIMEOUT,
     RECOMMENDED_QUOTA_PER_USER as RECOMMENDED_QUOTA_PER_USER,
 )
-from . import booking_notices, bookings, bookings_page, budget_notices, budgets, jobs, usage, usage_page
+from . import booking_notices, bookings, bookings_page, budget_notices, budgets, health, jobs, usage, usage_page
 from .culler import parse_args as culler_arguments
 from .handlers import SCOPE, SETTINGS_KEY, handlers
 
@@ -74,7 +75,7 @@ def configure(c: Any, *, culler: dict | None = None, python: str = sys.executabl
     check_spawner(c)
     c.JupyterHub.extra_handlers.extend(usage.handlers() + usage_page.handlers() + handlers())
     c.JupyterHub.extra_handlers.extend(jobs.handlers() + bookings.handlers())
-    c.JupyterHub.extra_handlers.extend(bookings_page.handlers() + budgets.handlers())
+    c.JupyterHub.extra_handlers.extend(bookings_page.handlers() + budgets.handlers() + health.handlers())
     paths = c.JupyterHub.template_paths
     if isinstance(paths, LazyConfigValue):  # a list of its own, so JupyterHub's folder comes after ours
         paths = c.JupyterHub.template_paths = paths.get_value([])
@@ -193,6 +194,7 @@ def _when_hub_is_up() -> None:
         booking_notices.watch(app.tornado_settings)
         budgets.watch(app.tornado_settings)
         budget_notices.watch(app.tornado_settings)
+        health.watch(app.tornado_settings)
         recovery = jobs.job_manager(app.tornado_settings).recovered()
         recovery.add_done_callback(_log_failure(app))
 

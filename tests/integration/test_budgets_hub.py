@@ -82,7 +82,7 @@ def test_a_spent_budget_refuses_gpus_with_422_and_a_sentence_and_cpu_still_start
     hub = budget_hub
     before = rows_of(hub, "alice")
     r = hub.spawn("alice", {"profile": "gpu"})
-    assert r.status_code == 422, r.text
+    assert r.status_code == 422 and r.reason == "compute-quota-exceeded", r.text
     body = r.json()
     assert body["error"] == "compute-quota-exceeded"
     assert (body["used"], body["limit"], body["left"], body["unit"]) == (10, 10, 0, "T4-hours")
