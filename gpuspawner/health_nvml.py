@@ -1,4 +1,5 @@
-"""Reading GPU health from NVML, in a thread of its own (:class:`NVMLHealthWatcher`).
+"""Reading GPU health from NVML, in a thread of its own (:class:`NVMLHealthWatcher`), and one hub's
+GPU health put together (:class:`GPUHealth`: the tracker, the inventory that shows it, the watcher).
 
 Two ways, as NVIDIA's device plugin and DCGM do:
 
@@ -18,10 +19,14 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
+from traitlets.config import Configurable
+
 from . import nvml
-from .health import WORDS, HealthTracker
+from .health import WORDS, HealthInventory, HealthTracker, health_settings
+from .inventory import InventorySource, NVMLInventory
 
 log = logging.getLogger("gpuspawner.health")
 
@@ -159,3 +164,42 @@ class NVMLHealthWatcher:
                                _const("NVML_MEMORY_ERROR_TYPE_UNCORRECTED", 1), _const("NVML_VOLATILE_ECC", 0))
             self._ecc[uuid.value] = count.value if count.ok else self._ecc.get(uuid.value)
             self.tracker.failed(uuid.value, WORDS["ecc"].format(count=count.value if count.ok else "some"))
+
+
+class GPUHealth:
+    """One hub's GPU health: its tracker, the inventory that shows it, and (NVML hosts) the watcher.
+
+    ``wake``: told when a GPU comes back (the queue). :meth:`start` (on the hub's event loop, once
+    the hub is up) watches NVML where the inventory reads it.
+    """
+
+    def __init__(self, settings: Configurable, wake: Callable[[], None] = lambda: None) -> None:
+        found = health_settings(settings)
+        self.tracker = HealthTracker(found.gpu_health_ignored_xids, found.gpu_health_auto_return)
+        self.interval = found.gpu_health_poll_interval
+        self._wake = wake
+        self.watcher = None
+        self.source: InventorySource | None = None
+
+    def watch(self, source: InventorySource) -> HealthInventory:
+        """``source``, its readings marked with what is out of service."""
+        self.source = source
+        return HealthInventory(source, self.tracker)
+
+    def start(self, loop, refresh: Callable[[], None]) -> None:
+        """Watch NVML (an NVML inventory) and call ``refresh`` on ``loop`` after every change."""
+        def changed(went_out, came_back) -> None:
+            loop.call_soon_threadsafe(refresh)
+            if came_back:
+                loop.call_soon_threadsafe(self._wake)
+
+        if changed not in self.tracker.listeners and not self.tracker.listeners:
+            self.tracker.listeners.append(changed)
+        if self.watcher is None and isinstance(self.source, NVMLInventory):
+            self.watcher = NVMLHealthWatcher(self.tracker, self.interval)
+            self.watcher.start()
+
+    def close(self) -> None:
+        if self.watcher is not None:
+            self.watcher.stop()
+            self.watcher = None

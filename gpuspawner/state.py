@@ -43,7 +43,7 @@ from traitlets import Bool, Dict, Float, TraitError, Unicode, validate
 from traitlets.config import Config, Configurable
 
 from .gpu import GPU
-from .health import GPUHealth
+from .health_nvml import GPUHealth
 from .inventory import CachedInventory, NVMLInventory, StaticInventory, gpus_from_config
 from .ledger import Ledger, cluster_resource
 from .metrics import HubMetrics
