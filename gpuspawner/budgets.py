@@ -36,8 +36,8 @@ counted as ending now).
 **Hook**: :func:`crossed_low` says when a user's left fell to the "low" share of its limit
 (or below) since it was last looked at. The hub's :class:`gpuspawner.backends.budgets.BudgetKeeper`
 (``budget_keeper(hub_state)``) looks at a user's budgets at each of their GPU spawns, form,
-budgets API and usage page reads, and every ``gpu_budget_check_interval`` seconds for the users
-holding GPUs (:func:`gpuspawner.hub.budgets.watch`); each time a user crosses ``gpu_budget_low``
+budgets API and usage page reads, and at least every ``gpu_budget_check_interval`` seconds for the
+users holding GPUs (the running-server watch, :func:`gpuspawner.hub.budget_notices.watch`); each time a user crosses ``gpu_budget_low``
 it calls ``callback(user, standing)`` of every ``keeper.on_low(callback)``: where notifications
 and the running-server budget watch attach. ``keeper.last`` holds each user's last standing.
 """

@@ -348,7 +348,7 @@ def spends_now(settings: dict, policy, users: Iterable[str], now: float) -> dict
 def watch(settings: dict) -> BudgetNotices:
     """In a running hub (``settings``: its tornado settings): tell, warn and stop (or let finish) the servers
     and jobs of users whose budgets run out, every :data:`PERIOD` seconds."""
-    from .budgets import budget_policy
+    from .budgets import budget_policy, budget_settings
     from .handlers import SETTINGS_KEY
     from .jobs import job_manager
 
@@ -382,7 +382,8 @@ def watch(settings: dict) -> BudgetNotices:
     policy = budget_policy(settings)  # the configuration, read once
     rule = rule_of(settings, policy.exhausted)
 
-    readings = Readings(lambda users, now: spends_now(settings, policy, users, now))
+    readings = Readings(lambda users, now: spends_now(settings, policy, users, now),
+                        every=budget_settings(settings).gpu_budget_check_interval)
 
     async def round_() -> None:
         holders = holders_now(state, settings["users"])

@@ -192,7 +192,6 @@ def _when_hub_is_up() -> None:
         usage.attach_recorder(app.tornado_settings)
         bookings.start_keeping(app.tornado_settings)
         booking_notices.watch(app.tornado_settings)
-        budgets.watch(app.tornado_settings)
         budget_notices.watch(app.tornado_settings)
         health.watch(app.tornado_settings)
         recovery = jobs.job_manager(app.tornado_settings).recovered()
