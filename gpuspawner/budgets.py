@@ -33,13 +33,14 @@ calendar, the end of the period; rolling, the earliest moment enough use has lef
 window for something to be left, if nothing more is used from now (still-held allocations
 counted as ending now).
 
-**Hook**: :func:`crossed_low` says when a user's left fell to the "low" share of its limit
-(or below) since it was last looked at. The hub's :class:`gpuspawner.backends.budgets.BudgetKeeper`
-(``budget_keeper(hub_state)``) looks at a user's budgets at each of their GPU spawns, form,
-budgets API and usage page reads, and at least every ``gpu_budget_check_interval`` seconds for the
-users holding GPUs (the running-server watch, :func:`gpuspawner.hub.budget_notices.watch`); each time a user crosses ``gpu_budget_low``
-it calls ``callback(user, standing)`` of every ``keeper.on_low(callback)``: where notifications
-and the running-server budget watch attach. ``keeper.last`` holds each user's last standing.
+**Hook**: :func:`crossed_low` says when a user's left fell to the "low" share of its limit (or
+below) since it was last looked at. The hub's :class:`gpuspawner.backends.budgets.BudgetKeeper`
+(``budget_keeper(hub_state)``) looks at a user's budgets at each of their GPU spawns, form, budgets
+API and usage page reads, and at least every ``gpu_budget_check_interval`` seconds for the users
+holding GPUs (the running-server watch, :func:`gpuspawner.hub.budget_notices.watch`); each time a
+user crosses ``gpu_budget_low`` it calls ``callback(user, standing)`` of every
+``keeper.on_low(callback)``: where notifications and the running-server budget watch attach.
+``keeper.last`` holds each user's last standing.
 """
 
 from __future__ import annotations
