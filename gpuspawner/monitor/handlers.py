@@ -63,7 +63,7 @@ class SnapshotHandler(_GPUHandler):
     @authorized
     async def get(self) -> None:
         history = self._history_seconds()
-        sample = await self.sampler.fresh()
+        sample = await self.sampler.fresh(history=history)  # a history reader keeps utilisation sampled
         body = dict(sample)
         if history is not False:
             body["history"] = self.sampler.history(history)
@@ -104,7 +104,8 @@ class StreamHandler(_GPUHandler):
             self.write("retry: 3000\n\n")
             if history is not False:
                 self.write(f"event: history\ndata: {dumps(sampler.history(history))}\n\n")
-            first = await sampler.fresh()
+            # values the stream carries anyway (read within detail_interval) do for a joining watcher
+            first = await sampler.fresh(detail_age=sampler.schedule.detail_interval + 2 * sampler.interval)
             self.write(f"event: sample\ndata: {dumps(first)}\n\n")
             await self.flush()
             last_time = first["time"]
