@@ -2,7 +2,7 @@
 
 ```python
 c.GPUMonitor.interval = 1.0          # seconds between samples while someone watches
-c.GPUMonitor.detail_interval = 10    # seconds between reads of everything beyond utilisation and memory
+c.GPUMonitor.detail_interval = 15    # seconds between reads of everything beyond utilisation and memory
 c.GPUMonitor.idle_interval = 5       # seconds between utilisation-only samples for the GPU culler
 c.GPUMonitor.history_seconds = 600   # history a new tab starts with
 c.GPUMonitor.idle_pause = 30         # slow down this long after the last client
@@ -33,7 +33,7 @@ class GPUMonitor(Configurable):
     ).tag(config=True)
 
     detail_interval = Float(
-        10.0,
+        15.0,
         help="Seconds between two reads of the live values beyond utilisation and memory (temperature, "
         "power, clocks, PCIe and NVLink throughput, processes, MIG devices' memory) while someone watches "
         "(0.1 to 3600; at least interval). The samples in between carry the last read values; a sample's "

@@ -47,7 +47,7 @@ class Sampler:
         idle_pause: float = 30.0,
         static_refresh: float = 300.0,
         attribute: Attribution | None = None,
-        detail_interval: float = 10.0,
+        detail_interval: float = 15.0,
         idle_interval: float = 5.0,
     ) -> None:
         self.visibility = visibility
@@ -67,6 +67,7 @@ class Sampler:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._static: Static | None = None
         self._listeners: set[Listener] = set()  # loop side only
+        self._panels: set[Listener] = set()  # of them, those feeding a GPU panel on screen
         self._waiters: list[asyncio.Future] = []  # loop side only
         self.latest: dict | None = None  # loop side: the newest sample
         self.samples_taken = 0
@@ -117,17 +118,21 @@ class Sampler:
                 self.schedule.history_read(time.monotonic(), history)
         self._wake_up()
 
-    def subscribe(self, listener: Listener) -> None:
-        """Call ``listener(sample, encoded)`` on the loop for every new sample until :meth:`unsubscribe`."""
+    def subscribe(self, listener: Listener, panel: bool = False) -> None:
+        """Call ``listener(sample, encoded)`` on the loop for every new sample until :meth:`unsubscribe`;
+        ``panel``: it feeds a GPU panel on screen, which wants everything read every interval."""
         self._listeners.add(listener)
+        if panel:
+            self._panels.add(listener)
         with self._lock:
-            self.schedule.streams = len(self._listeners)
+            self.schedule.streams, self.schedule.panels = len(self._listeners), len(self._panels)
         self._wake_up()
 
     def unsubscribe(self, listener: Listener) -> None:
         self._listeners.discard(listener)
+        self._panels.discard(listener)
         with self._lock:
-            self.schedule.streams = len(self._listeners)
+            self.schedule.streams, self.schedule.panels = len(self._listeners), len(self._panels)
             self.schedule.snapshot(time.monotonic())  # the pace slows idle_pause seconds after the last watcher
 
     async def fresh(self, max_age: float | None = None, timeout: float = 15.0,

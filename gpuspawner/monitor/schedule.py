@@ -12,7 +12,8 @@ Who asks decides the pace:
 
 - *watched*: a live stream is open, or a snapshot (``api/gpus`` without ``history``, metrics) came
   within ``idle_pause`` seconds: a reading every ``interval``, ``FULL`` every ``detail_interval``
-  and ``CORE`` in between;
+  and ``CORE`` in between; ``FULL`` every ``interval`` while a stream feeds a GPU panel on screen
+  (``panels``: it charts and lists everything);
 - *kept*: nobody watches, but a reader of the history (``api/gpus?history=...``: the GPU culler, the
   idle-culler hook) came within the seconds of history it asked for, so it will come back for the
   samples in between: ``UTILIZATION`` every ``idle_interval``;
@@ -36,11 +37,12 @@ NEVER = math.inf
 @dataclass
 class Schedule:
     interval: float = 1.0
-    detail_interval: float = 10.0
+    detail_interval: float = 15.0
     idle_interval: float = 5.0
     idle_pause: float = 30.0
     history_seconds: float = 600.0
     streams: int = 0  # open live streams
+    panels: int = 0  # of them, streams feeding a GPU panel on screen
     last_snapshot: float = -math.inf  # monotonic time of the last snapshot request
     keep_until: float = -math.inf  # history readers expect samples until then
     full_wanted: bool = False  # a request waits for a complete reading
@@ -82,7 +84,7 @@ class Schedule:
             due = self.last_reading + self.interval
             if now < due:
                 return None, due - now
-            if now - self.last_full >= self.detail_interval:
+            if self.panels > 0 or now - self.last_full >= self.detail_interval:
                 return FULL, 0.0
             return CORE, 0.0
         if self.kept(now):

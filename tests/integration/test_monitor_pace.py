@@ -95,6 +95,7 @@ def test_a_watcher_joining_after_a_quiet_stretch_gets_everything_fresh_at_once(t
         time.sleep(2)  # the newest sample is now older than what a watcher takes (2 intervals)
         change(path, config, temperature=71, utilization_gpu=55, memory_used=9 * 2**30)
         joined = time.time()
+        assert server.get("api/gpus/stream", params={"view": "chart"}).status_code == 400
         stream = SSEClient(server)
         try:
             first = stream.wait_for(lambda s: True)
@@ -105,5 +106,15 @@ def test_a_watcher_joining_after_a_quiet_stretch_gets_everything_fresh_at_once(t
             # and the watched pace goes on: utilisation and memory every interval, everything every detail_interval
             second = stream.wait_for(lambda s: s["time"] > first["time"])
             assert second["gpus"][0]["temperature"] == 71
+            assert second["detail_time"] == first["time"]  # carried (detail_interval is 15 s)
+            panel = SSEClient(server, {"view": "panel"})  # a GPU panel opens: everything, every sample
+            try:
+                change(path, config, temperature=72)
+                seen = panel.wait_for(lambda s: s["gpus"][0]["temperature"] == 72)
+                assert seen["detail_time"] == seen["time"]
+                after = panel.wait_for(lambda s: s["time"] > seen["time"])
+                assert after["detail_time"] == after["time"]
+            finally:
+                panel.close()
         finally:
             stream.close()

@@ -12,9 +12,10 @@ import math
 
 from gpuspawner.monitor.schedule import CORE, FULL, UTILIZATION, Schedule
 
-#: NVML calls per GPU of each reading on a GPU without NVLink or MIG (reading.py): utilisation;
-#: + memory; + temperature, power, 3 clocks, 2 PCIe throughputs, 2 process lists.
-CALLS = {UTILIZATION: 1, CORE: 2, FULL: 11}
+#: NVML calls per GPU of each reading on a GPU without NVLink or MIG (reading.py, counted by
+#: benchmarks/monitor.py): utilisation; + memory; + temperature, power, 3 clocks, 2 PCIe
+#: throughputs, 3 for the process lists (compute: its size, then the list, when there are any).
+CALLS = {UTILIZATION: 1, CORE: 2, FULL: 12}
 NVDASHBOARD_PER_WATCHER = 3  # calls per GPU per second (measured: 12/s for 4 GPUs, one watcher)
 
 
@@ -124,3 +125,19 @@ def test_a_snapshot_during_a_watch_costs_nothing_extra_and_a_snapshot_alone_keep
     schedule = Schedule(idle_pause=30)
     readings = run(schedule, 0, 600, {0: lambda s, t: (s.snapshot(t), s.want_full())})
     assert readings[0] == (0, FULL) and 25 <= len(readings) <= 32
+
+
+def test_a_gpu_panel_on_screen_gets_everything_every_interval_and_the_status_bar_pace_after_it_closes():
+    schedule = Schedule()
+
+    def panel(s: Schedule, now: float) -> None:
+        watch(s, now)
+        s.panels += 1
+
+    def close(s: Schedule, now: float) -> None:
+        s.panels -= 1
+
+    readings = run(schedule, 0, 120, {0: panel, 60: close})
+    assert {kind for t, kind in readings if t < 60} == {FULL} and len([t for t, _ in readings if t < 60]) == 60
+    after = [kind for t, kind in readings if t >= 60]
+    assert after.count(FULL) <= 60 / schedule.detail_interval + 1 and CORE in after
