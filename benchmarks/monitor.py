@@ -298,7 +298,7 @@ def main() -> None:
         server = JupyterServer(tmp / "server", fakenvml.env(libdir, config, counts), ["--GPUMonitor.interval=1"])
         with server:
             print("gpuspawner monitor: 4 simulated GPUs, default settings (a sample a second while watched); "
-                  "each client one api/gpus/stream (the status bar and GPU panel of one browser tab)")
+                  "each client one api/gpus/stream (one browser tab's status bar, its GPU panel closed)")
             monitor_rows = run_rows("gpuspawner monitor", server, counts, stream_client, args.window)
             p50, p99 = snapshot_latency(server)
             print(f"snapshot GET api/gpus latency: p50 {p50:.2f} ms, p99 {p99:.2f} ms (300 sequential requests)")
