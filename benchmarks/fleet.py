@@ -4,6 +4,7 @@
     scripts/bench fleet --estimates    # the wait estimator: estimate at enqueue vs real start, 85 % and 71 % load
     scripts/bench fleet --tail         # also who waited longest, and what held them up
     scripts/bench fleet --choices      # users choosing by the estimate: queue, another model, or come back
+    scripts/bench fleet --fairness --heavy-users 0.2   # the queue by arrival (FIFO) vs fair share
 
 Prints the machine's load average with the figures: the replay runs on a simulated clock,
 so its figures do not depend on the machine; only its run time does.

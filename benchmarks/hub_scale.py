@@ -444,7 +444,9 @@ def main() -> int:
         print("\ngoals: " + "; ".join(f"{label} {value * 1000:.1f} ms {'met' if value < goal else 'NOT met'}"
                                       for label, value, goal in goals))
     except BaseException:
-        print(f"the hub's log ends:\n{hub.log()}")
+        ended = hub.proc.poll() if hub.proc else None
+        print(("the hub is still running" if ended is None else f"the hub exited ({ended})")
+              + f"; its log ends:\n{hub.log()}")
         raise
     finally:
         proxy = proxy_pid(hub)

@@ -50,7 +50,11 @@ class ModelAvailability:
 
     @property
     def card(self) -> str:
-        """How a profile card of the spawn form names it, beside the others: ``"Tesla T4: 1 of 2 free"``."""
+        """How a profile card of the spawn form names it, beside the others: ``"Tesla T4: 1 of 2 free"``,
+        ``"Tesla T4: 1 of 1 free, 1 Tesla T4 out of service"``."""
+        if self.known and self.unavailable:
+            now = f"{self.free} of {self.total} free" if self.total else "none usable"
+            return f"{self.full_name}: {now}, {self.unavailable} {self.name} out of service"
         return f"{self.full_name}: {self.counts}"
 
     @property

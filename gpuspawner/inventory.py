@@ -206,6 +206,10 @@ class CachedInventory:
         """The newest reading, however old, without reading again (for metrics); None before the first."""
         return self._reading
 
+    def expire(self) -> None:
+        """Read again at the next ask; meanwhile :meth:`last_reading` keeps the last one (the metrics)."""
+        self._at = float("-inf")
+
     def invalidate(self) -> None:
         with self._lock:
             self._reading = None

@@ -11,6 +11,8 @@ registered on import).
   ``unavailable`` (out of service) or ``allocated`` (held, whatever its health),
   counted as the form and refusals count them (:mod:`gpuspawner.availability`), of the
   hub's own inventory only;
+- ``gpuspawner_gpu_healthy{gpu,host,model}``: 1 for each GPU in service, 0 for one out of
+  service (``gpu`` is its UUID; see :mod:`gpuspawner.health`);
 - ``gpuspawner_cluster_gpus_held{resource}``: GPUs this hub's servers hold where
   the cluster places them (gpu-kube), per cluster resource (``nvidia.com/gpu``,
   ``nvidia.com/mig-1g.10gb``, ...);
@@ -25,6 +27,9 @@ registered on import).
   process started;
 - ``gpuspawner_jobs{state}``: notebook GPU jobs per state (``queued``, ``starting``,
   ``running``, ``completed``, ``failed``, ``cancelled``, ``timed_out``).
+- ``gpuspawner_budget_left{user}``: weighted GPU-hours left of each user's budget (the one with
+  the least left), as the hub last computed it (a spawn, the form, the budgets API, the usage
+  page); one series per user who has a budget and was looked at, none without budgets.
 
 Collecting never does I/O: it uses the newest inventory reading the hub has.
 """
@@ -68,6 +73,8 @@ class HubMetrics(Collector):
             ["outcome"], buckets=BUCKETS, registry=None,
         )
         self._registry: CollectorRegistry | None = None
+        #: user -> GPU-hours left of their budget (set by the hub's budget keeper, gpuspawner.backends.budgets)
+        self.budget_left: Callable[[], Mapping[str, float]] = dict
 
     # ------------------------------------------------------------ recording
 
@@ -95,6 +102,12 @@ class HubMetrics(Collector):
                                          ("free", counts.free), ("unavailable", counts.unavailable)):
                         gpus.add_metric([slug, host, state], value)
         yield gpus
+        healthy = GaugeMetricFamily("gpuspawner_gpu_healthy", "1: the GPU is in service; 0: out of service "
+                                    "(unhealthy: XID, ECC error, row remapping, lost, or taken out)",
+                                    labels=["gpu", "host", "model"])
+        for gpu in reading.gpus if reading is not None else ():
+            healthy.add_metric([gpu.uuid, gpu.host, gpu.model], 1 if gpu.healthy else 0)
+        yield healthy
         cluster = GaugeMetricFamily(
             "gpuspawner_cluster_gpus_held",
             "GPUs held by this hub's servers where the cluster places them, per resource", labels=["resource"],
@@ -117,6 +130,11 @@ class HubMetrics(Collector):
         for state, value in self._jobs().items():
             jobs.add_metric([state], value)
         yield jobs
+        left = GaugeMetricFamily("gpuspawner_budget_left", "Weighted GPU-hours left of each user's budget",
+                                 labels=["user"])
+        for user, value in sorted(self.budget_left().items()):
+            left.add_metric([user], value)
+        yield left
         yield from self.refusals.collect()
         yield from self.placement_seconds.collect()
 

@@ -62,6 +62,8 @@ _REASONS = {
 #: fence, Slurm's ConstrainDevices) makes other users' GPUs so.
 DENIED = "this process may not open this GPU (its device node is fenced off)"
 NOT_SUPPORTED = _REASONS["NVMLError_NotSupported"]
+LOST = _REASONS["NVMLError_GpuIsLost"]
+TIMEOUT = _REASONS["NVMLError_Timeout"]
 
 
 def reason_for(error: BaseException) -> str:

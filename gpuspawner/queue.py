@@ -5,7 +5,12 @@ One queue per hub, owned by its :class:`~gpuspawner.state.HubState`.
 Order: first come, first served, with fairness across users. Each waiting
 request gets a rank when it joins: how many requests of the same user are
 already waiting. Requests are served by (rank, arrival), so a user's second
-request never goes ahead of another user's first.
+request never goes ahead of another user's first. Under fair share
+(:attr:`GPUQueue.fair_share`, ``gpu_queue_order = "fair-share"``) each request is first
+ordered by its user's recent GPU use (:mod:`gpuspawner.fairshare`), looked at again
+whenever the queue is woken and at each re-check; (rank, arrival) break ties. Before all
+of that, a request whose user's GPU-hour budget is spent (``gpu_budget_exhausted =
+"queue-last"``) joins ``last``: behind every request that is not.
 
 Requests compete only when they could use the same GPU models, so a queue of
 A100 requests does not hold back a T4 request. A request with no competing
@@ -30,12 +35,14 @@ from __future__ import annotations
 import asyncio
 import functools
 import itertools
+import math
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Collection, Iterable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from .fairshare import FairShare, duration, ordinal
 from .gpu import GPU, model_slug, slug_matches
 from .profiles import Choice, Profile
 from .refusals import WAITABLE, PlacementError, refuse  # WAITABLE: codes a wait can cure; others end the wait
@@ -48,6 +55,11 @@ T = TypeVar("T")
 
 #: How a request behind competing ones may start (``gpu_queue_backfill``; :meth:`GPUQueue.room`).
 BACKFILL = ("off", "first-fit", "nearest-host")
+
+#: Seconds (the queue's clock) between two looks at the users' recent use under fair share, however
+#: many waiting requests look at the order meanwhile (1,000 waiting, 2,000 holders: a look takes 2-4 ms,
+#: `scripts/bench fair_share`).
+REORDER_EVERY = 1.0
 
 
 class QueueTimeout(PlacementError):
@@ -75,10 +87,14 @@ class Waiter:
     event: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
     #: its last :class:`~gpuspawner.estimate.Estimate` (None before the first), made by the queue's ``known``
     estimate: Any = field(default=None, repr=False)
+    #: its user's recent GPU use (GPU-hours, decayed) under fair share, as last ordered; 0 by arrival
+    share: float = 0.0
+    #: its user's GPU-hour budget is spent (``gpu_budget_exhausted = "queue-last"``): behind every request that is not
+    last: bool = False
 
     @property
-    def key(self) -> tuple[int, int]:
-        return (self.rank, self.seq)
+    def key(self) -> tuple[bool, float, int, int]:
+        return (self.last, self.share, self.rank, self.seq)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -118,6 +134,12 @@ WORDS: dict[str, str] = {
     "pace": "About {minutes}, at the pace of the last {served} requests served from the queue",
     "job_ends": "The first could free by {time}, when a notebook job holding one reaches its time limit",
     "no_end": "No server here has a time limit, so no end time is known",
+    "waiting_why": "Waiting for a free GPU: {why}; {position} of {waiting} waiting for these GPUs; {gpus}. {when}.",
+    "arrival": "{nth} in the queue: first come, first served, each user's first request before anyone's second",
+    "fair_share": "{nth} in the queue: fair share puts users with less recent GPU use first (your recent use: "
+                  "{used} GPU-hours, use {half_life} ago counting half)",
+    "budget_last": "{nth} in the queue: your GPU budget is spent, so every request of a user with budget left "
+                   "goes first",
 }
 
 
@@ -177,15 +199,31 @@ class GPUQueue:
         self._waiters: list[Waiter] = []
         self._seq = itertools.count()
         self._served: deque[float] = deque(maxlen=10)
+        self._fair_share: FairShare | None = None
+        self._version = 0  # changes when a request joins or the rule changes
+        self._ordered: tuple[int, float] | None = None  # (version, clock) of the last sort
+
+    @property
+    def fair_share(self) -> FairShare | None:
+        """None: by arrival; else the users' recent use to order by (``gpu_queue_order = "fair-share"``)."""
+        return self._fair_share
+
+    @fair_share.setter
+    def fair_share(self, value: FairShare | None) -> None:
+        if value is not self._fair_share:
+            self._fair_share = value
+            self._version += 1
 
     # ------------------------------------------------------------ membership
 
-    def join(self, owner: str, user: str, count: int, models: tuple[str, ...] = (), profile: str = "") -> Waiter:
-        """Add a request at the back of its user's rank."""
+    def join(self, owner: str, user: str, count: int, models: tuple[str, ...] = (), profile: str = "",
+             last: bool = False) -> Waiter:
+        """Add a request at the back of its user's rank (``last``: behind every request that is not last)."""
         rank = sum(1 for w in self._waiters if w.user == user)
-        waiter = Waiter(owner, user, count, tuple(models), rank, next(self._seq), profile)
+        waiter = Waiter(owner, user, count, tuple(models), rank, next(self._seq), profile, last=last)
         self._waiters.append(waiter)
-        self._waiters.sort(key=lambda w: w.key)
+        self._version += 1
+        self.reorder()
         return waiter
 
     def leave(self, waiter: Waiter) -> None:
@@ -195,7 +233,8 @@ class GPUQueue:
             self.wake()
 
     def wake(self) -> None:
-        """GPUs may have been released: every waiter looks again."""
+        """GPUs may have been released: every waiter looks again (in the order as it is now)."""
+        self.reorder()
         for waiter in self._waiters:
             waiter.event.set()
 
@@ -208,13 +247,47 @@ class GPUQueue:
 
     # ------------------------------------------------------------ order
 
+    def reorder(self) -> None:
+        """Sort the waiting requests: by each user's recent use now under :attr:`fair_share`, then (rank,
+        arrival); by arrival alone every request keeps ``share`` 0. Only after a join or a change of rule, and
+        under fair share at most every :data:`REORDER_EVERY` seconds (a request leaving keeps the order)."""
+        now, last = self._clock(), self._ordered
+        if last is not None and last[0] == self._version and (
+                self._fair_share is None or now - last[1] < REORDER_EVERY):
+            return
+        self._ordered = (self._version, now)
+        use = self.fair_share.use({w.user for w in self._waiters}) if self.fair_share is not None else {}
+        for w in self._waiters:
+            w.share = use.get(w.user, 0.0)
+        self._waiters.sort(key=lambda w: w.key)
+
+    def _place_of(self, waiter: Waiter) -> tuple[float, float, float, float]:
+        """Where ``waiter``, not in the queue, would join it now: behind everyone by arrival, else by its
+        user's recent use, behind its equals (and behind every request that is not ``last``, if it is)."""
+        if self.fair_share is None:
+            return (math.inf, math.inf, math.inf, math.inf)
+        self.reorder()
+        share = self.fair_share.use((waiter.user,)).get(waiter.user, 0.0)
+        return (waiter.last, share, sum(1 for w in self._waiters if w.user == waiter.user), math.inf)
+
+    def why(self, waiter: Waiter, position: int) -> str:
+        """Why ``waiter`` is ``position``-th: the rule the queue orders by, in words."""
+        if waiter.last:
+            return WORDS["budget_last"].format(nth=ordinal(position))
+        if self.fair_share is None:
+            return WORDS["arrival"].format(nth=ordinal(position))
+        used = f"{waiter.share:.1f}" if waiter.share == 0 or waiter.share >= 0.05 else "less than 0.1"
+        return WORDS["fair_share"].format(nth=ordinal(position), used=used,
+                                          half_life=duration(self.fair_share.half_life))
+
     def ahead(self, count_models: tuple[str, ...], gpus: Iterable[GPU], before: Waiter | None = None) -> list[Waiter]:
         """Waiting requests (ahead of ``before``, or all) that want some of the same GPU models."""
         wanted = _Wanted(gpus)
         mine = wanted(tuple(count_models))
         found = []
+        place = self._place_of(before) if before is not None and before not in self._waiters else None
         for w in self._waiters:
-            if w is before:
+            if w is before or (place is not None and w.key > place):
                 break
             if w.count and not mine.isdisjoint(wanted(w.models)):
                 found.append(w)
@@ -268,13 +341,15 @@ class GPUQueue:
         gap = (self._served[-1] - self._served[0]) / (len(self._served) - 1)
         return max(gap, 1.0) * position
 
-    def describe(self, position: int, waiting: int = 0, known: Known | None = None, now: float | None = None) -> str:
+    def describe(self, position: int, waiting: int = 0, known: Known | None = None, now: float | None = None,
+                 why: str | None = None) -> str:
         """What a request at ``position`` of ``waiting`` (for the same GPUs) is told, and what it rests on.
 
         The request's estimate where ``known`` has one (:mod:`gpuspawner.waits`); else the pace of the
         last serves when the queue has served two or more; else when the first of
         those GPUs must come back (``known.ends``: a job's time limit), or that no end is known.
         ``now`` (epoch seconds, default the wall clock) decides whether that time needs its date.
+        ``why``: the place and its rule in words (:meth:`why`), said instead of the bare number.
         """
         known = known or Known()
         now = time.time() if now is None else now
@@ -288,6 +363,9 @@ class GPUQueue:
         else:
             when = WORDS["no_end"]
         gpus = WORDS["gpus"].format(held=known.held, total=known.total, what=known.what)
+        if why is not None:
+            return WORDS["waiting_why"].format(why=why, position=position, waiting=max(waiting, position),
+                                               gpus=gpus, when=when)
         return WORDS["waiting"].format(position=position, waiting=max(waiting, position), gpus=gpus, when=when)
 
     # ------------------------------------------------------------ waiting
@@ -321,6 +399,7 @@ class GPUQueue:
             while True:
                 waiter.event.clear()
                 gpus = await read_inventory()
+                self.reorder()
                 first = not self.ahead(waiter.models, gpus, before=waiter)
                 backfills = held is not None and backfill != "off"
                 room = gpus if first else self.room(waiter, gpus, held(), backfill) if backfills else None
@@ -337,7 +416,8 @@ class GPUQueue:
                 waiting = len(self.ahead(waiter.models, gpus))  # every request for these GPUs, this one too
                 found = known(waiter, gpus) if known else None
                 waiter.estimate = found.estimate if found else None
-                text = self.describe(position, waiting, found)
+                why = self.why(waiter, position) if self.fair_share is not None or waiter.last else None
+                text = self.describe(position, waiting, found, why=why)
                 if (position, text) != last_report:
                     report(position, text)
                     last_report = (position, text)

@@ -43,6 +43,7 @@ from traitlets import Bool, Dict, Float, TraitError, Unicode, validate
 from traitlets.config import Config, Configurable
 
 from .gpu import GPU
+from .health_nvml import GPUHealth
 from .inventory import CachedInventory, NVMLInventory, StaticInventory, gpus_from_config
 from .ledger import Ledger, cluster_resource
 from .metrics import HubMetrics
@@ -246,8 +247,8 @@ class GPUHubSettings(Configurable):
         return value
 
 
-def settings_for(config: Config, spawner_class: type | None) -> GPUHubSettings:
-    """The GPU settings ``spawner_class`` gets from ``config``, read by traitlets itself.
+def settings_for(config: Config, spawner_class: type | None, kind: type[T] = GPUHubSettings) -> T:
+    """The GPU settings (``kind``: a parent of the spawners) ``spawner_class`` gets from ``config``, read by traitlets.
 
     A settings object whose config sections are the spawner class's own, so that
     ``c.GPUSpawnerMixin.x``, ``c.GPUDockerSpawner.x`` and ``c.Spawner.x`` apply
@@ -255,9 +256,9 @@ def settings_for(config: Config, spawner_class: type | None) -> GPUHubSettings:
     not settings, so traitlets' "not recognized" warnings are silenced here.
     """
     sections = spawner_class.section_names() if isinstance(spawner_class, type) and issubclass(
-        spawner_class, Configurable) else GPUHubSettings.section_names()
+        spawner_class, Configurable) else kind.section_names()
 
-    class _AsSpawner(GPUHubSettings):
+    class _AsSpawner(kind):
         @classmethod
         def section_names(cls) -> list[str]:
             return sections
@@ -291,7 +292,8 @@ class HubState:
         else:
             source = NVMLInventory(simulated=settings.simulated_gpus)
         self.inventory_source = settings.gpu_inventory
-        self.inventory = CachedInventory(source, ttl=settings.gpu_inventory_ttl)
+        self.health = GPUHealth(settings, lambda: self.queue.wake())  # broken GPUs out of placement
+        self.inventory = CachedInventory(self.health.watch(source), ttl=settings.gpu_inventory_ttl)
         self.ledger = Ledger()
         self.queue = GPUQueue()
         #: GPUs held because what last held them is not over (processes that would not die)
@@ -395,6 +397,7 @@ class HubState:
         """Stop serving this state's metrics, stop its timers and retrying out-of-service GPUs."""
         _SERVED.stop(self)
         self.out_of_service.close()
+        self.health.close()
         timers, self._timers = self._timers, {}
         for timer in timers.values():
             timer.cancel()

@@ -59,7 +59,8 @@ from sqlalchemy.orm import Session
 from .db import Base
 from .owner import Owner
 
-__all__ = ["Allocation", "UsageRecorder", "migrate", "END_REASONS", "END_REASON_WORDS", "SCHEMA_VERSION"]
+__all__ = ["Allocation", "Share", "UsageRecorder", "shares", "migrate", "END_REASONS", "END_REASON_WORDS",
+           "SCHEMA_VERSION"]
 
 log = logging.getLogger("gpuspawner.usage")
 
@@ -117,6 +118,42 @@ class Allocation(Base):
             "ended": self.ended, "end_reason": self.end_reason, "busy_seconds": self.busy_seconds,
             "idle_seconds": self.idle_seconds,
         }
+
+
+@dataclass
+class Share:
+    """One allocation's part of a period, in GPU-seconds."""
+
+    row: Allocation
+    held: float
+    busy: float
+    idle: float
+
+    @property
+    def unsampled(self) -> float:
+        return max(0.0, self.held - self.busy - self.idle)
+
+
+def shares(rows: list[Allocation], since: float, until: float, now: float) -> list[Share]:
+    """Each allocation's GPU-seconds inside [since, until): the one rule usage reports and budgets count by.
+
+    An allocation counts for the part of it inside the period: GPU count x overlap. Its busy
+    and idle time are spread evenly over its duration (the records keep totals per
+    allocation), so a period that covers a third of an allocation gets a third of its busy
+    and idle time. An allocation still held counts up to ``now``.
+    """
+    out = []
+    for row in rows:
+        end = row.ended if row.ended is not None else now
+        overlap = min(end, until) - max(row.started, since)
+        if overlap <= 0:
+            continue
+        duration = end - row.started
+        fraction = overlap / duration if duration > 0 else 0.0
+        count = row.gpu_count
+        out.append(Share(row, overlap * count, row.busy_seconds * count * fraction,
+                         row.idle_seconds * count * fraction))
+    return out
 
 
 class SchemaVersion(Base):

@@ -5,7 +5,8 @@ holds the lengths of ended sessions: read once from the usage table (``gpuspawne
 the newest :data:`HISTORY_ROWS` closed rows) the first time an estimate needs them, then kept up
 to date from the ledger's releases, never read again per estimate. A session's "profile" there is
 its kind and GPU model (``server/a100-sxm4-80gb``): the usage table records those, not the spawn
-form's profile.
+form's profile. The same reading feeds fair-share queueing: each user's recent GPU use
+(:meth:`WaitHistory.recent_use`, :mod:`gpuspawner.fairshare`), kept up to date by the same releases.
 
 :func:`queue_estimate` estimates a waiting request from the ledger's holders of the GPUs it could
 use (each holder's latest end: a notebook job's start + the hub's ``gpu_job_time_limit``; a server whose
@@ -19,11 +20,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from sqlalchemy import select
 
 from .estimate import WORDS, Ask, Estimate, History, Holding, for_gpus, latest_end
+from .fairshare import RecentUse
 from .gpu import GPU, per_gpus
 from .owner import Owner, OwnerError
 from .queue import GPUQueue, Waiter, _slug, _Wanted
@@ -32,7 +34,7 @@ from .usage import Allocation
 if TYPE_CHECKING:
     from .state import HubState
 
-__all__ = ["HISTORY_ROWS", "WaitHistory", "if_queued_now", "queue_estimate", "session_key", "wait_history"]
+__all__ = ["HISTORY_ROWS", "Ended", "WaitHistory", "if_queued_now", "queue_estimate", "session_key", "wait_history"]
 
 #: the newest closed usage rows read into the history at the first estimate
 HISTORY_ROWS = 20000
@@ -43,14 +45,28 @@ def session_key(kind: str, model: str) -> str:
     return f"{kind}/{model}" if model else kind
 
 
+class Ended(NamedTuple):
+    """One ended holding as the history keeps it: its "profile" (:func:`session_key`), user and length
+    (seconds); for fair share also its GPU count, model slug and end (seconds since the epoch; None: unknown)."""
+
+    profile: str
+    user: str
+    seconds: float
+    gpus: int = 1
+    model: str = ""
+    ended: float | None = None
+
+
 class WaitHistory:
     """Lengths of ended GPU sessions on this hub: the usage table once, then each release as it happens."""
 
-    def __init__(self, read: Callable[[], list[tuple[str, str, float]] | None],
+    def __init__(self, read: Callable[[], list[tuple] | None],
                  model_of: Callable[[str], str], clock: Callable[[], float] = time.time) -> None:
-        self._read, self._model_of, self._clock = read, model_of, clock
+        self._read, self._model_of, self._clock = read, model_of, clock  # read: rows of :class:`Ended`'s fields
         self.history = History(())
         self.loaded = False
+        self.ended: list[Ended] = []
+        self._recent: dict[float, RecentUse] = {}  # half-life -> each user's recent use
         #: owner -> since when all its GPUs have stayed below the culler's threshold (the samples it reported)
         self.idle_since: dict[str, float] = {}
 
@@ -59,9 +75,24 @@ class WaitHistory:
         if not self.loaded:
             rows = self._read()
             if rows is not None:
-                self.history = History(rows)
+                self.ended = [Ended(*row) for row in rows]
+                self.history = History(row[:3] for row in self.ended)
                 self.loaded = True
         return self.history
+
+    def recent_use(self, half_life: float) -> RecentUse:
+        """Each user's recent GPU use from the ended holdings, decayed with ``half_life`` (seconds): made
+        from the history's reading the first time, then told of each release."""
+        self.current()
+        found = self._recent.get(half_life)
+        if found is None:
+            found = RecentUse(half_life)
+            if self.loaded:  # else nothing is known yet, and nothing kept
+                self._recent[half_life] = found
+            for row in self.ended:
+                if row.ended is not None:
+                    found.add(row.user, row.gpus, row.model, row.ended - row.seconds, row.ended)
+        return found
 
     def samples(self, owner: str, samples: list[tuple[float, float | None]], threshold: float) -> None:
         """The culler's samples of ``owner``'s GPUs (time, highest utilisation %): idle since the first
@@ -83,17 +114,23 @@ class WaitHistory:
         except OwnerError:
             return
         model = self._model_of(uuids[0]) if uuids else ""
-        self.history.add(session_key(kind, model), user, max(0.0, self._clock() - since))
+        now = self._clock()
+        row = Ended(session_key(kind, model), user, max(0.0, now - since), len(uuids), model, now)
+        self.ended.append(row)
+        self.history.add(row.profile, user, row.seconds)
+        for recent in self._recent.values():
+            recent.add(user, row.gpus, model, now - row.seconds, now)
 
 
-def _read_rows(state: HubState) -> list[tuple[str, str, float]] | None:
+def _read_rows(state: HubState) -> list[Ended] | None:
     session = state.usage.session
     if session is None:
         return None
-    query = (select(Allocation.kind, Allocation.model, Allocation.user, Allocation.started, Allocation.ended)
+    query = (select(Allocation.kind, Allocation.model, Allocation.user, Allocation.started, Allocation.ended,
+                    Allocation.gpu_count)
              .where(Allocation.ended.isnot(None)).order_by(Allocation.id.desc()).limit(HISTORY_ROWS))
-    return [(session_key(kind, model), user, max(0.0, ended - started))
-            for kind, model, user, started, ended in session.execute(query)]
+    return [Ended(session_key(kind, model), user, max(0.0, ended - started), count, model, ended)
+            for kind, model, user, started, ended, count in session.execute(query)]
 
 
 def wait_history(state: HubState) -> WaitHistory:

@@ -29,16 +29,19 @@ from traitlets.config import Application
 
 from ..compat import min_cuda
 from ..gpu import GPU
+from ..health import GPUHealthSettings
 from ..inventory import CachedInventory
 from ..ledger import Ledger
 from ..owner import Owner
 from ..placement import GPURequest, PlacementError, never_fits
 from ..profiles import Choice, OptionsError, Profile, load_profiles
 from ..state import GPUHubSettings, HubState, hub_state
+from .budgets import GPUBudgetSettings
 from .claim import Claim
 from .errors import user_error
 from .options import GPUOptionsMixin
 from .policies import GPUPolicyMixin
+from .queue_order import GPUQueueOrderMixin
 from .reconciling import GPUReconcileMixin
 from .saved_state import GPUStateMixin
 from .startup import check_configuration_at_hub_start
@@ -58,7 +61,8 @@ _HONOURED_ONLY_BY = (
 )
 
 
-class GPUSpawnerMixin(GPUOptionsMixin, GPUReconcileMixin, GPUStateMixin, GPUPolicyMixin, GPUHubSettings):
+class GPUSpawnerMixin(GPUOptionsMixin, GPUReconcileMixin, GPUStateMixin, GPUQueueOrderMixin, GPUPolicyMixin,
+                      GPUBudgetSettings, GPUHubSettings, GPUHealthSettings):
     """GPU profiles, placement and the GPU ledger for any JupyterHub spawner."""
 
     gpu_profiles = List(

@@ -138,8 +138,10 @@ class _Overview:
                 live[uuid] = numbers
         kept = state.cache(GPUEntries)
         await kept.prepare(reading)
-        data = build(reading, allocations, holders, live, problems, state.queue.waiters(), time.time(), kept)
+        data = build(reading, allocations, holders, live, problems, state.queue.waiters(), time.time(), kept,
+                     why=state.queue.why)
         data["isolation"] = self.isolation()
+        data["outages"] = {uuid: o.to_dict() for uuid, o in state.health.tracker.outages().items()}
         return data if viewer is None else own_view(data, viewer)
 
     def isolation(self) -> dict | None:

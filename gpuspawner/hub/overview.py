@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -192,6 +192,7 @@ def build(
     waiters: list[Waiter],
     now: float,
     kept: GPUEntries | None = None,
+    why: Callable[[Waiter, int], str] | None = None,
 ) -> dict:
     """Every GPU with its holder and live numbers; free/total per model; the queue.
 
@@ -203,7 +204,8 @@ def build(
     count per cluster resource; they never appear as GPUs of the inventory.
 
     ``kept``: the hub's :class:`GPUEntries` (a new one without), whose entries are reused where
-    nothing they show changed.
+    nothing they show changed. ``why``: a waiting request's place and its rule in words
+    (:meth:`gpuspawner.queue.GPUQueue.why`), each queue entry's ``why``.
     """
     kept = kept if kept is not None else GPUEntries()
     by_uuid = {u: owner for owner, uuids in allocations.items() for u in uuids}
@@ -225,7 +227,8 @@ def build(
     queue = [
         {"position": n, "user": w.user, "server": Owner.parse(w.owner).label, "gpus": w.count,
          "models": list(w.models) or ["any"], "profile": w.profile, "waiting_seconds": round(now - w.joined, 1),
-         "estimate": w.estimate.as_json(now) if w.estimate is not None else None}
+         "estimate": w.estimate.as_json(now) if w.estimate is not None else None,
+         "why": why(w, n) if why is not None else None}
         for n, w in enumerate(waiters, 1)
     ]
     return {
@@ -249,7 +252,9 @@ def own_view(data: dict, user: str) -> dict:
     return {**data, "gpus": [g for g in data["gpus"] if mine(g["holder"])],
             "cluster": [h for h in data["cluster"] if mine(h)],
             "queue": [q for q in data["queue"] if q["user"] == user],
-            "isolation": None, "viewer": user}
+            "isolation": None, "viewer": user,
+            "outages": {u: o for u, o in data.get("outages", {}).items()
+                        if any(g["uuid"] == u and mine(g["holder"]) for g in data["gpus"])}}
 
 
 def held_by_owner(data: dict) -> list[dict]:

@@ -6,12 +6,14 @@ configure(c, culler={"url": "http://127.0.0.1:8000", "idle_timeout": 3600})
 ```
 
 It registers the pages ``/hub/gpus``, ``/hub/gpus/usage`` and ``/hub/gpus/bookings`` and APIs
-``/hub/api/gpus`` and ``/hub/api/gpus/usage`` (everyone's for admins, each user's own
+``/hub/api/gpus``, ``/hub/api/gpus/usage`` and ``/hub/api/gpus/budgets`` (everyone's for admins, each user's own
 for them; linked from the hub's navigation bar by ``templates/page.html``, and
 JupyterHub's admin page gets a section of the GPUs each server holds from
 ``templates/admin.html``; a site's own ``page.html`` or ``admin.html`` in a
 template folder listed before gpuspawner's wins) (plus the culler's
-``/hub/api/gpus/usage/report``, scope ``custom:gpus:report``), defines
+``/hub/api/gpus/usage/report``, scope ``custom:gpus:report``, and each user's browser
+notification feed ``/hub/api/gpus/notifications/feed``, :mod:`.browser_feed`; the progress
+stream's ready event names the server's GPUs, ``c.Spawner.progress_ready_hook``, unless the site set one), defines
 the custom scope ``custom:gpus:read`` (grant it in a role to let a service or
 user read the overview; admins read it through their ``admin-ui`` scope,
 since JupyterHub's admin role cannot be changed), the notebook GPU job API
@@ -21,7 +23,8 @@ every user for themselves, and to their servers' tokens, by adding
 attaches usage accounting to the hub's database (so every allocation is recorded
 from the hub's start, whether or not a server spawns or a page is read) and
 recovers the jobs a previous run of the hub left, reads the GPU bookings
-(``/hub/api/gpus/bookings``, :mod:`.bookings`) and releases unused windows on a timer, tells, warns
+(``/hub/api/gpus/bookings``, :mod:`.bookings`) and releases unused windows on a timer, watches the GPUs'
+health (``/hub/api/gpus/health``, :mod:`.health`: broken GPUs out of placement, their users told), tells, warns
 and stops the servers admitted until a booked window (:mod:`.booking_notices`), creates the hub-internal
 service ``gpuspawner-overview`` (scope ``access:servers``) whose token reads
 the servers' monitors (and posts the booking notices), and, with ``culler``, starts the GPU idle culler as a
@@ -49,7 +52,7 @@ from ..recommended import (
     RECOMMENDED_QUEUE_TIMEOUT as RECOMMENDED_QUEUE_TIMEOUT,
     RECOMMENDED_QUOTA_PER_USER as RECOMMENDED_QUOTA_PER_USER,
 )
-from . import booking_notices, bookings, bookings_page, jobs, usage, usage_page
+from . import booking_notices, bookings, bookings_page, budgets, health, jobs, usage, usage_page
 from .culler import parse_args as culler_arguments
 from .handlers import SCOPE, SETTINGS_KEY, handlers
 
@@ -71,11 +74,12 @@ def configure(c: Any, *, culler: dict | None = None, python: str = sys.executabl
     check_spawner(c)
     c.JupyterHub.extra_handlers.extend(usage.handlers() + usage_page.handlers() + handlers())
     c.JupyterHub.extra_handlers.extend(jobs.handlers() + bookings.handlers())
-    c.JupyterHub.extra_handlers.extend(bookings_page.handlers())
+    c.JupyterHub.extra_handlers.extend(bookings_page.handlers() + budgets.handlers() + health.handlers())
     paths = c.JupyterHub.template_paths
     if isinstance(paths, LazyConfigValue):  # a list of its own, so JupyterHub's folder comes after ours
         paths = c.JupyterHub.template_paths = paths.get_value([])
     paths.append(TEMPLATES)
+    _browser_notifications(c)
     c.JupyterHub.custom_scopes.update({
         SCOPE: {"description": "Read the GPU overview and usage: every GPU, who holds it, live utilisation, "
                         "GPU-hours per user and group."},
@@ -187,6 +191,8 @@ def _when_hub_is_up() -> None:
         usage.attach_recorder(app.tornado_settings)
         bookings.start_keeping(app.tornado_settings)
         booking_notices.watch(app.tornado_settings)
+        budgets.watch(app.tornado_settings)
+        health.watch(app.tornado_settings)
         recovery = jobs.job_manager(app.tornado_settings).recovered()
         recovery.add_done_callback(_log_failure(app))
 
@@ -199,3 +205,13 @@ def _log_failure(app):
             app.log.error("gpuspawner: recovering notebook GPU jobs failed", exc_info=future.exception())
 
     return done
+
+
+def _browser_notifications(c: Any) -> None:
+    """Each user's browser notification feed (:mod:`.browser_feed`), and the server's GPUs in the progress
+    stream's ready event (``c.Spawner.progress_ready_hook``) unless the site set its own hook."""
+    from . import browser_feed
+
+    c.JupyterHub.extra_handlers.extend(browser_feed.handlers())
+    if "progress_ready_hook" not in c.Spawner:
+        c.Spawner.progress_ready_hook = browser_feed.ready_event_gpus

@@ -59,7 +59,8 @@ figures), :mod:`~gpuspawner.replay.report` (the table and the chart), :mod:`~gpu
 (the command line), :mod:`~gpuspawner.replay.estimates` (the wait estimator measured: ``--estimates``),
 :mod:`~gpuspawner.replay.tail` (who waits longest, and why: ``--tail``),
 :mod:`~gpuspawner.replay.bookings` (a booking load: ``--bookings``),
-:mod:`~gpuspawner.replay.choices` (users choosing by the wait estimate, or booking from it: ``--choices``).
+:mod:`~gpuspawner.replay.choices` (users choosing by the wait estimate, or booking from it: ``--choices``),
+:mod:`~gpuspawner.replay.fairness` (the queue by arrival vs fair share: ``--fairness``).
 """
 
 from __future__ import annotations

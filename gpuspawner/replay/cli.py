@@ -27,7 +27,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--history", help="replay GET /hub/api/gpus/usage?by=allocation output (.json or .csv) "
                                      "instead of a synthetic trace")
     for name in ("load", "hours", "session_hours", "active_minutes", "pause_minutes", "cpu_share",
-                 "break_share", "abandon_share", "tab_open_share", "batch_share", "batch_hours"):
+                 "break_share", "abandon_share", "tab_open_share", "batch_share", "batch_hours", "heavy_users",
+                 "heavy_demand"):
         p.add_argument("--" + name.replace("_", "-"), type=float, default=getattr(defaults, name),
                        help=f"trace parameter (default {getattr(defaults, name)})")
     p.add_argument("--users", type=int, default=defaults.users, help=f"users (default {defaults.users})")
@@ -62,6 +63,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         "beside the same policies as is")
     p.add_argument("--patience", type=float, default=20.0,
                    help="with --choices: the longest estimated wait, minutes, a user queues for as asked (default 20)")
+    p.add_argument("--fairness", action="store_true",
+                   help="compare the queue's order instead, arrival (FIFO) vs fair-share, on the same trace: Jain's "
+                        "index of GPU-hours per user, median waits of light and heavy users (see "
+                        "gpuspawner/replay/fairness.py; --heavy-users 0.2 gives users unequal demand)")
+    p.add_argument("--half-life", type=float, default=168.0,
+                   help="with --fairness: gpu_fair_share_half_life, hours (default 168)")
     p.add_argument("--json", action="store_true", help="print the figures as JSON")
     p.add_argument("--markdown", action="store_true", help="print the table as Markdown")
     return p.parse_args(argv)
@@ -131,6 +138,24 @@ def choices(args: argparse.Namespace, inventory: tuple) -> list:
     return _shown(out, args, CHOICE_COLUMNS)
 
 
+def fairness(args: argparse.Namespace, inventory: tuple) -> list:
+    """``--fairness``: the runnable hub's settings with the queue by arrival and by fair share."""
+    from .fairness import COLUMNS as FAIRNESS_COLUMNS, measure
+
+    arrival = next(p for p in default_policies(()) if p.name == "gpuspawner")
+    policies = [replace(arrival, name="gpuspawner, arrival (FIFO)"),
+                replace(arrival, name="gpuspawner, fair-share", queue_order="fair-share", half_life=args.half_life)]
+    days = _days(args, inventory, args.seed, args.load)
+    out = measure(days, inventory, policies, args.hours)
+    load = statistics.mean(offered_load(d, len(inventory), args.hours) for d in days)
+    mix = (f"a {args.heavy_users:g} share of the users asking {args.heavy_demand:g} times as often as the others"
+           if args.heavy_users > 0 else "every user alike")
+    print(f"Queue order, {len(inventory)} GPUs, {len(days)} day(s) (seeds {args.seed}-{args.seed + len(days) - 1}), "
+          f"offered load {100 * load:.0f}%, {args.users} users, {mix}; fair-share half-life {args.half_life:g} h. "
+          f"Light/heavy: the bottom/top quartile of each day's users by GPU-hours asked for")
+    return _shown(out, args, FAIRNESS_COLUMNS)
+
+
 def main(argv: list[str] | None = None) -> list:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     inventory = gpus(args.gpus, args.host_gpus)
@@ -140,6 +165,8 @@ def main(argv: list[str] | None = None) -> list:
         return bookings(args, inventory)
     if args.choices:
         return choices(args, inventory)
+    if args.fairness:
+        return fairness(args, inventory)
     if args.history:
         days = [load_history(args.history)]
     else:

@@ -10,9 +10,11 @@ import statistics
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 
+from ..fairshare import RecentUse, held_now, use_now
 from ..gpu import GPU, GPUs
 from ..idle import IdleTracker
 from ..ledger import Ledger
+from ..owner import user_of
 from ..placement import GPURequest, PlacementError
 from ..queue import BACKFILL, WAITABLE, GPUQueue, Waiter
 from ..quota import Quota, check
@@ -35,6 +37,8 @@ class Policy:
     retry_minutes: float = 10.0
     retries: int = 3
     backfill: str = "off"  # the queue's gpu_queue_backfill (GPUQueue.room)
+    queue_order: str = "arrival"  # the queue's gpu_queue_order: "arrival" or "fair-share" (replay/fairness.py)
+    half_life: float = 168.0  # gpu_fair_share_half_life, hours
 
 
 def default_policies(timeouts: Iterable[float] = (900, 1800, 3600, 7200)) -> list[Policy]:
@@ -124,6 +128,23 @@ class _Replay:
         self.lengths: list[tuple[str, str, float]] = []  # ended holdings: (profile, user, seconds), the history
         self.estimated: list[tuple[object, float, float]] = []  # (estimate, enqueued, started) of served waits
         self.unserved: list[tuple[object, float]] = []  # (estimate, enqueued) of waits that reached the queue's limit
+        if policy.queue_order == "fair-share":
+            self.order_by_fair_share(RecentUse(policy.half_life * 3600))
+
+    def order_by_fair_share(self, recent: RecentUse) -> None:
+        """The queue orders by each user's recent use (the hub's rule): what this day's releases ended, and
+        what is held now, on the simulated clock."""
+        model_of = {g.uuid: g.model for g in self.inventory}
+
+        def released(event: str, owner: str, uuids: tuple[str, ...], since: float) -> None:
+            if event == "release" and uuids:
+                recent.add(user_of(owner), len(uuids), model_of.get(uuids[0], ""), since, self.now)
+
+        def held() -> dict:
+            return held_now(self.ledger.allocations(), self.ledger.since, user_of, model_of.__getitem__, self.now)
+
+        self.ledger.observe(released)
+        self.queue.fair_share = use_now(lambda: recent, recent.half_life, held, lambda: self.now)
 
     # ------------------------------------------------------------ the clock
 
@@ -192,7 +213,9 @@ class _Replay:
 
     def serve(self) -> None:
         """Every waiter tries to place on the GPUs the queue lets it use (GPUQueue.serve's rule: all of
-        them with no competing request ahead, else its backfill room, ``GPUQueue.room``)."""
+        them with no competing request ahead, else its backfill room, ``GPUQueue.room``), in the queue's
+        order as it is now (``GPUQueue.reorder``: fair share changes it as GPUs are held)."""
+        self.queue.reorder()
         for waiter in self.queue.waiters():
             live = self.live.get(waiter.owner)
             if live is None or live.waiter is not waiter:

@@ -63,6 +63,8 @@ class TraceParams:
     count_weights: tuple[tuple[int, float], ...] = ((1, 0.7), (2, 0.2), (4, 0.1))
     model_weights: tuple[tuple[str, float], ...] = (("any", 0.5), ("a100", 0.3), ("t4", 0.2))
     seed: int = 1
+    heavy_users: float = 0.0  # share of the users who are heavy (0: every user alike, the documented day)
+    heavy_demand: float = 4.0  # how many times as many sessions a heavy user starts as another
 
 
 @dataclass
@@ -93,6 +95,16 @@ def _pick(rng: random.Random, weighted: Iterable[tuple]) -> object:
     return rng.choices([v for v, _w in items], weights=[w for _v, w in items])[0]
 
 
+def _user(rng: random.Random, params: TraceParams) -> int:
+    """A session's user: any alike, or (``heavy_users`` > 0) the first ``heavy_users`` x ``users`` users
+    ``heavy_demand`` times as likely as each other."""
+    if params.heavy_users <= 0:
+        return rng.randrange(params.users)
+    heavy = max(1, round(params.heavy_users * params.users))
+    weights = [params.heavy_demand if u < heavy else 1.0 for u in range(params.users)]
+    return rng.choices(range(params.users), weights=weights)[0]
+
+
 def synthetic_trace(params: TraceParams, capacity: int) -> list[Session]:
     """Sessions until their planned GPU-hours reach ``load`` x ``capacity`` x ``hours``."""
     rng = random.Random(params.seed)
@@ -106,7 +118,7 @@ def synthetic_trace(params: TraceParams, capacity: int) -> list[Session]:
         arrive = (hour + rng.random()) * 3600 * params.hours / 24
         count = int(_pick(rng, params.count_weights))
         model = str(_pick(rng, params.model_weights))
-        user = f"user{rng.randrange(params.users):02d}"
+        user = f"user{_user(rng, params):02d}"
         if rng.random() < params.batch_share:
             length = rng.expovariate(1 / (params.batch_hours * 3600))
             session = Session(i, user, arrive, count, (model,), [("active", length)], job=True)

@@ -233,6 +233,11 @@ static nvmlReturn_t copy_str(char *dst, unsigned int length, const char *src)
     return NVML_SUCCESS;
 }
 
+nvmlReturn_t fk_enter_lib(const char *fn)
+{
+    return enter(fn);
+}
+
 /* For tools.c: the same entry steps as the functions here. */
 nvmlReturn_t fk_enter_device(const char *fn, nvmlDevice_t device, fk_dev *d)
 {

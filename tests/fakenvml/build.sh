@@ -47,7 +47,7 @@ if [[ ! -f /usr/include/cjson/cJSON.h ]]; then
     exit 1
 fi
 
-sources=("$here/api.c" "$here/config.c" "$here/counts.c" "$here/node.c" "$here/tools.c" "$here/topo.c")
+sources=("$here/api.c" "$here/config.c" "$here/counts.c" "$here/node.c" "$here/tools.c" "$here/topo.c" "$here/health.c")
 inputs=("${sources[@]}" "$here/fakenvml.h" "${BASH_SOURCE[0]}" "$nvml_h")
 
 if [[ -f "$lib" ]]; then

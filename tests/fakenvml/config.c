@@ -619,6 +619,9 @@ static void parse_gpu(ctx *c, const cJSON *d, int index, fk_gpu *g)
     g->ngprocs = parse_procs(c, d, "graphics_processes", w, g->gprocs, FK_MAX_PROCS, FK_NA_U32, FK_NA_U32);
     parse_tools(c, d, w, &g->tools);
     parse_gpu_topology(c, d, w, g);
+    char herr[160];
+    if (fk_health_parse(d, w, &g->health, herr, sizeof herr))
+        fail(c, "%s", herr);
     parse_faults(c, d, w, &g->faults);
 }
 

@@ -102,6 +102,15 @@ typedef struct {
     unsigned long long bar1_total, bar1_used;
 } fk_tools;
 
+/* Health (health.c): XID events raised so far (append to inject one) and row remapping. */
+#define FK_MAX_XIDS 64
+typedef struct {
+    int nxid;
+    unsigned long long xid[FK_MAX_XIDS];
+    int has_remap;
+    unsigned int remap_corr, remap_unc, remap_pending, remap_failure;
+} fk_health;
+
 typedef struct {
     char uuid[FK_STR];
     char name[FK_STR];
@@ -152,6 +161,7 @@ typedef struct {
     fk_proc gprocs[FK_MAX_PROCS];
 
     fk_tools tools;
+    fk_health health;
 
     /* topology (topo.c): the CPU-side NUMA node (-1: none, as on a host without NUMA),
      * the GPU's own NUMA node (coherent-memory platforms), the PCIe path
@@ -247,6 +257,13 @@ nvmlReturn_t fk_leave(nvmlReturn_t rc);
 nvmlReturn_t fk_resolve_other(const char *fn, nvmlDevice_t device, fk_dev *d);
 /* The configuration in force (lock held). */
 const fk_config *fk_current(void);
+
+/* api.c: locks, checks init, reloads, applies library faults; unlocks on failure. */
+nvmlReturn_t fk_enter_lib(const char *fn);
+
+/* health.c: the device's "xid_events" and "remapped_rows" keys (0, or -1 and a message). */
+struct cJSON;
+int fk_health_parse(const struct cJSON *d, const char *where, fk_health *h, char *err, size_t errlen);
 
 /* tools.c: seconds since the library was loaded (data counters grow from there). */
 double fk_seconds_loaded(void);

@@ -51,11 +51,13 @@ NVML_VIEW = (
 
 
 @contextmanager
-def runnable_default(tmp_path: Path, fakenvml_libdir: Path, env: dict[str, str] | None = None):
-    """A hub of the repository's jupyterhub_config.py on a fresh machine (no NVML variables), with
-    ``env`` on top; yields (hub, state folder), and stops it and deletes its accounts after."""
+def runnable_default(tmp_path: Path, fakenvml_libdir: Path, env: dict[str, str] | None = None,
+                     config_file: Path = REPO / "jupyterhub_config.py"):
+    """A hub of the repository's jupyterhub_config.py (or of ``config_file``, which may load it) on a fresh
+    machine (no NVML variables), with ``env`` on top; yields (hub, state folder), and stops it and deletes
+    its accounts after."""
     state = tmp_path / "state"
-    hub = Hub(tmp_path / "hub", {}, config_file=REPO / "jupyterhub_config.py")
+    hub = Hub(tmp_path / "hub", {}, config_file=config_file)
     hub.env.update({
         "GPUSPAWNER_STATE_DIR": str(state),
         "GPUSPAWNER_FAKENVML_DIR": str(fakenvml_libdir),

@@ -88,9 +88,8 @@ def test_every_count_says_whether_it_fits_now_later_or_never(layout, model):
         mine = [g for g in gpus if g.name == name]
         up = [g for g in mine if g.healthy]
         down = len(mine) - len(up)
-        more = f", {down} more unavailable" if down else ""
-        counts = (f"none usable: {down} of {down} unavailable" if not up else
-                  f"{sum(g.uuid not in held for g in up)} of {len(up)} free{more}")
+        more = f", {down} {name} out of service" if down else ""
+        counts = (f"none usable{more}" if not up else f"{sum(g.uuid not in held for g in up)} of {len(up)} free{more}")
         expected.append(f"{name}: {counts}")
     assert card(html, "gpu") == " · ".join(expected)
 
