@@ -25,7 +25,10 @@ End reasons (:data:`END_REASONS`):
   a job whose outcome the hub learns afterwards gets that outcome instead;
 - ``completed``: a notebook job that ran to its end;
 - ``cancelled``: a notebook job cancelled by its user, an admin or the API;
-- ``timed_out``: a notebook job stopped at its time limit (the hub's or its backend's).
+- ``timed_out``: a notebook job stopped at its time limit (the hub's or its backend's);
+- ``booking``: a server stopped when a booking of its GPUs began;
+- ``budget``: a server stopped, or a notebook job cancelled, when its user's GPU budget was spent
+  (``gpu_budget_at_zero = "stop"``; :mod:`gpuspawner.hub.budget_notices`).
 
 A job's row has the owner ``user/job/<id>``, where ``<id>`` is the job's id in
 the job API (and in JupyterLab's job list, which uses the same id).
@@ -66,7 +69,8 @@ log = logging.getLogger("gpuspawner.usage")
 
 SCHEMA_VERSION = 1
 #: why an allocation ended: servers' reasons, then notebook jobs' (a job's final state)
-END_REASONS = ("stopped", "culled", "failed", "crashed", "completed", "cancelled", "timed_out", "booking")
+END_REASONS = ("stopped", "culled", "failed", "crashed", "completed", "cancelled", "timed_out", "booking",
+               "budget")
 #: how the usage page says each end reason (None: still held): (words, what it means)
 END_REASON_WORDS: dict[str | None, tuple[str, str]] = {
     None: ("Running", "still holds its GPUs"),
@@ -79,6 +83,7 @@ END_REASON_WORDS: dict[str | None, tuple[str, str]] = {
     "timed_out": ("Timed out", "the job was stopped at its time limit"),
     "booking": ("Stopped: GPUs booked", "stopped when a booking of its GPUs began (it was told so at its start, "
                                         "and warned before)"),
+    "budget": ("Stopped: budget spent", "stopped when its user's GPU budget was spent (warned before)"),
 }
 #: Longest gap (seconds) between two utilisation samples that still counts as busy or idle.
 MAX_GAP = 300.0

@@ -36,6 +36,7 @@ from ..owner import Owner
 from ..placement import GPURequest, PlacementError, never_fits
 from ..profiles import Choice, OptionsError, Profile, load_profiles
 from ..state import GPUHubSettings, HubState, hub_state
+from .budget_at_zero import GPUBudgetAtZeroMixin
 from .budgets import GPUBudgetSettings
 from .claim import Claim
 from .errors import user_error
@@ -62,7 +63,7 @@ _HONOURED_ONLY_BY = (
 
 
 class GPUSpawnerMixin(GPUOptionsMixin, GPUReconcileMixin, GPUStateMixin, GPUQueueOrderMixin, GPUPolicyMixin,
-                      GPUBudgetSettings, GPUHubSettings, GPUHealthSettings):
+                      GPUBudgetSettings, GPUBudgetAtZeroMixin, GPUHubSettings, GPUHealthSettings):
     """GPU profiles, placement and the GPU ledger for any JupyterHub spawner."""
 
     gpu_profiles = List(

@@ -215,10 +215,10 @@ class GPUBudgetSettings(Configurable):
 
     gpu_budget_check_interval = Float(
         60.0,
-        help="""Seconds between the hub's looks at the budgets of the users who hold GPUs now (with
-        budgets configured): it keeps ``gpuspawner_budget_left`` current while servers run and calls
-        the "runs low" listeners when a running server takes a budget to ``gpu_budget_low``. A
-        finite number above 0.""",
+        help="""The most seconds between two reads of the budgets of the users who hold GPUs now (with
+        budgets configured; read sooner when the holders change or a warning or stop may be due):
+        it keeps ``gpuspawner_budget_left`` current while servers run and calls the "runs low"
+        listeners when a running server takes a budget to ``gpu_budget_low``. A finite number above 0.""",
     ).tag(config=True)
 
     @validate("gpu_budget_per_user")

@@ -13,22 +13,17 @@ what the Prometheus gauge ``gpuspawner_budget_left{user}`` serves afterwards.
 
 from __future__ import annotations
 
-import logging
 import time
 
 from jupyterhub import orm
 from jupyterhub.apihandlers import APIHandler
 from tornado import web
-from tornado.ioloop import PeriodicCallback
 
 from ..backends.budgets import GPUBudgetSettings, budget_keeper
 from ..budgets import BudgetPolicy, Standing
 from ..inputs import dumps
-from ..owner import Owner
-from ..state import hub_state_of_app, settings_for
+from ..state import settings_for
 from .usage import BadParameter, _Usage
-
-log = logging.getLogger("gpuspawner.budgets")
 
 
 def budget_settings(settings: dict) -> GPUBudgetSettings:
@@ -39,31 +34,6 @@ def budget_settings(settings: dict) -> GPUBudgetSettings:
 def budget_policy(settings: dict) -> BudgetPolicy:
     """The hub's configured budgets."""
     return budget_settings(settings).budget_policy()
-
-
-def watch(settings: dict) -> PeriodicCallback | None:
-    """Every ``gpu_budget_check_interval`` seconds, the standing of each user holding GPUs now (noted by the
-    hub's keeper: the gauge, and the "runs low" listeners); None (nothing watched) without budgets."""
-    configured = budget_settings(settings)
-    policy = configured.budget_policy()
-    if not policy.enabled:
-        return None
-    state = hub_state_of_app(settings)
-
-    def look() -> None:
-        try:
-            db = settings["db"]
-            users = {}
-            for name in {Owner.parse(owner).user for owner in state.ledger.allocations() if "/" in owner}:
-                found = orm.User.find(db, name)
-                users[name] = [g.name for g in found.groups] if found is not None else []
-            budget_keeper(state).standings(db, policy, users)
-        except Exception:  # the next look tries again
-            log.exception("budgets: could not look at the budgets of the users holding GPUs")
-
-    timer = PeriodicCallback(look, configured.gpu_budget_check_interval * 1000)
-    timer.start()
-    return timer
 
 
 def standings(handler, policy: BudgetPolicy, user: str | None) -> list[Standing]:

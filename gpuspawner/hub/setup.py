@@ -25,7 +25,8 @@ from the hub's start, whether or not a server spawns or a page is read) and
 recovers the jobs a previous run of the hub left, reads the GPU bookings
 (``/hub/api/gpus/bookings``, :mod:`.bookings`) and releases unused windows on a timer, watches the GPUs'
 health (``/hub/api/gpus/health``, :mod:`.health`: broken GPUs out of placement, their users told), tells, warns
-and stops the servers admitted until a booked window (:mod:`.booking_notices`), creates the hub-internal
+and stops the servers admitted until a booked window (:mod:`.booking_notices`), warns, then stops or lets
+finish, the servers and jobs of users whose GPU budget runs out (:mod:`.budget_notices`), creates the hub-internal
 service ``gpuspawner-overview`` (scope ``access:servers``) whose token reads
 the servers' monitors (and posts the booking notices), and, with ``culler``, starts the GPU idle culler as a
 managed service with the role it needs. It also checks the spawner's settings
@@ -52,7 +53,7 @@ from ..recommended import (
     RECOMMENDED_QUEUE_TIMEOUT as RECOMMENDED_QUEUE_TIMEOUT,
     RECOMMENDED_QUOTA_PER_USER as RECOMMENDED_QUOTA_PER_USER,
 )
-from . import booking_notices, bookings, bookings_page, budgets, health, jobs, usage, usage_page
+from . import booking_notices, bookings, bookings_page, budget_notices, budgets, health, jobs, usage, usage_page
 from .culler import parse_args as culler_arguments
 from .handlers import SCOPE, SETTINGS_KEY, handlers
 
@@ -191,7 +192,7 @@ def _when_hub_is_up() -> None:
         usage.attach_recorder(app.tornado_settings)
         bookings.start_keeping(app.tornado_settings)
         booking_notices.watch(app.tornado_settings)
-        budgets.watch(app.tornado_settings)
+        budget_notices.watch(app.tornado_settings)
         health.watch(app.tornado_settings)
         recovery = jobs.job_manager(app.tornado_settings).recovered()
         recovery.add_done_callback(_log_failure(app))
