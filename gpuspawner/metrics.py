@@ -28,7 +28,13 @@ registered on import).
   (the culler's threshold; see :mod:`gpuspawner.usage`), counted since the hub
   process started;
 - ``gpuspawner_jobs{state}``: notebook GPU jobs per state (``queued``, ``starting``,
-  ``running``, ``completed``, ``failed``, ``cancelled``, ``timed_out``).
+  ``running``, ``completed``, ``failed``, ``cancelled``, ``timed_out``);
+- ``gpuspawner_budget_left{user}``: weighted GPU-hours left of each user's budget (the one with
+  the least left), as the hub last computed it (a spawn, the form, the budgets API, the usage
+  page); one series per user who has a budget and was looked at, none without budgets;
+- ``gpuspawner_notifications_total{channel,event,outcome}``: notifications the hub's notifier
+  (:mod:`gpuspawner.hub.notify`) sent (``outcome="sent"``) or gave up (``"failed"``), per
+  channel (``email``, ``webhook``, ``jupyterlab``, ...) and event (``ready``, ``cull``, ...).
 
 Collecting never does I/O: it uses the newest inventory reading the hub has.
 """
@@ -73,7 +79,13 @@ class HubMetrics(Collector):
             "Seconds from asking for GPUs to getting them (queue wait included) or being refused",
             ["outcome"], buckets=BUCKETS, registry=None,
         )
+        self.notifications = PromCounter(
+            "gpuspawner_notifications", "Notifications sent or failed, per channel and event",
+            ["channel", "event", "outcome"], registry=None,
+        )
         self._registry: CollectorRegistry | None = None
+        #: user -> GPU-hours left of their budget (set by the hub's budget keeper, gpuspawner.backends.budgets)
+        self.budget_left: Callable[[], Mapping[str, float]] = dict
 
     # ------------------------------------------------------------ recording
 
@@ -131,8 +143,14 @@ class HubMetrics(Collector):
         for state, value in self._jobs().items():
             jobs.add_metric([state], value)
         yield jobs
+        left = GaugeMetricFamily("gpuspawner_budget_left", "Weighted GPU-hours left of each user's budget",
+                                 labels=["user"])
+        for user, value in sorted(self.budget_left().items()):
+            left.add_metric([user], value)
+        yield left
         yield from self.refusals.collect()
         yield from self.placement_seconds.collect()
+        yield from self.notifications.collect()
 
     def register(self, registry: CollectorRegistry = REGISTRY) -> None:
         """Serve these metrics from ``registry`` (JupyterHub's ``/hub/metrics`` serves the default one).

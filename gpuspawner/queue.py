@@ -8,7 +8,9 @@ already waiting. Requests are served by (rank, arrival), so a user's second
 request never goes ahead of another user's first. Under fair share
 (:attr:`GPUQueue.fair_share`, ``gpu_queue_order = "fair-share"``) each request is first
 ordered by its user's recent GPU use (:mod:`gpuspawner.fairshare`), looked at again
-whenever the queue is woken and at each re-check; (rank, arrival) break ties.
+whenever the queue is woken and at each re-check; (rank, arrival) break ties. Before all
+of that, a request whose user's GPU-hour budget is spent (``gpu_budget_exhausted =
+"queue-last"``) joins ``last``: behind every request that is not.
 
 Requests compete only when they could use the same GPU models, so a queue of
 A100 requests does not hold back a T4 request. A request with no competing
@@ -87,10 +89,12 @@ class Waiter:
     estimate: Any = field(default=None, repr=False)
     #: its user's recent GPU use (GPU-hours, decayed) under fair share, as last ordered; 0 by arrival
     share: float = 0.0
+    #: its user's GPU-hour budget is spent (``gpu_budget_exhausted = "queue-last"``): behind every request that is not
+    last: bool = False
 
     @property
-    def key(self) -> tuple[float, int, int]:
-        return (self.share, self.rank, self.seq)
+    def key(self) -> tuple[bool, float, int, int]:
+        return (self.last, self.share, self.rank, self.seq)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -134,6 +138,8 @@ WORDS: dict[str, str] = {
     "arrival": "{nth} in the queue: first come, first served, each user's first request before anyone's second",
     "fair_share": "{nth} in the queue: fair share puts users with less recent GPU use first (your recent use: "
                   "{used} GPU-hours, use {half_life} ago counting half)",
+    "budget_last": "{nth} in the queue: your GPU budget is spent, so every request of a user with budget left "
+                   "goes first",
 }
 
 
@@ -210,10 +216,11 @@ class GPUQueue:
 
     # ------------------------------------------------------------ membership
 
-    def join(self, owner: str, user: str, count: int, models: tuple[str, ...] = (), profile: str = "") -> Waiter:
-        """Add a request at the back of its user's rank."""
+    def join(self, owner: str, user: str, count: int, models: tuple[str, ...] = (), profile: str = "",
+             last: bool = False) -> Waiter:
+        """Add a request at the back of its user's rank (``last``: behind every request that is not last)."""
         rank = sum(1 for w in self._waiters if w.user == user)
-        waiter = Waiter(owner, user, count, tuple(models), rank, next(self._seq), profile)
+        waiter = Waiter(owner, user, count, tuple(models), rank, next(self._seq), profile, last=last)
         self._waiters.append(waiter)
         self._version += 1
         self.reorder()
@@ -254,17 +261,19 @@ class GPUQueue:
             w.share = use.get(w.user, 0.0)
         self._waiters.sort(key=lambda w: w.key)
 
-    def _place_of(self, waiter: Waiter) -> tuple[float, float, float]:
+    def _place_of(self, waiter: Waiter) -> tuple[float, float, float, float]:
         """Where ``waiter``, not in the queue, would join it now: behind everyone by arrival, else by its
-        user's recent use, behind its equals."""
+        user's recent use, behind its equals (and behind every request that is not ``last``, if it is)."""
         if self.fair_share is None:
-            return (math.inf, math.inf, math.inf)
+            return (math.inf, math.inf, math.inf, math.inf)
         self.reorder()
         share = self.fair_share.use((waiter.user,)).get(waiter.user, 0.0)
-        return (share, sum(1 for w in self._waiters if w.user == waiter.user), math.inf)
+        return (waiter.last, share, sum(1 for w in self._waiters if w.user == waiter.user), math.inf)
 
     def why(self, waiter: Waiter, position: int) -> str:
         """Why ``waiter`` is ``position``-th: the rule the queue orders by, in words."""
+        if waiter.last:
+            return WORDS["budget_last"].format(nth=ordinal(position))
         if self.fair_share is None:
             return WORDS["arrival"].format(nth=ordinal(position))
         used = f"{waiter.share:.1f}" if waiter.share == 0 or waiter.share >= 0.05 else "less than 0.1"
@@ -407,7 +416,7 @@ class GPUQueue:
                 waiting = len(self.ahead(waiter.models, gpus))  # every request for these GPUs, this one too
                 found = known(waiter, gpus) if known else None
                 waiter.estimate = found.estimate if found else None
-                why = self.why(waiter, position) if self.fair_share is not None else None
+                why = self.why(waiter, position) if self.fair_share is not None or waiter.last else None
                 text = self.describe(position, waiting, found, why=why)
                 if (position, text) != last_report:
                     report(position, text)

@@ -50,6 +50,7 @@ class Refusal(str, Enum):
     QUEUED_AHEAD = "queued_ahead"  # others wait in the queue for these GPUs
     QUEUE_TIMEOUT = "queue_timeout"  # waited in the queue for the queue's limit
     BOOKED = "booked"  # the GPUs are booked (gpuspawner.bookings words it)
+    BUDGET = "budget"  # the user's (or a group's) GPU-hour budget is spent (gpuspawner.budgets)
 
     def __str__(self) -> str:
         return self.value
@@ -122,6 +123,12 @@ SENTENCES: dict[str, tuple[Refusal | None, str]] = {
     "queue_timeout": (R.QUEUE_TIMEOUT, "No GPU became free within {minutes}, the queue's limit "
                                        "(you were number {position} in the queue). "
                                        "Try again later or ask for fewer GPUs."),
+    # gpuspawner.budgets: a spent GPU-hour budget ({reset}: when GPU profiles open again)
+    "budget": (R.BUDGET, "Your GPU budget is spent: {whose} used {used} of {limit} {unit} {period}.{reset} "
+                         "CPU-only profiles still start; ask an administrator if you need more."),
+    "budget_reset": (None, " GPU profiles open again at {time}."),
+    "budget_queue_last": (None, "Your GPU budget is spent, so your GPU requests wait in the queue behind everyone "
+                                "with budget left; CPU-only profiles start as usual."),
     # a refusal a wait would cure, where a profile this user may pick waits in the queue for it
     "queue_instead": (None, ' Pick "{profile}" to wait in the queue instead.'),
     # the spawn form: why a GPU count is offered disabled, after its label ("4 GPUs (not free now)")

@@ -247,8 +247,8 @@ class GPUHubSettings(Configurable):
         return value
 
 
-def settings_for(config: Config, spawner_class: type | None) -> GPUHubSettings:
-    """The GPU settings ``spawner_class`` gets from ``config``, read by traitlets itself.
+def settings_for(config: Config, spawner_class: type | None, kind: type[T] = GPUHubSettings) -> T:
+    """The GPU settings (``kind``: a parent of the spawners) ``spawner_class`` gets from ``config``, read by traitlets.
 
     A settings object whose config sections are the spawner class's own, so that
     ``c.GPUSpawnerMixin.x``, ``c.GPUDockerSpawner.x`` and ``c.Spawner.x`` apply
@@ -256,9 +256,9 @@ def settings_for(config: Config, spawner_class: type | None) -> GPUHubSettings:
     not settings, so traitlets' "not recognized" warnings are silenced here.
     """
     sections = spawner_class.section_names() if isinstance(spawner_class, type) and issubclass(
-        spawner_class, Configurable) else GPUHubSettings.section_names()
+        spawner_class, Configurable) else kind.section_names()
 
-    class _AsSpawner(GPUHubSettings):
+    class _AsSpawner(kind):
         @classmethod
         def section_names(cls) -> list[str]:
             return sections

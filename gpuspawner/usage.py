@@ -25,7 +25,10 @@ End reasons (:data:`END_REASONS`):
   a job whose outcome the hub learns afterwards gets that outcome instead;
 - ``completed``: a notebook job that ran to its end;
 - ``cancelled``: a notebook job cancelled by its user, an admin or the API;
-- ``timed_out``: a notebook job stopped at its time limit (the hub's or its backend's).
+- ``timed_out``: a notebook job stopped at its time limit (the hub's or its backend's);
+- ``booking``: a server stopped when a booking of its GPUs began;
+- ``budget``: a server stopped, or a notebook job cancelled, when its user's GPU budget was spent
+  (``gpu_budget_at_zero = "stop"``; :mod:`gpuspawner.hub.budget_notices`).
 
 A job's row has the owner ``user/job/<id>``, where ``<id>`` is the job's id in
 the job API (and in JupyterLab's job list, which uses the same id).
@@ -59,13 +62,15 @@ from sqlalchemy.orm import Session
 from .db import Base
 from .owner import Owner
 
-__all__ = ["Allocation", "UsageRecorder", "migrate", "END_REASONS", "END_REASON_WORDS", "SCHEMA_VERSION"]
+__all__ = ["Allocation", "Share", "UsageRecorder", "shares", "migrate", "END_REASONS", "END_REASON_WORDS",
+           "SCHEMA_VERSION"]
 
 log = logging.getLogger("gpuspawner.usage")
 
 SCHEMA_VERSION = 1
 #: why an allocation ended: servers' reasons, then notebook jobs' (a job's final state)
-END_REASONS = ("stopped", "culled", "failed", "crashed", "completed", "cancelled", "timed_out", "booking")
+END_REASONS = ("stopped", "culled", "failed", "crashed", "completed", "cancelled", "timed_out", "booking",
+               "budget")
 #: how the usage page says each end reason (None: still held): (words, what it means)
 END_REASON_WORDS: dict[str | None, tuple[str, str]] = {
     None: ("Running", "still holds its GPUs"),
@@ -78,6 +83,7 @@ END_REASON_WORDS: dict[str | None, tuple[str, str]] = {
     "timed_out": ("Timed out", "the job was stopped at its time limit"),
     "booking": ("Stopped: GPUs booked", "stopped when a booking of its GPUs began (it was told so at its start, "
                                         "and warned before)"),
+    "budget": ("Stopped: budget spent", "stopped when its user's GPU budget was spent (warned before)"),
 }
 #: Longest gap (seconds) between two utilisation samples that still counts as busy or idle.
 MAX_GAP = 300.0
@@ -117,6 +123,42 @@ class Allocation(Base):
             "ended": self.ended, "end_reason": self.end_reason, "busy_seconds": self.busy_seconds,
             "idle_seconds": self.idle_seconds,
         }
+
+
+@dataclass
+class Share:
+    """One allocation's part of a period, in GPU-seconds."""
+
+    row: Allocation
+    held: float
+    busy: float
+    idle: float
+
+    @property
+    def unsampled(self) -> float:
+        return max(0.0, self.held - self.busy - self.idle)
+
+
+def shares(rows: list[Allocation], since: float, until: float, now: float) -> list[Share]:
+    """Each allocation's GPU-seconds inside [since, until): the one rule usage reports and budgets count by.
+
+    An allocation counts for the part of it inside the period: GPU count x overlap. Its busy
+    and idle time are spread evenly over its duration (the records keep totals per
+    allocation), so a period that covers a third of an allocation gets a third of its busy
+    and idle time. An allocation still held counts up to ``now``.
+    """
+    out = []
+    for row in rows:
+        end = row.ended if row.ended is not None else now
+        overlap = min(end, until) - max(row.started, since)
+        if overlap <= 0:
+            continue
+        duration = end - row.started
+        fraction = overlap / duration if duration > 0 else 0.0
+        count = row.gpu_count
+        out.append(Share(row, overlap * count, row.busy_seconds * count * fraction,
+                         row.idle_seconds * count * fraction))
+    return out
 
 
 class SchemaVersion(Base):

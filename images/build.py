@@ -67,7 +67,14 @@ def requirements(image: str = "singleuser") -> list[str]:
     """What the image installs besides gpuspawner; jupyterhub matches the hub's version."""
     hub = metadata.version("jupyterhub")
     base = [f"jupyterhub=={hub}", "jupyterlab", "jupyter_server", "nvidia-ml-py", "jinja2", "tornado", "traitlets"]
+    named = {_name(r) for r in base}
+    own = [r.partition(";")[0].strip() for r in metadata.requires("gpuspawner") or [] if ";" not in r]
+    base += [r for r in own if _name(r) not in named]  # gpuspawner's other dependencies (apprise, ...)
     return base + list(IMAGES[image][0])
+
+
+def _name(requirement: str) -> str:
+    return re.split(r"[<>=!~ \[]", requirement, maxsplit=1)[0].lower().replace("_", "-")
 
 
 def _key(*parts: object) -> str:

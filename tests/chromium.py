@@ -56,12 +56,20 @@ def hub_login(browser, hub_url: str, name: str, password: str = "test-password")
     """A new page (1400 x 900, 2-minute timeouts) logged in to the hub at ``hub_url`` as ``name``."""
     page = browser.new_page(viewport={"width": 1400, "height": 900})
     page.set_default_timeout(120_000)
+    log_in(page, hub_url, name, password)
+    return page
+
+
+def log_in(page, hub_url: str, name: str, password: str = "test-password", timeout_ms: int | None = None) -> None:
+    """Log ``page`` in to the hub at ``hub_url`` as ``name`` (the dummy authenticator's form); with
+    ``timeout_ms``, that is the page's default timeout from now on."""
+    if timeout_ms is not None:
+        page.set_default_timeout(timeout_ms)
     page.goto(hub_url + "/hub/login")
     page.fill("input[name=username]", name)
     page.fill("input[name=password]", password)
     page.click("input[type=submit], button[type=submit]")
     page.wait_for_url(lambda url: "/hub/login" not in url)
-    return page
 
 
 # ------------------------------------------------------------ the GPU monitor's pages (Lab and Notebook 7)

@@ -36,6 +36,8 @@ from ..owner import Owner
 from ..placement import GPURequest, PlacementError, never_fits
 from ..profiles import Choice, OptionsError, Profile, load_profiles
 from ..state import GPUHubSettings, HubState, hub_state
+from .budget_at_zero import GPUBudgetAtZeroMixin
+from .budgets import GPUBudgetSettings
 from .claim import Claim
 from .errors import user_error
 from .options import GPUOptionsMixin
@@ -44,6 +46,7 @@ from .queue_order import GPUQueueOrderMixin
 from .reconciling import GPUReconcileMixin
 from .saved_state import GPUStateMixin
 from .startup import check_configuration_at_hub_start
+from .telling import GPUTellingMixin
 
 __all__ = ["Claim", "GPUSpawnerMixin", "checked_cuda_map", "user_error"]
 
@@ -60,8 +63,8 @@ _HONOURED_ONLY_BY = (
 )
 
 
-class GPUSpawnerMixin(GPUOptionsMixin, GPUReconcileMixin, GPUStateMixin, GPUQueueOrderMixin, GPUPolicyMixin,
-                      GPUHubSettings, GPUHealthSettings):
+class GPUSpawnerMixin(GPUOptionsMixin, GPUReconcileMixin, GPUStateMixin, GPUTellingMixin, GPUQueueOrderMixin,
+                      GPUPolicyMixin, GPUBudgetSettings, GPUBudgetAtZeroMixin, GPUHubSettings, GPUHealthSettings):
     """GPU profiles, placement and the GPU ledger for any JupyterHub spawner."""
 
     gpu_profiles = List(

@@ -80,6 +80,7 @@ class GPUOptionsMixin(Configurable):
         context = await self.options_form_context()
         if not (self.form_is_the_parents or has_choices(context)):
             return ""
+        context["budget"] = self.budget_form_context(context)
         return _templates.get_template("form.html").render(**context)
 
     async def options_form_context(self) -> dict:
@@ -213,6 +214,7 @@ class GPUOptionsMixin(Configurable):
         self.gpu_choice = choice
         self.apply_profile(choice)
         self.apply_queue_policy(choice)
+        self.apply_budget(choice)  # a spent GPU-hour budget: 422 (or last in the queue), nothing held
 
     async def apply_job_options(self, options: dict[str, Any]) -> Choice:
         """A notebook GPU job's GPU choice (its body's ``profile``, ``gpus``, ``gpu_model``, ``image``),

@@ -53,8 +53,7 @@ class GPUPolicyMixin(Configurable):
     ).tag(config=True)
 
     gpu_quota_per_group = Dict(
-        Int(),
-        help="""At most this many GPUs held by all servers and notebook GPU jobs of all members of a
+        Int(), help="""At most this many GPUs held by all servers and notebook GPU jobs of all members of a
         JupyterHub group together,
         e.g. ``{"students": 8}``. A user in several limited groups must fit in each.""",
     ).tag(config=True)
@@ -280,7 +279,8 @@ class GPUPolicyMixin(Configurable):
         queue = self.hub_state.queue
         quota = self.gpu_quota()
         check(quota, request.count, self.ledger.allocations(), request.owner, self.queued_gpus(request.owner))
-        waiter = queue.join(request.owner, quota.user, request.count, request.models, profile)
+        last = getattr(self, "gpu_budget_last", False)  # a spent GPU-hour budget, "queue-last" (backends/budgets.py)
+        waiter = queue.join(request.owner, quota.user, request.count, request.models, profile, last)
 
         def report(position: int, text: str) -> None:
             self.gpu_event(text, 20)

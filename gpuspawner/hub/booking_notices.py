@@ -179,14 +179,14 @@ def servers_until(store: BookingStore, users: Mapping, state: HubState) -> list[
     return found
 
 
-async def stop_server(settings: dict, s: Until) -> None:
-    """Stop ``s``'s server as JupyterHub's own stop does (the proxy's route, then the spawner),
-    its usage record ending with :data:`END_REASON`."""
+async def stop_server(settings: dict, s: Until, reason: str = END_REASON) -> None:
+    """Stop ``s``'s server (``s``: anything with ``user``, ``server`` and ``owner``) as JupyterHub's own stop
+    does (the proxy's route, then the spawner), its usage record ending with ``reason``."""
     user = settings["users"][s.user]
     spawner = user.spawners.get(s.server) if user is not None else None
     if spawner is None or spawner.pending or not spawner.active:
         return  # gone, or starting or stopping already: looked at again next round
-    hub_state_of_app(settings).usage.end_reason(s.owner, END_REASON)
+    hub_state_of_app(settings).usage.end_reason(s.owner, reason)
     spawner._stop_pending = True  # as JupyterHub's stop_single_user: before anything async
     try:
         await settings["proxy"].delete_user(user, s.server)

@@ -5,7 +5,8 @@ A :class:`Judge` reads a server's monitor with history (``GET {server}/api/gpus?
 where kernels count, its kernels (``GET {server}/api/kernels``), reports the samples to the hub's
 usage accounting (``POST /hub/api/gpus/usage/report``), feeds them to an
 :class:`~gpuspawner.idle.IdleTracker` and, when the tracker says so, warns the server's user with a
-notice JupyterLab shows (``POST {server}/api/gpus/notices``, :func:`post_notice`). What to do on
+notice JupyterLab shows (``POST {server}/api/gpus/notices``, :func:`post_notice`) and by the hub's
+notifier, as the user chose (``POST /hub/api/gpus/notifications/events``: :meth:`Judge.tell`). What to do on
 "stop" is its caller's: the culler stops the server itself, the hook answers the idle culler. All
 HTTP goes through one caller, :class:`HubHTTP` (JSON, the service's token).
 
@@ -149,6 +150,16 @@ class Judge:
         if code != 200:
             self._warning("%s: the hub did not take the usage report (HTTP %s %s)", owner, code, data)
 
+    async def tell(self, holder: dict, message: str, server: str) -> None:
+        """Tell the server's user of the coming cull by the hub's notifier too (email, webhook: as they
+        chose; ``POST /hub/api/gpus/notifications/events``); a failure only goes to the log."""
+        name = f"Your server {holder['server']!r}" if holder.get("server") else "Your server"
+        body = {"user": holder["user"], "event": "cull", "title": "Your idle GPU server will be stopped",
+                "text": message.replace("This server", name, 1), "url": server + "/"}
+        code, data = await self.call("POST", self.api("/gpus/notifications/events"), body)
+        if code != 202:
+            self._warning("%s: the hub did not take the cull notification (HTTP %s %s)", holder["owner"], code, data)
+
     async def read(self, owner: str, server: str, history: str) -> tuple[list, list[float]] | None:
         """(samples, kernel activity) of a server, its samples reported to the hub; None where its
         monitor (or kernels) cannot be read: then it is not judged this round."""
@@ -192,4 +203,5 @@ class Judge:
                 return "idle", what
             tracker.warned(key, now)
             self._warning("warned %s: %s; stopping it %s unless they are used", owner, what, when)
+            await self.tell(holder, message, server)
         return action, what

@@ -6,7 +6,7 @@ configure(c, culler={"url": "http://127.0.0.1:8000", "idle_timeout": 3600})
 ```
 
 It registers the pages ``/hub/gpus``, ``/hub/gpus/usage`` and ``/hub/gpus/bookings`` and APIs
-``/hub/api/gpus`` and ``/hub/api/gpus/usage`` (everyone's for admins, each user's own
+``/hub/api/gpus``, ``/hub/api/gpus/usage`` and ``/hub/api/gpus/budgets`` (everyone's for admins, each user's own
 for them; linked from the hub's navigation bar by ``templates/page.html``, and
 JupyterHub's admin page gets a section of the GPUs each server holds from
 ``templates/admin.html``; a site's own ``page.html`` or ``admin.html`` in a
@@ -25,7 +25,9 @@ from the hub's start, whether or not a server spawns or a page is read) and
 recovers the jobs a previous run of the hub left, reads the GPU bookings
 (``/hub/api/gpus/bookings``, :mod:`.bookings`) and releases unused windows on a timer, watches the GPUs'
 health (``/hub/api/gpus/health``, :mod:`.health`: broken GPUs out of placement, their users told), tells, warns
-and stops the servers admitted until a booked window (:mod:`.booking_notices`), creates the hub-internal
+and stops the servers admitted until a booked window (:mod:`.booking_notices`), warns, then stops or lets
+finish, the servers and jobs of users whose GPU budget runs out (:mod:`.budget_notices`), makes the hub's notifier
+(:mod:`.notify`; each user's settings at ``/hub/gpus/notifications``, :mod:`.notify_api`), creates the hub-internal
 service ``gpuspawner-overview`` (scope ``access:servers``) whose token reads
 the servers' monitors (and posts the booking notices), and, with ``culler``, starts the GPU idle culler as a
 managed service with the role it needs. It also checks the spawner's settings
@@ -52,7 +54,19 @@ from ..recommended import (
     RECOMMENDED_QUEUE_TIMEOUT as RECOMMENDED_QUEUE_TIMEOUT,
     RECOMMENDED_QUOTA_PER_USER as RECOMMENDED_QUOTA_PER_USER,
 )
-from . import booking_notices, bookings, bookings_page, health, jobs, usage, usage_page
+from . import (
+    booking_notices,
+    bookings,
+    bookings_page,
+    budget_notices,
+    budgets,
+    health,
+    jobs,
+    notify,
+    notify_api,
+    usage,
+    usage_page,
+)
 from .culler import parse_args as culler_arguments
 from .handlers import SCOPE, SETTINGS_KEY, handlers
 
@@ -74,7 +88,8 @@ def configure(c: Any, *, culler: dict | None = None, python: str = sys.executabl
     check_spawner(c)
     c.JupyterHub.extra_handlers.extend(usage.handlers() + usage_page.handlers() + handlers())
     c.JupyterHub.extra_handlers.extend(jobs.handlers() + bookings.handlers())
-    c.JupyterHub.extra_handlers.extend(bookings_page.handlers() + health.handlers())
+    c.JupyterHub.extra_handlers.extend(bookings_page.handlers() + budgets.handlers() + health.handlers())
+    c.JupyterHub.extra_handlers.extend(notify_api.handlers())
     paths = c.JupyterHub.template_paths
     if isinstance(paths, LazyConfigValue):  # a list of its own, so JupyterHub's folder comes after ours
         paths = c.JupyterHub.template_paths = paths.get_value([])
@@ -191,7 +206,9 @@ def _when_hub_is_up() -> None:
         usage.attach_recorder(app.tornado_settings)
         bookings.start_keeping(app.tornado_settings)
         booking_notices.watch(app.tornado_settings)
+        budget_notices.watch(app.tornado_settings)
         health.watch(app.tornado_settings)
+        notify.attach(app.tornado_settings)  # before jobs are recovered: their ends are told
         recovery = jobs.job_manager(app.tornado_settings).recovered()
         recovery.add_done_callback(_log_failure(app))
 

@@ -7,11 +7,8 @@ usage, or one user's with ``user=``; any other user reads their own only (naming
 else in ``user=`` is a 403, whoever it names). Reporting needs ``custom:gpus:report``
 (the culler's role has it) or ``admin:servers``. The rows come from :mod:`gpuspawner.usage`.
 
-An allocation counts in a period for the part of it inside the period: GPU
-count x overlap. Its busy and idle time are spread evenly over its duration
-(the records keep totals per allocation), so a period that covers a third of
-an allocation gets a third of its busy and idle time. An allocation still
-held counts up to now.
+An allocation counts in a period for the part of it inside the period
+(:func:`gpuspawner.usage.shares`, the one rule, which budgets count by too).
 """
 
 from __future__ import annotations
@@ -33,7 +30,7 @@ from tornado import web
 from ..inputs import OptionsError, check_json, dumps, field_name, read_json, shown
 from ..owner import Owner, OwnerError
 from ..state import hub_state_of_app
-from ..usage import END_REASONS, Allocation
+from ..usage import END_REASONS, Allocation, Share, shares
 from ..waits import wait_history
 from .handlers import _Overview
 
@@ -87,36 +84,6 @@ def iso(epoch: float | None, timespec: str = "seconds") -> str | None:
     if epoch is None:
         return None
     return datetime.fromtimestamp(epoch, timezone.utc).isoformat(timespec=timespec).replace("+00:00", "Z")
-
-
-@dataclass
-class Share:
-    """One allocation's part of a period, in GPU-seconds."""
-
-    row: Allocation
-    held: float
-    busy: float
-    idle: float
-
-    @property
-    def unsampled(self) -> float:
-        return max(0.0, self.held - self.busy - self.idle)
-
-
-def shares(rows: list[Allocation], since: float, until: float, now: float) -> list[Share]:
-    """Each allocation's GPU-seconds inside [since, until), busy and idle spread over its duration."""
-    out = []
-    for row in rows:
-        end = row.ended if row.ended is not None else now
-        overlap = min(end, until) - max(row.started, since)
-        if overlap <= 0:
-            continue
-        duration = end - row.started
-        fraction = overlap / duration if duration > 0 else 0.0
-        count = row.gpu_count
-        out.append(Share(row, overlap * count, row.busy_seconds * count * fraction,
-                         row.idle_seconds * count * fraction))
-    return out
 
 
 def _keys(row: Allocation, by: str) -> list[str]:

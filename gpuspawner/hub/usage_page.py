@@ -16,6 +16,7 @@ from tornado import web
 
 from ..owner import Owner, OwnerError
 from ..usage import END_REASON_WORDS
+from .budgets import budget_policy, standings
 from .usage import BadParameter, Share, _Usage, allocation_rows, answer
 
 #: the most allocations the page lists, newest first (the CSV has them all)
@@ -106,9 +107,11 @@ class UsagePageHandler(_Usage, BaseHandler):
             chart = svg_bars(by_user["rows"], "user")
         else:
             chart = svg_bars([{**r, "key": r["what"]} for r in per_server["rows"]], "server or job")
+        policy = budget_policy(self.settings)
+        budget = standings(self, policy, whose)[0] if whose is not None and policy.enabled else None
         self.set_header("Cache-Control", "no-store")
         self.finish(await self.render_template(
-            "gpuspawner_usage.html", usage=per_server, viewer=viewer, whose=whose, everyone=everyone,
+            "gpuspawner_usage.html", usage=per_server, budget=budget, viewer=viewer, whose=whose, everyone=everyone,
             by_user=by_user, by_group=by_group, chart=chart, history=history(parts), history_limit=HISTORY_ROWS,
             reasons=END_REASON_WORDS, since=self.get_argument("since", ""), until=self.get_argument("until", ""),
             asked_user=self.get_argument("user", ""),

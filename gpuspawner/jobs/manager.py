@@ -36,11 +36,14 @@ from ..jobmodel.outcome import outcome_of
 from ..jobmodel.runner import JobRunner
 from ..jobmodel.spec import JobSpec, parse_job, requested_job_id
 from ..jobmodel.store import ACTIVE, STATES, JobExists, JobRecord, JobStore
+from ..notifications import Teller, job_told
 from ..owner import Owner
 from ..profiles import OptionsError
 
 log = logging.getLogger("gpuspawner.jobs")
 POLL = 0.25  # seconds between looks at a running job
+#: why the hub itself cancels a job (its usage record's end reason) -> the job's reason in words
+CANCELLED = {"budget": "cancelled: its user's GPU budget was spent"}
 
 
 def _error(status: int, message: str) -> web.HTTPError:
@@ -262,28 +265,35 @@ class JobManager:
             if reason == "timed_out":
                 state, text = "timed_out", f"stopped at its time limit ({limit:g} s)"
             elif reason is not None:
-                state, text = "cancelled", "cancelled"
+                state, text = "cancelled", CANCELLED.get(reason, "cancelled")
             else:
                 state, text = outcome_of(ended)
-            self._finish(record, spawner, state, text, ended.exit_code)
+            self._finish(record, spawner, state, text, ended.exit_code, usage_reason=reason if reason in CANCELLED
+                         else None)
             return
 
-    def _finish(self, record: JobRecord, spawner: Any, state: str, reason: str, exit_code: int | None) -> None:
+    def _finish(self, record: JobRecord, spawner: Any, state: str, reason: str, exit_code: int | None,
+                usage_reason: str | None = None) -> None:
         # the usage record ends with the job's own outcome (completed, failed, cancelled, timed_out),
-        # also when the hub found it gone after a restart and only now read how it ended
-        self.state.usage.end_reason(spawner.gpu_owner, state, replaces_crashed=True)
+        # or why the hub cancelled it (``usage_reason``: budget), also when the hub found it gone after a
+        # restart and only now read how it ended
+        self.state.usage.end_reason(spawner.gpu_owner, usage_reason or state, replaces_crashed=True)
         spawner.release_gpus()
         self._cancel.pop(record.id, None)
         self._save(record.changed(state=state, reason=reason, ended=time.time(), exit_code=exit_code))
         log.info("job %s of %s %s: %s; its GPUs are free", record.id, record.user, state, reason)
+        told = job_told(record.name, record.id, state, reason)
+        if told is not None:
+            self.state.cache(Teller).later(record.user, "job", *told)
 
     # ------------------------------------------------------------ cancelling
 
-    async def cancel(self, record: JobRecord, wait: float = 10.0) -> JobRecord:
-        """Stop an active job (its GPUs are freed when it has ended); a finished one is left as it is."""
+    async def cancel(self, record: JobRecord, wait: float = 10.0, reason: str = "cancelled") -> JobRecord:
+        """Stop an active job (its GPUs are freed when it has ended); a finished one is left as it is.
+        ``reason``: ``"cancelled"`` (its user, an admin, the API) or a key of :data:`CANCELLED` (the hub's)."""
         if not record.active:
             return record
-        self._cancel.setdefault(record.id, "cancelled")
+        self._cancel.setdefault(record.id, reason)
         task = self._tasks.get(record.id)
         if task is not None and record.state == "queued" and not record.handle:  # waiting in the hub's queue
             task.cancel()

@@ -1,9 +1,11 @@
 """Configuration of the GPU monitor (traitlets, set in jupyter_server_config.py).
 
 ```python
-c.GPUMonitor.interval = 1.0          # seconds between samples
+c.GPUMonitor.interval = 1.0          # seconds between samples while someone watches
+c.GPUMonitor.detail_interval = 15    # seconds between reads of everything beyond utilisation and memory
+c.GPUMonitor.idle_interval = 5       # seconds between utilisation-only samples for the GPU culler
 c.GPUMonitor.history_seconds = 600   # history a new tab starts with
-c.GPUMonitor.idle_pause = 30         # stop sampling this long after the last client
+c.GPUMonitor.idle_pause = 30         # slow down this long after the last client
 ```
 """
 
@@ -24,8 +26,27 @@ class GPUMonitor(Configurable):
 
     interval = Float(
         1.0,
-        help="Seconds between two samples of every visible GPU (0.1 to 60). One sampler thread per "
-        "server reads NVML; every client shares its samples.",
+        help="Seconds between two samples of every visible GPU while someone watches (a live stream is "
+        "open, or a snapshot was asked for within idle_pause seconds) (0.1 to 60). One sampler thread per "
+        "server reads NVML; every client shares its samples. Each sample reads utilisation and memory; "
+        "the other live values every detail_interval.",
+    ).tag(config=True)
+
+    detail_interval = Float(
+        15.0,
+        help="Seconds between two reads of the live values beyond utilisation and memory (temperature, "
+        "power, clocks, PCIe and NVLink throughput, processes, MIG devices' memory) while someone watches "
+        "(0.1 to 3600; at least interval). The samples in between carry the last read values; a sample's "
+        "detail_time says when they were read. A client that finds no recent sample (a watcher joining, a "
+        "snapshot after a pause) gets a sample with everything read at once.",
+    ).tag(config=True)
+
+    idle_interval = Float(
+        5.0,
+        help="Seconds between two utilisation-only samples while nobody watches but a reader of the history "
+        "(api/gpus?history=..., as the GPU idle culler reads every round) asked within the seconds of history "
+        "it asked for, so that it finds the GPUs' use between its reads (0.1 to 3600; at least interval). "
+        "With no such reader sampling stops idle_pause seconds after the last client.",
     ).tag(config=True)
 
     history_seconds = Float(
@@ -36,14 +57,15 @@ class GPUMonitor(Configurable):
 
     idle_pause = Float(
         30.0,
-        help="Seconds after the last request (and with no live stream open) after which sampling pauses; "
-        "the next request wakes it (1 to 86400).",
+        help="Seconds after the last request (and with no live stream open) after which sampling every "
+        "interval stops: then only idle_interval's utilisation samples for a history reader, or none; the "
+        "next request wakes it (1 to 86400).",
     ).tag(config=True)
 
     static_refresh = Float(
-        60.0,
+        300.0,
         help="Seconds between re-reads of the slow-changing facts (GPU list, names, memory totals, power "
-        "limits, maximum clocks, MIG layout) (1 to 86400).",
+        "limits, maximum clocks, MIG layout) while sampling (1 to 86400).",
     ).tag(config=True)
 
     @staticmethod
@@ -56,6 +78,10 @@ class GPUMonitor(Configurable):
     @validate("interval")
     def _check_interval(self, proposal):
         return self._bounded(proposal, 0.1, 60)
+
+    @validate("detail_interval", "idle_interval")
+    def _check_slow(self, proposal):
+        return self._bounded(proposal, 0.1, 3600)
 
     @validate("history_seconds")
     def _check_history(self, proposal):

@@ -65,6 +65,8 @@ def load(serverapp) -> None:
             idle_pause=config.idle_pause,
             static_refresh=config.static_refresh,
             attribute=attributor,
+            detail_interval=config.detail_interval,
+            idle_interval=config.idle_interval,
         )
         sampler.on_publish = _KernelTableRefresher(serverapp, attributor)
         web_app = serverapp.web_app

@@ -9,7 +9,8 @@ not user activity, so these requests do not reset the server's idle time.
 - ``GET {base_url}api/gpus``: the newest sample; ``?history=1`` adds all kept
   samples, ``?history=SECONDS`` the last SECONDS of them.
 - ``GET {base_url}api/gpus/stream``: ``text/event-stream``; one ``sample``
-  event per new sample (``?history=...`` as above sends a ``history`` event first).
+  event per new sample (``?history=...`` as above sends a ``history`` event first;
+  ``?view=panel``: it feeds a GPU panel on screen, so every sample reads everything).
 - ``GET {base_url}api/gpus/metrics``: Prometheus text exposition.
 """
 
@@ -63,7 +64,7 @@ class SnapshotHandler(_GPUHandler):
     @authorized
     async def get(self) -> None:
         history = self._history_seconds()
-        sample = await self.sampler.fresh()
+        sample = await self.sampler.fresh(history=history)  # a history reader keeps utilisation sampled
         body = dict(sample)
         if history is not False:
             body["history"] = self.sampler.history(history)
@@ -94,17 +95,22 @@ class StreamHandler(_GPUHandler):
     @authorized
     async def get(self) -> None:
         history = self._history_seconds()
+        view = self.get_argument("view", "status")
+        if view not in ("status", "panel"):
+            raise web.HTTPError(400, f"view: expected status or panel, not {view!r}")
         self.set_header("Content-Type", "text/event-stream; charset=utf-8")
         self.set_header("Cache-Control", "no-cache, no-store")
         self.set_header("X-Accel-Buffering", "no")  # proxies: do not buffer the stream
         self._queue = asyncio.Queue(maxsize=8)
         sampler = self.sampler
-        sampler.subscribe(self._deliver)
+        sampler.subscribe(self._deliver, panel=view == "panel")
         try:
             self.write("retry: 3000\n\n")
             if history is not False:
                 self.write(f"event: history\ndata: {dumps(sampler.history(history))}\n\n")
-            first = await sampler.fresh()
+            # values the stream carries anyway (read within detail_interval) do for a joining status bar
+            slack = 0 if view == "panel" else sampler.schedule.detail_interval
+            first = await sampler.fresh(detail_age=slack + 2 * sampler.interval)
             self.write(f"event: sample\ndata: {dumps(first)}\n\n")
             await self.flush()
             last_time = first["time"]

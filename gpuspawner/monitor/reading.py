@@ -18,6 +18,7 @@ from typing import Any
 
 from .. import nvml
 from ..topology import format_cpus
+from .schedule import CORE, FULL, UTILIZATION
 from .visibility import Device, Visibility
 
 # NVML enums (nvml.h), spelled here so this module does not import pynvml.
@@ -53,6 +54,11 @@ PCIE_TX, PCIE_RX = 0, 1
 FIRST_RATE = "a rate needs two samples: it comes with the next one"
 
 MIG_NOT_REPORTED = "not reported by the driver while MIG is enabled"
+
+#: The fields only a FULL reading reads (besides ``processes`` and the MIG devices' memory).
+DETAIL_FIELDS = ("temperature", "power", "clock_sm", "clock_memory", "clock_graphics",
+                 "pcie_tx", "pcie_rx", "nvlink_tx", "nvlink_rx")
+NOT_WATCHED = "not read while nobody watches (only utilisation is sampled then, for the idle culler)"
 
 
 @dataclass
@@ -132,6 +138,7 @@ def read_static(visibility: Visibility, previous: Static | None = None) -> Stati
         return Static(status=listing.reason, detail=detail)
     driver, cuda = listing.driver_version, listing.cuda_driver_version
     gpus: list[StaticGPU] = []
+    counters = {(g.index, g.uuid): g.nvlink_last for g in previous.gpus} if previous is not None else {}
     fenced = sum(d.handle.reason == nvml.DENIED for d in listing.devices)
     for device in listing.devices:
         if device.handle.reason == nvml.DENIED:
@@ -141,6 +148,7 @@ def read_static(visibility: Visibility, previous: Static | None = None) -> Stati
             continue
         h = device.handle.value
         gpu = StaticGPU(device.index, h, uuid=device.uuid.value, name=device.name.value)
+        gpu.nvlink_last = counters.get((gpu.index, gpu.uuid))  # a rate spans a re-read of the facts
         for key, r in (("uuid", device.uuid), ("name", device.name)):
             if not r.ok:
                 gpu.na[key] = r.reason
@@ -289,7 +297,82 @@ def _throughput(gpu: StaticGPU, h: Any, values: dict[str, Any], na: dict[str, st
     values["nvlink_rx"] = max(0, received - last[2]) * 1024 / (now - last[0])
 
 
-def _gpu_sample(gpu: StaticGPU, attribute: Attribution, pcie: PCIe | None = None) -> dict:
+def _mig_memory(gpu: StaticGPU) -> list[dict]:
+    mig = []
+    for m in gpu.mig:
+        mig_na: dict[str, str] = {}
+        used = nvml.memory_info(m.handle)
+        if not used.ok:
+            mig_na["memory_used"] = mig_na["memory_reserved"] = used.reason
+        elif used.value.reserved is None:
+            mig_na["memory_reserved"] = nvml.MEMORY_V1_ONLY
+        if m.cuda_reason is not None:
+            mig_na["cuda_index"] = m.cuda_reason
+        mig.append({
+            "uuid": m.uuid,
+            "name": m.name,
+            "cuda_index": m.cuda_index,
+            "memory_used": used.value.used if used.ok else None,
+            "memory_reserved": used.value.reserved if used.ok else None,
+            "memory_total": used.value.total if used.ok else m.memory_total,
+            "na": mig_na,
+        })
+    return mig
+
+
+def _detail(gpu: StaticGPU, values: dict[str, Any], na: dict[str, str], attribute: Attribution,
+            pcie: PCIe | None) -> tuple[list[dict], list[dict]]:
+    """The fields only a FULL reading reads (into ``values`` and ``na``): (processes, MIG devices)."""
+    h = gpu.handle
+    temp = nvml.query("nvmlDeviceGetTemperature", h, TEMPERATURE_GPU)
+    values["temperature"] = temp.value
+    if not temp.ok:
+        na["temperature"] = temp.reason
+    power = nvml.query("nvmlDeviceGetPowerUsage", h)
+    values["power"] = power.value / 1000 if power.ok else None
+    if not power.ok:
+        na["power"] = power.reason
+    for clock, kind in CLOCKS.items():
+        r = nvml.query("nvmlDeviceGetClockInfo", h, kind)
+        values[f"clock_{clock}"] = r.value
+        if not r.ok:
+            na[f"clock_{clock}"] = r.reason
+    _throughput(gpu, h, values, na, pcie)
+    mig = _mig_memory(gpu)
+    return _processes(gpu, na, attribute), mig
+
+
+def _carried(previous: dict, values: dict[str, Any], na: dict[str, str]) -> tuple[list[dict], list[dict]]:
+    """A CORE reading: the slower fields as the last FULL reading of the same GPU found them."""
+    for key in (*DETAIL_FIELDS, "processes"):
+        if key in DETAIL_FIELDS:
+            values[key] = previous[key]
+        if key in previous["na"]:
+            na[key] = previous["na"][key]
+    return previous["processes"], previous["mig"]
+
+
+def _same_state(before: dict[str, str], now: dict[str, str]) -> bool:
+    """Whether utilisation and memory read as they did in the last complete reading: fine, or failing
+    for the same reasons. Otherwise (a GPU lost, a fault come or gone) everything is read again at once."""
+    keys = ("utilization_gpu", "memory_used")
+    return all(before.get(k) == now.get(k) for k in keys)
+
+
+def _not_read(gpu: StaticGPU, values: dict[str, Any], na: dict[str, str]) -> list[dict]:
+    """A UTILIZATION reading: every live value but utilisation is null, and says why; MIG devices too."""
+    values["memory_total"] = gpu.memory_total
+    na.update(dict.fromkeys(("memory_used", "memory_reserved", *DETAIL_FIELDS, "processes"), NOT_WATCHED))
+    keys = ("memory_used", "memory_reserved")
+    return [{"uuid": m.uuid, "name": m.name, "cuda_index": m.cuda_index, **dict.fromkeys(keys),
+             "memory_total": m.memory_total, "na": dict.fromkeys(keys, NOT_WATCHED)} for m in gpu.mig]
+
+
+def _gpu_sample(gpu: StaticGPU, attribute: Attribution, pcie: PCIe | None = None, reads: str = FULL,
+                previous: dict | None = None) -> dict:
+    """One GPU's entry. ``reads``: UTILIZATION, CORE or FULL (see schedule.py); a CORE reading
+    carries the slower fields from ``previous`` (this GPU's entry of a complete sample), and
+    reads them itself when there is none."""
     na: dict[str, str] = {}
     out: dict[str, Any] = {
         "index": gpu.index,
@@ -310,6 +393,9 @@ def _gpu_sample(gpu: StaticGPU, attribute: Attribution, pcie: PCIe | None = None
         return out
     h = gpu.handle
     na.update(gpu.na)
+    values["power_limit"] = gpu.power_limit
+    for clock in CLOCKS:
+        values[f"max_clock_{clock}"] = gpu.max_clocks.get(clock)
 
     util = nvml.query("nvmlDeviceGetUtilizationRates", h)
     if util.ok:
@@ -317,6 +403,10 @@ def _gpu_sample(gpu: StaticGPU, attribute: Attribution, pcie: PCIe | None = None
     else:
         reason = MIG_NOT_REPORTED if gpu.mig_mode and "not supported" in (util.reason or "") else util.reason
         na["utilization_gpu"] = na["utilization_memory"] = reason
+    if reads == UTILIZATION:
+        mig = _not_read(gpu, values, na)
+        out.update(values, processes=[], mig=mig, na=na)
+        return out
     memory = nvml.memory_info(h)
     if memory.ok:
         m = memory.value
@@ -328,62 +418,39 @@ def _gpu_sample(gpu: StaticGPU, attribute: Attribution, pcie: PCIe | None = None
         values["memory_total"] = gpu.memory_total
         if gpu.memory_total is None:
             na["memory_total"] = memory.reason
-    temp = nvml.query("nvmlDeviceGetTemperature", h, TEMPERATURE_GPU)
-    values["temperature"] = temp.value
-    if not temp.ok:
-        na["temperature"] = temp.reason
-    power = nvml.query("nvmlDeviceGetPowerUsage", h)
-    values["power"] = power.value / 1000 if power.ok else None
-    if not power.ok:
-        na["power"] = power.reason
-    values["power_limit"] = gpu.power_limit
-    for clock, kind in CLOCKS.items():
-        r = nvml.query("nvmlDeviceGetClockInfo", h, kind)
-        values[f"clock_{clock}"] = r.value
-        if not r.ok:
-            na[f"clock_{clock}"] = r.reason
-        values[f"max_clock_{clock}"] = gpu.max_clocks.get(clock)
-    _throughput(gpu, h, values, na, pcie)
-
-    mig = []
-    for m in gpu.mig:
-        mig_na: dict[str, str] = {}
-        used = nvml.memory_info(m.handle)
-        if not used.ok:
-            mig_na["memory_used"] = mig_na["memory_reserved"] = used.reason
-        elif used.value.reserved is None:
-            mig_na["memory_reserved"] = nvml.MEMORY_V1_ONLY
-        if m.cuda_reason is not None:
-            mig_na["cuda_index"] = m.cuda_reason
-        mig.append({
-            "uuid": m.uuid,
-            "name": m.name,
-            "cuda_index": m.cuda_index,
-            "memory_used": used.value.used if used.ok else None,
-            "memory_reserved": used.value.reserved if used.ok else None,
-            "memory_total": used.value.total if used.ok else m.memory_total,
-            "na": mig_na,
-        })
+    if reads == CORE and previous is not None and _same_state(previous["na"], na):
+        processes, mig = _carried(previous, values, na)
+    else:
+        processes, mig = _detail(gpu, values, na, attribute, pcie)
     out.update(values)
-    out["processes"] = _processes(gpu, na, attribute)
+    out["processes"] = processes
     out["mig"] = mig
     out["na"] = na
     return out
 
 
 def read_sample(static: Static, attribute: Attribution = _no_attribution, now: float | None = None,
-                pool: Executor | None = None) -> dict:
+                pool: Executor | None = None, reads: str = FULL, previous: dict | None = None) -> dict:
     """One sample: the live values of every GPU in ``static``, as plain JSON.
 
     ``pool``: threads that read the PCIe throughput (20 ms a call) side by side (:func:`_start_pcie`).
+    ``reads``: UTILIZATION, CORE or FULL (schedule.py); a CORE reading carries the slower fields from
+    ``previous``, the last complete sample (GPUs matched by index and UUID). ``detail_time`` says when
+    those were read (null in a UTILIZATION reading, which has them null).
     """
     stamp = time.time() if now is None else now
-    pcie = _start_pcie(static.gpus, pool)
+    before = {(g["index"], g["uuid"]): g for g in previous["gpus"]} if previous is not None else {}
+    if reads == CORE and any((g.index, g.uuid) not in before for g in static.gpus):
+        reads = FULL  # a GPU not in the last complete sample: read everything
+    pcie = _start_pcie(static.gpus, pool) if reads == FULL else {}
+    detail_time = {FULL: stamp, CORE: (previous or {}).get("detail_time")}.get(reads)
     return {
         "time": stamp,
         "status": static.status,
         "detail": static.detail,
         "driver_version": static.driver_version,
         "cuda_driver_version": static.cuda_driver_version,
-        "gpus": [_gpu_sample(g, attribute, pcie.get(g.index)) for g in static.gpus],
+        "detail_time": detail_time,
+        "gpus": [_gpu_sample(g, attribute, pcie.get(g.index), reads, before.get((g.index, g.uuid)))
+                 for g in static.gpus],
     }

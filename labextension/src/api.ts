@@ -82,6 +82,8 @@ export interface ISample {
   driver_version: string | null;
   cuda_driver_version: number | null;
   interval?: number;
+  /** when the values beyond utilisation and memory were read; null: only utilisation was */
+  detail_time?: number | null;
   gpus: IGPU[];
 }
 
@@ -136,12 +138,32 @@ export class GPUStream {
     return this._problem;
   }
 
+  /**
+   * Whether a GPU panel on screen is fed: the server then reads everything every sample (the status
+   * bar alone needs utilisation and memory each second, the rest every GPUMonitor.detail_interval).
+   * A change reconnects, asking only for the samples missed meanwhile.
+   */
+  setPanel(shown: boolean): void {
+    if (shown === this._panel) {
+      return;
+    }
+    this._panel = shown;
+    if (this._source) {
+      this.stop();
+      this.start();
+    }
+  }
+
   start(): void {
     if (this._source) {
       return;
     }
     const since = this.latest ? Math.ceil(Date.now() / 1000 - this.latest.time + 1) : HISTORY_SECONDS;
-    const source = new EventSource(apiUrl(this._settings, 'api/gpus/stream', { history: String(Math.min(since, HISTORY_SECONDS)) }), {
+    const query: { [key: string]: string } = { history: String(Math.min(since, HISTORY_SECONDS)) };
+    if (this._panel) {
+      query['view'] = 'panel';
+    }
+    const source = new EventSource(apiUrl(this._settings, 'api/gpus/stream', query), {
       withCredentials: true
     });
     source.addEventListener('history', (event: MessageEvent) => {
@@ -185,6 +207,7 @@ export class GPUStream {
 
   private _settings: ServerConnection.ISettings;
   private _source: EventSource | null = null;
+  private _panel = false;
   private _history: ISample[] = [];
   private _problem: string | null = null;
   private _changed = new Signal<this, ISample>(this);

@@ -323,6 +323,7 @@ export class GPUPanel extends Widget {
   }
 
   dispose(): void {
+    this._stream.setPanel(false);
     this._stream.changed.disconnect(this._render, this);
     this._feed?.changed.disconnect(this._renderNotices, this);
     for (const card of this._byKey.values()) {
@@ -391,7 +392,20 @@ export class GPUPanel extends Widget {
   }
 
   protected onAfterShow(): void {
+    this._stream.setPanel(true);
     this._render();
+  }
+
+  protected onAfterAttach(): void {
+    this._stream.setPanel(this.isVisible);
+  }
+
+  protected onBeforeHide(): void {
+    this._stream.setPanel(false);
+  }
+
+  protected onBeforeDetach(): void {
+    this._stream.setPanel(false);
   }
 
   private _stream: GPUStream;

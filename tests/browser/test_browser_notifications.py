@@ -22,7 +22,7 @@ import pytest
 import requests
 from test_walks_browser import PASSWORD, QUEUED, Someone, patient_expect, shot, wait_for  # noqa: F401
 
-from chromium import ARGS, CHROMIUM, NEEDS_BROWSER, playwright_sync_api
+from chromium import ARGS, CHROMIUM, NEEDS_BROWSER, log_in, playwright_sync_api
 from test_default_config import REPO, runnable_default
 
 pytestmark = [pytest.mark.integration, *NEEDS_BROWSER]
@@ -104,15 +104,6 @@ def tabbed_chromium(folder: Path, chromium):
         log.close()
 
 
-def log_in(page, hub_url: str, name: str) -> None:
-    page.set_default_timeout(60_000)
-    page.goto(hub_url + "/hub/login")
-    page.fill("input[name=username]", name)
-    page.fill("input[name=password]", PASSWORD)
-    page.click("#login_submit")
-    page.wait_for_url(lambda url: "/hub/login" not in url)
-
-
 def made(page) -> list[dict]:
     """The notifications ``page`` made since it loaded."""
     return page.evaluate("window.__made || []")
@@ -132,7 +123,7 @@ def test_a_queued_server_tells_its_user_it_is_ready_while_the_tab_is_in_the_back
         tabs.grant_permissions(["notifications"], origin=hub.url)
         tabs.add_init_script(RECORD)
         page = tabs.pages[0]
-        log_in(page, hub.url, "ada")
+        log_in(page, hub.url, "ada", PASSWORD, 60_000)
         # her server waits in the queue; the page says she will be told (she allowed notifications)
         page.locator(".gs-profile", has_text=QUEUED).locator("input[name=profile]").check()
         page.click("#spawn_form button[type=submit]")
@@ -146,7 +137,7 @@ def test_a_queued_server_tells_its_user_it_is_ready_while_the_tab_is_in_the_back
         # carol queues too, in a browser that refuses notifications: her page says so once
         refusing = browser.new_context(viewport={"width": 1400, "height": 900})
         carols = refusing.new_page()
-        log_in(carols, hub.url, "carol")
+        log_in(carols, hub.url, "carol", PASSWORD, 60_000)
         carols.locator(".gs-profile", has_text=QUEUED).locator("input[name=profile]").check()
         carols.click("#spawn_form button[type=submit]")
         expect(carols.locator("#progress-message")).to_contain_text("number 2 in the queue")
@@ -196,7 +187,7 @@ def test_the_feed_shows_a_users_own_notifications_on_the_hubs_pages(notify_hub, 
     context = browser.new_context(viewport={"width": 1400, "height": 900}, permissions=["notifications"])
     context.add_init_script(RECORD)
     page = context.new_page()
-    log_in(page, hub.url, "ada")
+    log_in(page, hub.url, "ada", PASSWORD, 60_000)
     page.goto(hub.url + "/hub/gpus/usage")
     expect(page.locator("body")).to_have_attribute("data-gpuspawner-feed", "read")  # what came before is not news
     before = {who.name: requests.get(feed, headers=who.auth, timeout=60).json()["last"] for who in (ada, bob)}
@@ -242,7 +233,7 @@ def test_the_feed_shows_a_users_own_notifications_on_the_hubs_pages(notify_hub, 
     # a browser that refuses notifications: the page offers them, says once that they are blocked, still works
     refusing = browser.new_context(viewport={"width": 1400, "height": 900})
     plain = refusing.new_page()
-    log_in(plain, hub.url, "bob")
+    log_in(plain, hub.url, "bob", PASSWORD, 60_000)
     plain.goto(hub.url + "/hub/gpus/usage")
     plain.locator("#gpuspawner-notify-ask").click()
     note = plain.locator("#gpuspawner-notify-note")

@@ -27,7 +27,8 @@ PROFILES = [{"slug": "gpu", "display_name": "GPU notebook", "gpu_models": ["any"
              "default_gpus": 1, "default": True}]
 ONE_GPU = {"profile": "gpu", "gpus": 1, "gpu_model": "any"}
 TWO_GPUS = {"profile": "gpu", "gpus": 2, "gpu_model": "any"}
-NAV = [("/hub/gpus", "GPUs"), ("/hub/gpus/usage", "GPU usage"), ("/hub/gpus/bookings", "Bookings")]
+NAV = [("/hub/gpus", "GPUs"), ("/hub/gpus/usage", "GPU usage"), ("/hub/gpus/bookings", "Bookings"),
+       ("/hub/gpus/notifications", "Notifications")]
 
 
 def epoch(text: str) -> float:

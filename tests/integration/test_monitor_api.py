@@ -351,8 +351,8 @@ def test_stream_delivers_new_values_and_nvml_calls_do_not_grow_with_clients(
     _env_without_visibility(monkeypatch)
     path, config = gpu_file
     counts = tmp_path / "counts"
-    with start(tmp_path, fakenvml_libdir, path, counts=counts,
-               args=["--GPUMonitor.interval=0.5"], static_refresh=3600) as server:
+    with start(tmp_path, fakenvml_libdir, path, counts=counts,  # every sample reads everything here
+               args=["--GPUMonitor.interval=0.5", "--GPUMonitor.detail_interval=0.5"], static_refresh=3600) as server:
         first = SSEClient(server)
         assert first.status_code == 200 and first.content_type.startswith("text/event-stream")
         first.wait_for(lambda s: s["gpus"][0]["utilization_gpu"] == 10)

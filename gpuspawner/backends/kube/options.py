@@ -305,6 +305,7 @@ class KubeOptionsMixin(Configurable):
         _entry, choice = await self.check_options(user_options)
         self.gpu_choice = choice
         self.apply_queue_policy(choice)
+        self.apply_budget(choice)  # a spent GPU-hour budget: 422 (or last in the queue), nothing held
 
 
 def _option_context(field: str, name: str, spec: Mapping, chosen: Mapping) -> dict:
