@@ -168,7 +168,8 @@ def test_pending_job_is_queued_with_slurms_reason_and_cancel_scancels(jobs_hub, 
 def test_hub_restart_does_not_cancel_a_running_job_and_watches_it_again(jobs_hub, slurm_cluster):
     hub = jobs_hub
     params = report(hub, slurm_cluster, "alice", "long.ipynb")
-    created = submit(hub, "alice", {**T4, "notebook": "long.ipynb", "parameters": {**params, "seconds": 15}})
+    # long enough to outlast the hub's restart on a loaded machine (15 s did not, under CI's load)
+    created = submit(hub, "alice", {**T4, "notebook": "long.ipynb", "parameters": {**params, "seconds": 40}})
     running = wait_state(hub, "alice", created["id"], ("running",))
     slurm_id, _ = slurm_job_of(hub, slurm_cluster, "alice", created["id"])
     hub.stop(signal.SIGKILL)
@@ -184,9 +185,9 @@ def test_hub_restart_does_not_cancel_a_running_job_and_watches_it_again(jobs_hub
                                                         "notebook": "long.ipynb"})
     assert r.status_code == 409 and "quota" in r.json()["message"].lower(), r.text
     # watched again: the restarted hub records its end
-    done = wait_state(hub, "alice", created["id"], ("completed", "failed", "cancelled", "timed_out"), timeout=90)
+    done = wait_state(hub, "alice", created["id"], ("completed", "failed", "cancelled", "timed_out"), timeout=120)
     assert done["state"] == "completed" and done["started"] == running["started"], done
-    assert outputs_text(home(hub, "alice") / "long-output.ipynb").count("slept 15") == 1
+    assert outputs_text(home(hub, "alice") / "long-output.ipynb").count("slept 40") == 1
     assert "cancelling Slurm job" not in hub.log_path.read_text(errors="replace")
 
 
