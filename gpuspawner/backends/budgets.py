@@ -26,8 +26,12 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from jupyterhub.spawner import SpawnException
+try:
+    from jupyterhub.spawner import SpawnException
+except ImportError:  # JupyterHub 5 (zero-to-jupyterhub 4's hub image) has none: an HTTPError of the same status
+    SpawnException = None
 from sqlalchemy import or_, select
+from tornado import web
 from traitlets import Any as AnyTrait, Bool, Dict, Float, TraitError, Unicode, validate
 from traitlets.config import Configurable
 
@@ -113,7 +117,10 @@ class BudgetKeeper:
 def budget_refusal(standing: Standing) -> Exception:
     """The 422 a spent budget answers (JupyterHub shows its sentence; the REST body gets the quota fields)."""
     sentence = standing.sentence()
-    error = SpawnException(sentence, reason=QUOTA_ERROR, status_code=422)
+    if SpawnException is not None:
+        error = SpawnException(sentence, reason=QUOTA_ERROR, status_code=422)
+    else:
+        error = web.HTTPError(422, "%s", sentence, reason=QUOTA_ERROR)
     error.jupyterhub_message = sentence
     error.json_fields = standing.quota_json()
     return error
