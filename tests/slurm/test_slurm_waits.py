@@ -72,7 +72,11 @@ def test_squeue_time_limits_are_read_and_unlimited_is_none():
 
 @pytest.fixture(scope="module")
 def hub(slurm_cluster, slurm_gpus, tmp_path_factory):
-    with running_hub(tmp_path_factory.mktemp("slurm-waits"), slurm_cluster, slurm_gpus, OVERVIEW_CONFIG) as hub:
+    # reconciled once, at its start, and not again while the tests run: the booked-user test makes a reservation
+    # named as one of this hub's bookings would be, by hand, which the hub's reconciliation would rightly remove
+    # (no live booking holds it), sometimes before the job it is for was submitted into it
+    config = OVERVIEW_CONFIG + "c.GPUSpawnerMixin.gpu_reconcile_interval = 3600\n"
+    with running_hub(tmp_path_factory.mktemp("slurm-waits"), slurm_cluster, slurm_gpus, config) as hub:
         yield hub
 
 
