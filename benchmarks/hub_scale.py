@@ -444,8 +444,8 @@ def main() -> int:
         print("\ngoals: " + "; ".join(f"{label} {value * 1000:.1f} ms {'met' if value < goal else 'NOT met'}"
                                       for label, value, goal in goals))
     except BaseException:
-        ended = hub.proc.poll() if hub.proc else None
-        print(("the hub is still running" if ended is None else f"the hub exited ({ended})")
+        exit_code = hub.proc.poll() if hub.proc else None
+        print(("the hub is still running" if exit_code is None else f"the hub exited ({exit_code})")
               + f"; its log ends:\n{hub.log()}")
         raise
     finally:
