@@ -46,7 +46,6 @@ user crosses ``gpu_budget_low`` it calls ``callback(user, standing)`` of every
 from __future__ import annotations
 
 import fnmatch
-import functools
 import json
 import math
 from collections.abc import Iterable, Mapping, Sequence
@@ -292,19 +291,22 @@ class Standing:
                 "timestamp": _iso(self.now)}
 
 
-def _groups(row: Any) -> tuple[str, ...]:
-    return _group_list(row.groups or "[]") if isinstance(row.groups, str) else ()
-
-
-@functools.lru_cache(maxsize=1024)
-def _group_list(text: str) -> tuple[str, ...]:
-    """A usage row's groups (JSON), parsed once per distinct text: rows share a few, and the hub's budget
-    watcher reads every user's standing over them (parsing each row for each user took half the time)."""
-    try:
-        found = json.loads(text)
-    except ValueError:
+def _groups(row: Any, parsed: dict[str, tuple[str, ...]] | None = None) -> tuple[str, ...]:
+    """A usage row's groups (JSON); ``parsed``: the texts already parsed in this reading (rows share a
+    few, and a reading of every user's standing goes over all of them)."""
+    text = row.groups or "[]" if isinstance(row.groups, str) else None
+    if text is None:
         return ()
-    return tuple(found) if isinstance(found, list) else ()
+    found = parsed.get(text) if parsed is not None else None
+    if found is None:
+        try:
+            listed = json.loads(text)
+        except ValueError:
+            listed = ()
+        found = tuple(listed) if isinstance(listed, list) else ()
+        if parsed is not None:
+            parsed[text] = found
+    return found
 
 
 def counted(scope: str, name: str, row: Any) -> bool:
@@ -394,9 +396,10 @@ class BudgetPolicy:
         """Where each of ``users`` (name -> groups) stands at ``now``, the rows sorted by user and group once."""
         by_user: dict[str, list[Allocation]] = {}
         by_group: dict[str, list[Allocation]] = {}
+        parsed: dict[str, tuple[str, ...]] = {}
         for r in rows:
             by_user.setdefault(r.user, []).append(r)
-            for g in _groups(r):
+            for g in _groups(r, parsed):
                 by_group.setdefault(g, []).append(r)
         counted: dict[tuple[str, str, BudgetSpec], BudgetLine] = {}  # a group's line, once for all its members
         out = []

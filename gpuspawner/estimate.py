@@ -51,8 +51,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from .estimate_backfill import NearestHost, give_back, start_backfill, take
-from .gpu import GPU
-from .queue import BACKFILL, _slug, _utc_time, _Wanted
+from .gpu import GPU, model_slug
+from .queue import BACKFILL, _utc_time, _Wanted
 
 __all__ = ["LOW", "HIGH", "SAMPLES", "MIN_SAMPLES", "WORDS", "Ask", "Estimate", "History", "Holder", "Holding",
            "estimate", "for_gpus", "latest_end"]
@@ -443,7 +443,7 @@ def for_gpus(
     healthy: dict[str, set[str]] = {}  # model slug -> the groups of its healthy GPUs
     for g, group in named:
         if g.healthy:
-            healthy.setdefault(_slug(g.name), set()).add(group)
+            healthy.setdefault(model_slug(g.name), set()).add(group)
     groups: dict[tuple[str, ...], frozenset[str]] = {}
     for a in (*ahead, ask):
         if a.models not in groups:

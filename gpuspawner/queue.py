@@ -33,7 +33,6 @@ inventory and place a request (see ``backends/policies.py``).
 from __future__ import annotations
 
 import asyncio
-import functools
 import itertools
 import math
 import time
@@ -97,11 +96,6 @@ class Waiter:
         return (self.last, self.share, self.rank, self.seq)
 
 
-@functools.lru_cache(maxsize=1024)
-def _slug(name: str) -> str:
-    return model_slug(name)
-
-
 def _accepts(models: tuple[str, ...], slug: str) -> bool:
     return not models or "any" in models or any(slug_matches(p, slug) for p in models)
 
@@ -110,7 +104,7 @@ class _Wanted:
     """Which inventory models each request pattern accepts, computed once per inventory look."""
 
     def __init__(self, gpus: Iterable[GPU]) -> None:
-        self.slugs = frozenset(_slug(name) for name in {g.name for g in gpus})
+        self.slugs = frozenset(model_slug(name) for name in {g.name for g in gpus})
         self._cache: dict[tuple[str, ...], frozenset[str]] = {}
 
     def __call__(self, models: tuple[str, ...]) -> frozenset[str]:
@@ -183,7 +177,7 @@ def known_for(
     (owner -> the latest time it gives its GPUs back, for owners that have a time limit)."""
     gpus = tuple(gpus)
     wanted = _Wanted(gpus)(waiter.models)
-    mine = [g for g in gpus if g.healthy and _slug(g.name) in wanted]
+    mine = [g for g in gpus if g.healthy and model_slug(g.name) in wanted]
     names = {g.name for g in mine}
     held = [holders[g.uuid] for g in mine if g.uuid in holders]
     ends = [limits[owner] for owner in held if owner in limits]
@@ -317,7 +311,7 @@ class GPUQueue:
         groups: dict[tuple[str, str], list[GPU]] = {}
         for gpu in gpus:
             if gpu.healthy:
-                groups.setdefault((gpu.host, _slug(gpu.name)), []).append(gpu)
+                groups.setdefault((gpu.host, model_slug(gpu.name)), []).append(gpu)
         free = {key: sum(1 for g in members if g.uuid not in held) for key, members in groups.items()}
         kept: set[tuple[str, str]] = set()
         for other in ahead if backfill == "nearest-host" else ():
@@ -328,7 +322,7 @@ class GPUQueue:
         mine = wanted(waiter.models)
         if not any(key not in kept and key[1] in mine and free[key] >= waiter.count for key in groups):
             return None
-        return tuple(g for g in gpus if (g.host, _slug(g.name)) not in kept) if kept else gpus
+        return tuple(g for g in gpus if (g.host, model_slug(g.name)) not in kept) if kept else gpus
 
     def position(self, waiter: Waiter, gpus: Iterable[GPU]) -> int:
         """1 + the number of competing requests ahead of ``waiter``."""

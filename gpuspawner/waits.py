@@ -26,9 +26,9 @@ from sqlalchemy import select
 
 from .estimate import WORDS, Ask, Estimate, History, Holding, for_gpus, latest_end
 from .fairshare import RecentUse
-from .gpu import GPU, per_gpus
+from .gpu import GPU, model_slug, per_gpus
 from .owner import Owner, OwnerError
-from .queue import GPUQueue, Waiter, _slug, _Wanted
+from .queue import GPUQueue, Waiter, _Wanted
 from .usage import Allocation
 
 if TYPE_CHECKING:
@@ -191,7 +191,7 @@ def _of_models(gpus: tuple[GPU, ...], slugs: frozenset[str]) -> tuple[GPU, ...]:
     (:func:`gpuspawner.gpu.per_gpus`, the one memo of what is derived from a reading)."""
     def pick(every) -> tuple[GPU, ...]:
         every = tuple(every)
-        names = {name for name in {g.name for g in every} if _slug(name) in slugs}
+        names = {name for name in {g.name for g in every} if model_slug(name) in slugs}
         return tuple(g for g in every if g.name in names)
 
     return per_gpus(gpus, ("of_models", slugs), pick)

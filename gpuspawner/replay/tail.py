@@ -16,8 +16,8 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
-from ..gpu import GPU
-from ..queue import _slug, _Wanted
+from ..gpu import GPU, model_slug
+from ..queue import _Wanted
 from .simulation import Policy, _Live, _Replay
 from .trace import Session
 
@@ -50,7 +50,7 @@ class _Watched(_Replay):
         if live.waiter is None:
             return "between tries"
         mine = self.wanted(live.s.models)
-        usable = [g for g in self.inventory if _slug(g.name) in mine]
+        usable = [g for g in self.inventory if model_slug(g.name) in mine]
         if all(g.uuid in held for g in usable):
             owners = {holders[g.uuid] for g in usable}
             idle = any(owner in self.live and self.live[owner].state != "active" for owner in owners)
